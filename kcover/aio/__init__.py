@@ -1,0 +1,1 @@
+"""Small asyncio helpers shared by every layer: clocks, backoff, stop signals, task supervision."""

@@ -1,0 +1,1 @@
+"""Kubernetes access: client construction, raw JSON requests, reflectors, slim caches, leasing."""

@@ -1,0 +1,291 @@
+"""kcover's settings: one pydantic-settings root made of grouped sub-models.
+
+Owns the schema, defaults, units and the layering CLI flags > environment (`KCOVER_`, `__` nesting)
+> YAML file > defaults, with the provenance of every value. It does not read files or the
+environment itself: `cli.py` reads them and passes plain mappings to `layer()`.
+
+Fails with `errors.ConfigError` carrying one line per bad field (`recovery.cooldown_seconds: ...`).
+Fields that cannot change while running carry `restart_required` in their schema extras.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kcover import errors
+
+DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
+"""Where the chart mounts the ConfigMap."""
+
+ENV_PREFIX = "KCOVER_"
+ENV_NESTING = "__"
+
+_RESTART = {"restart_required": True}
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class LogFormat(enum.StrEnum):
+    AUTO = "auto"
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class ServerSettings(_Group):
+    host: str = Field("0.0.0.0", description="Address the health and metrics server binds. All interfaces so the kubelet and Prometheus reach it.",
+                      json_schema_extra=_RESTART)
+    port: int = Field(8080, ge=0, le=65535, description="Port of /healthz, /readyz and /metrics; 0 picks a free one.",
+                      json_schema_extra=_RESTART)
+    loop_stall_seconds: float = Field(5.0, gt=0, description="Seconds: /healthz fails when the event loop has not ticked for this long (a blocked loop cannot serve detectors).")
+
+
+class LoggingSettings(_Group):
+    level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$", description="Minimum level logged.")
+    format: LogFormat = Field(LogFormat.AUTO, description="json in the cluster, console on a terminal; auto picks by whether stderr is a TTY.")
+
+
+class BusSettings(_Group):
+    subscriber_capacity: int = Field(10_000, ge=1, description="Events: queue bound per subscriber. 10,000 holds a burst of one event per pod of a 10,000-pod wave.")
+    dedupe_window_seconds: float = Field(5.0, ge=0, description="Seconds: equal dedupe keys within this window are delivered once; 0 disables. Covers the duplicate reports a re-list or two sources give for one fault.")
+    block_timeout_seconds: float = Field(1.0, gt=0, description="Seconds a publisher waits on a full `block` subscriber before the event is dropped, so a slow consumer never stalls detectors.")
+    drain_timeout_seconds: float = Field(5.0, ge=0, description="Seconds given to subscribers on shutdown to take what is queued.")
+
+
+class DetectorEntry(_Group):
+    enabled: bool = Field(True, description="Run this detector (on the role it belongs to).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The detector's own settings, validated against its config model.")
+
+
+def _default_detectors() -> dict[str, DetectorEntry]:
+    return {name: DetectorEntry() for name in
+            ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm")}
+
+
+class DetectorsSettings(_Group):
+    entries: dict[str, DetectorEntry] = Field(default_factory=_default_detectors,
+                                              description="Detector name (entry point in `kcover.detectors`) to its settings.")
+    restart_initial_seconds: float = Field(1.0, gt=0, description="Seconds before the first restart of a detector that raised.")
+    restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
+
+
+class KubeSettings(_Group):
+    kubeconfig: str = Field("", description="Path of a kubeconfig; empty means in-cluster, then $KUBECONFIG, then ~/.kube/config.",
+                            json_schema_extra=_RESTART)
+    page_size: int = Field(500, ge=1, le=10_000, description="Objects per list page: the API server's own default chunk size for informers.")
+    watch_timeout_seconds: int = Field(300, ge=1, description="Seconds: server-side timeout asked of each watch; client-go picks 5-10 minutes.")
+    inactivity_timeout_seconds: float = Field(120.0, gt=0, description="Seconds without any line (events or bookmarks) after which a watch is presumed dead and restarted.")
+    backoff_initial_seconds: float = Field(0.5, gt=0, description="Seconds: first retry delay after a failed list or watch.")
+    backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
+    request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
+
+
+class SaveLogsSettings(_Group):
+    enabled: bool = Field(True, description="Save the pods' logs before a restart deletes them.")
+    directory: str = Field("/var/lib/kcover/logs", description="Sink directory (the chart mounts a PVC here); one folder per recovery.")
+    timeout_seconds: float = Field(10.0, gt=0, description="Seconds the whole save may take; recovery never waits longer.")
+    max_bytes_per_container: int = Field(1_048_576, ge=1, description="Bytes kept per container log (the tail): 1 MiB holds the last few thousand lines of a trainer.")
+    max_lines_per_container: int = Field(5_000, ge=1, description="Lines kept per container log.")
+    retention_count: int = Field(200, ge=1, description="Recovery folders kept at most.")
+    retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a recovery folder is kept: one week.")
+    retention_bytes: int = Field(5 * 1024**3, ge=1, description="Bytes the sink may hold in all (5 GiB, a small PVC).")
+    proceed_on_failure: bool = Field(True, description="Restart even if saving logs failed: a running job matters more than its old logs.")
+
+
+class RecoverySettings(_Group):
+    dry_run: bool = Field(False, description="Plan and record every action (Event, metrics) but write nothing.")
+    workload_cooldown_seconds: float = Field(60.0, ge=0, description="Seconds after a restart during which the same workload is not restarted again; longer than the default 30 s termination grace so the old pods are gone.")
+    max_restarts_per_window: int = Field(5, ge=1, description="Restarts of one workload allowed per window before kcover stops and says why.")
+    restart_window_seconds: float = Field(3600.0, gt=0, description="Seconds: the budget window (one hour).")
+    node_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds between two cordons of the same node.")
+    event_cooldown_seconds: float = Field(30.0, ge=0, description="Seconds: the Go project's fixed cooldown between two actions on one target.")
+    max_cordoned_fraction: float = Field(0.10, ge=0, le=1, description="Fraction of GPU nodes kcover may hold cordoned; past it the breaker opens.")
+    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once; past it the breaker opens.")
+    taint_key: str = Field("kcover.io/unhealthy", description="Key of the taint kcover puts on nodes it cordons.")
+    taint_no_execute: bool = Field(False, description="Also add a NoExecute taint (evicts pods that do not tolerate it).")
+    uncordon_enabled: bool = Field(False, description="Un-cordon nodes kcover cordoned once their fault cleared for the hold time.")
+    uncordon_hold_seconds: float = Field(600.0, ge=0, description="Seconds a fault must stay cleared before kcover un-cordons.")
+    namespaces_allow: list[str] = Field(default_factory=list, description="Only these namespaces are acted on; empty means all.")
+    namespaces_deny: list[str] = Field(default_factory=lambda: ["kube-system"], description="Namespaces never acted on.")
+    ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger ConfigMap and kcover's Lease.", json_schema_extra=_RESTART)
+    ledger_name: str = Field("kcover-ledger", description="ConfigMap recording cooldowns, budgets and breaker state.", json_schema_extra=_RESTART)
+    rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
+    save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings)
+
+
+class LeaseSettings(_Group):
+    enabled: bool = Field(True, description="Elect a leader; off only for a single replica in tests.", json_schema_extra=_RESTART)
+    name: str = Field("kcover-controller", description="Lease name.", json_schema_extra=_RESTART)
+    namespace: str = Field("kcover-system", description="Lease namespace.", json_schema_extra=_RESTART)
+    identity: str = Field("", description="This replica's identity; empty means the pod name (HOSTNAME).", json_schema_extra=_RESTART)
+    lease_duration_seconds: float = Field(15.0, gt=0, description="Seconds a Lease is valid without renewal: client-go's default.")
+    renew_deadline_seconds: float = Field(10.0, gt=0, description="Seconds the leader keeps trying to renew before it steps down: client-go's default.")
+    retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default.")
+
+
+class AgentSettings(_Group):
+    node_name: str = Field("", description="The node this agent runs on; empty means $NODE_NAME (downward API).", json_schema_extra=_RESTART)
+    condition_type: str = Field("KcoverGPUHealthy", description="Node condition the agent sets.")
+    condition_hold_seconds: float = Field(300.0, ge=0, description="Seconds a fault must stay cleared before the condition returns to True.")
+    min_write_interval_seconds: float = Field(1.0, ge=0, description="Seconds between two writes of the node status (rate limit).")
+    xid_policy_file: str = Field("", description="YAML XID policy overriding the shipped one; empty uses config/xid-policy.yaml as packaged.")
+    reporting_controller: str = Field("kcover.io/agent", description="reportingController on the agent's Events; the controller trusts it for node targets.")
+    pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
+
+
+class Settings(BaseSettings):
+    """The root. Build it with `layer()`; `Settings()` alone reads the process environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTING, extra="forbid",
+                                      validate_default=True)
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    bus: BusSettings = Field(default_factory=BusSettings)
+    kube: KubeSettings = Field(default_factory=KubeSettings)
+    detectors: DetectorsSettings = Field(default_factory=DetectorsSettings)
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+
+
+# ---------------------------------------------------------------------------------------------- layering
+
+def env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`KCOVER_RECOVERY__DRY_RUN=true` -> {"recovery": {"dry_run": "true"}}; JSON lists/objects parsed."""
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX):].split(ENV_NESTING) if p]
+        if not path:
+            continue
+        value: Any = raw
+        if raw[:1] in ("[", "{"):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise errors.ConfigError("invalid environment", [f"{key}: not valid JSON: {exc}"]) from exc
+        _set(out, path, value)
+    return out
+
+
+def dotted_layer(pairs: Mapping[str, Any]) -> dict[str, Any]:
+    """{"recovery.dry_run": True} -> {"recovery": {"dry_run": True}} (for CLI flags)."""
+    out: dict[str, Any] = {}
+    for dotted, value in pairs.items():
+        _set(out, dotted.split("."), value)
+    return out
+
+
+def _set(target: dict[str, Any], path: list[str], value: Any) -> None:
+    node = target
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise errors.ConfigError("conflicting settings", [f"{'.'.join(path)}: parent is not a group"])
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key != "config":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and not path.endswith(".config") and path != "recovery.rules":
+            yield from _leaves(value, path + ".")
+        else:
+            yield path
+
+
+def format_validation(exc: ValidationError, source: str) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        got = err.get("input")
+        shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {err['msg']}{shown}")
+    return lines
+
+
+class Layered:
+    """Validated settings plus where each leaf value came from (`default`, `file:PATH`, `env`, `cli`)."""
+
+    def __init__(self, settings: Settings, provenance: dict[str, str]) -> None:
+        self.settings = settings
+        self.provenance = provenance
+
+
+def layer(*, file_data: Mapping[str, Any] | None = None, file_name: str = "",
+          environ: Mapping[str, str] | None = None, cli: Mapping[str, Any] | None = None) -> Layered:
+    """Merge defaults < file < env < cli and validate. Raises ConfigError with field-level lines."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if file_data:
+        if not isinstance(file_data, Mapping):
+            raise errors.ConfigError(f"{file_name}: the top level must be a mapping")
+        layers.append((f"file:{file_name}", dict(file_data)))
+    if environ:
+        layers.append(("env", env_layer(environ)))
+    if cli:
+        layers.append(("cli", dotted_layer(cli)))
+    merged: dict[str, Any] = {}
+    provenance: dict[str, str] = {}
+    for source, data in layers:
+        try:
+            Settings.model_validate(data)
+        except ValidationError as exc:
+            raise errors.ConfigError("invalid configuration", format_validation(exc, source)) from exc
+        merged = _merge(merged, data)
+        for leaf in _leaves(data):
+            provenance[leaf] = source
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise errors.ConfigError("invalid configuration", format_validation(exc, "merged")) from exc
+    return Layered(settings, provenance)
+
+
+def restart_required_paths(model_cls: type[BaseModel] = Settings, prefix: str = "") -> set[str]:
+    """Dotted paths of every field marked restart_required."""
+    out: set[str] = set()
+    for name, info in model_cls.model_fields.items():
+        path = f"{prefix}{name}"
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("restart_required"):
+            out.add(path)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out |= restart_required_paths(annotation, path + ".")
+    return out
+
+
+def changed_paths(old: BaseModel, new: BaseModel, prefix: str = "") -> set[str]:
+    """Dotted paths whose values differ (recursing into groups; detector entries compared per name)."""
+    out: set[str] = set()
+    for name in type(old).model_fields:
+        a, b = getattr(old, name), getattr(new, name)
+        path = f"{prefix}{name}"
+        if isinstance(a, BaseModel) and isinstance(b, BaseModel):
+            out |= changed_paths(a, b, path + ".")
+        elif isinstance(a, dict) and isinstance(b, dict) and path == "detectors.entries":
+            for key in a.keys() | b.keys():
+                if a.get(key) != b.get(key):
+                    out.add(f"{path}.{key}")
+        elif a != b:
+            out.add(path)
+    return out
