@@ -44,6 +44,7 @@ class ServerSettings(_Group):
                       json_schema_extra=_RESTART)
     port: int = Field(8080, ge=0, le=65535, description="Port of /healthz, /readyz and /metrics; 0 picks a free one.",
                       json_schema_extra=_RESTART)
+    config_poll_seconds: float = Field(2.0, gt=0, description="Seconds between checks of the config file for changes; a ConfigMap update reaches the pod within the kubelet sync period (about a minute), so 2 s adds little.")
     loop_stall_seconds: float = Field(5.0, gt=0, description="Seconds: /healthz fails when the event loop has not ticked for this long (a blocked loop cannot serve detectors).")
 
 
@@ -85,6 +86,16 @@ class KubeSettings(_Group):
     backoff_initial_seconds: float = Field(0.5, gt=0, description="Seconds: first retry delay after a failed list or watch.")
     backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
     request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
+    workload_kinds: list[str] = Field(
+        default_factory=lambda: ["jobs.batch", "pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
+                                 "paddlejobs.kubeflow.org", "xgboostjobs.kubeflow.org", "jaxjobs.kubeflow.org",
+                                 "jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org", "jobs.batch.volcano.sh",
+                                 "leaderworkersets.leaderworkerset.x-k8s.io"],
+        description="Workload kinds the controller cache watches, as `plural.group`: every kind DESIGN.md names. A kind whose CRD is missing is logged once and retried slowly.",
+        json_schema_extra=_RESTART)
+    watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` are kept.",
+                               json_schema_extra=_RESTART)
+    missing_kind_retry_seconds: float = Field(300.0, gt=0, description="Seconds between lists of a workload kind whose CRD is not installed: slow, since installing an operator is rare.")
 
 
 class SaveLogsSettings(_Group):

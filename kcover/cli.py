@@ -1,0 +1,267 @@
+"""The `kcover` command line: the composition root.
+
+Owns reading files and the environment, building settings with their provenance, wiring the real
+implementations (kube client, NVML, subprocess runner) into the controller and the agent, and the
+process lifecycle (signals, one TaskGroup, the health server, hot reload). Exit codes: 0 success,
+1 invalid configuration or a failed check, 2 usage errors (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+import kcover
+from kcover import errors, logs, metrics, reloading, serving, settings, wiring
+from kcover.detectors import registry
+
+log = structlog.get_logger()
+
+
+
+
+
+# ---------------------------------------------------------------------------------------------- settings I/O
+
+def read_config_file(path: str, *, required: bool) -> dict[str, Any]:
+    """Parse a YAML config file; a missing optional file is empty. Raises ConfigError with the position."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        if required:
+            raise errors.ConfigError(f"{path}: no such file") from exc
+        return {}
+    except OSError as exc:
+        raise errors.ConfigError(f"{path}: cannot be read: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise errors.ConfigError(f"{path}: not valid YAML", [f"{path}: {exc}".replace("\n", " ")]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise errors.ConfigError(f"{path}: the top level must be a mapping, not {type(data).__name__}")
+    return data
+
+
+def load_settings(config_path: str, cli_values: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
+                  required: bool = False) -> settings.Layered:
+    env = os.environ if environ is None else environ
+    data = read_config_file(config_path, required=required)
+    return settings.layer(file_data=data, file_name=config_path, environ=env, cli=cli_values)
+
+
+def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = {
+        "kube.kubeconfig": getattr(args, "kubeconfig", None),
+        "logging.level": getattr(args, "log_level", None),
+        "logging.format": getattr(args, "log_format", None),
+        "server.port": getattr(args, "port", None),
+        "recovery.dry_run": True if getattr(args, "dry_run", False) else None,
+        "agent.node_name": getattr(args, "node_name", None),
+        "lease.identity": getattr(args, "identity", None),
+    }
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise errors.ConfigError("invalid --set", [f"--set {item}: expected KEY=VALUE"])
+        pairs[key.strip()] = yaml.safe_load(value)
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+def cmd_version(_: argparse.Namespace) -> int:
+    print(f"kcover {kcover.__version__} (python {sys.version.split()[0]})")
+    return 0
+
+
+def cmd_detectors(args: argparse.Namespace) -> int:
+    reg = registry.discover()
+    rows = [{"name": i.name, "roles": ",".join(sorted(r.value for r in i.roles)) or "-",
+             "distribution": i.distribution, "version": i.version, "entry_point": i.value,
+             "status": "ok" if i.cls is not None else f"error: {i.error}"} for i in reg.infos]
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        widths = {k: max(len(k), *(len(r[k]) for r in rows)) if rows else len(k)
+                  for k in ("name", "roles", "distribution", "version")}
+        print("  ".join(k.upper().ljust(widths[k]) for k in widths) + "  STATUS")
+        for r in rows:
+            print("  ".join(r[k].ljust(widths[k]) for k in widths) + "  " + r["status"])
+    return 1 if any(i.cls is None for i in reg.infos) and args.strict else 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    try:
+        layered = settings.layer(file_data=read_config_file(args.file, required=True), file_name=args.file)
+        problems = registry.discover().check_entries(layered.settings.detectors.entries)
+        if problems:
+            raise errors.ConfigError("invalid detector configuration", problems)
+    except errors.ConfigError as exc:
+        print(f"{args.file}: invalid", file=sys.stderr)
+        for line in exc.errors or [str(exc)]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid")
+    return 0
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and not path.endswith(".config") and path != "detectors.entries":
+            out.update(_flatten(value, path + "."))
+        elif path == "detectors.entries" and isinstance(value, Mapping):
+            for name, entry in value.items():
+                for k, v in entry.items():
+                    out[f"{path}.{name}.{k}"] = v
+        else:
+            out[path] = value
+    return out
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    try:
+        layered = load_settings(args.config, _cli_overrides(args), required=args.config_given)
+    except errors.ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    flat = _flatten(layered.settings.model_dump(mode="json"))
+    rows = []
+    for path, value in flat.items():
+        source = next((s for p, s in layered.provenance.items() if path == p or path.startswith(p + ".")),
+                      "default")
+        rows.append({"setting": path, "value": value, "source": source})
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        width = max(len(r["setting"]) for r in rows)
+        for r in rows:
+            print(f"{r['setting'].ljust(width)}  {json.dumps(r['value'])}  ({r['source']})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- long-running roles
+
+async def serve(layered: settings.Layered, args: argparse.Namespace, role: wiring.RoleMain) -> int:
+    """Run a role with the health server, hot reload and signal handling until SIGTERM/SIGINT."""
+    config = layered.settings
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    metrics_ = metrics.Metrics()
+    health = serving.Health(stall_seconds=config.server.loop_stall_seconds)
+    server = serving.Server(health, metrics_, host=config.server.host, port=config.server.port)
+    await server.start()
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(health.heartbeat(stop), name="heartbeat")
+            reconfigure_box: list[wiring.Reconfigure | None] = [None]
+
+            async def apply(new: settings.Settings, changed: set[str]) -> None:
+                if any(p.startswith("logging.") for p in changed):
+                    logs.configure(new.logging)
+                health.stall_seconds = new.server.loop_stall_seconds
+                target = reconfigure_box[0]
+                if target is not None:
+                    await target(new, changed)
+
+            reloader = reloading.Reloader(
+                args.config, lambda: load_settings(args.config, _cli_overrides(args), required=False), apply,
+                config, metrics_, interval_seconds=config.server.config_poll_seconds)
+            group.create_task(reloader.run(stop), name="config-reloader")
+
+            async def main() -> None:
+                reconfigure_box[0] = await role(config, metrics_, health, stop)
+
+            group.create_task(main(), name=f"{args.command}-main")
+    finally:
+        await server.stop()
+    return 0
+
+
+def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
+    try:
+        layered = load_settings(args.config, _cli_overrides(args), required=args.config_given)
+        problems = registry.discover().check_entries(layered.settings.detectors.entries)
+        if problems:
+            raise errors.ConfigError("invalid detector configuration", problems)
+    except errors.ConfigError as exc:
+        print(f"kcover: {exc}", file=sys.stderr)
+        return 1
+    logs.configure(layered.settings.logging)
+    log.info("kcover_starting", command=args.command, version=kcover.__version__, config=args.config)
+    return asyncio.run(serve(layered, args, role))
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=settings.DEFAULT_CONFIG_PATH,
+                   help=f"YAML settings file, re-read when it changes (default {settings.DEFAULT_CONFIG_PATH})")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set recovery.workload_cooldown_seconds=120 (repeatable)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["auto", "json", "console"])
+
+
+def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kcover", description="Fault awareness and recovery for GPU training jobs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for name, (help_text, _, add_args) in roles.items():
+        p = sub.add_parser(name, help=help_text)
+        _add_common(p)
+        p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+        p.add_argument("--port", type=int, help="health and metrics port")
+        add_args(p)
+
+    p = sub.add_parser("detectors", help="list the installed detectors with their distribution and version")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--strict", action="store_true", help="exit 1 if a detector plugin fails to load")
+
+    p = sub.add_parser("config", help="check or show configuration")
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    c = csub.add_parser("check", help="validate a settings file; exit 1 with field-level errors")
+    c.add_argument("file")
+    c = csub.add_parser("show", help="the effective settings and where each value came from")
+    _add_common(c)
+    c.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+
+
+    parser = build_parser(wiring.ROLES)
+    args = parser.parse_args(argv)
+    # Until a role has read its settings, log warnings and errors to stderr only.
+    logs.configure(settings.LoggingSettings(level="warning"))
+    args.config_given = "--config" in (argv if argv is not None else sys.argv)
+    if args.command == "version":
+        return cmd_version(args)
+    if args.command == "detectors":
+        return cmd_detectors(args)
+    if args.command == "config":
+        return cmd_config_check(args) if args.config_command == "check" else cmd_config_show(args)
+    _, role, _ = wiring.ROLES[args.command]
+    return _run_role(args, role)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Discovery of detectors through the entry point group `kcover.detectors`.
+
+Owns finding, importing and checking detector classes, built-in and third-party alike (the built-ins
+are registered in kcover's own pyproject exactly as a plugin would be). A plugin that fails to import
+is recorded with its name and the error and does not stop the others. It does not run detectors
+(`supervising` does).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from kcover import errors
+from kcover.detectors import contract
+
+log = structlog.get_logger()
+
+GROUP = "kcover.detectors"
+
+
+@dataclass(frozen=True)
+class DetectorInfo:
+    name: str
+    value: str
+    distribution: str
+    version: str
+    cls: type[contract.Detector] | None
+    error: str = ""
+
+    @property
+    def roles(self) -> frozenset[contract.Role]:
+        return self.cls.roles if self.cls is not None else frozenset()
+
+
+def _check(cls: object) -> str:
+    """Why `cls` is not a usable detector class, or '' if it is."""
+    if not isinstance(cls, type):
+        return "the entry point does not name a class"
+    roles = getattr(cls, "roles", None)
+    if not isinstance(roles, frozenset) or not roles or not all(isinstance(r, contract.Role) for r in roles):
+        return "class attribute `roles` must be a non-empty frozenset of kcover.detectors.contract.Role"
+    model = getattr(cls, "config_model", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return "class attribute `config_model` must be a pydantic BaseModel subclass"
+    if not callable(getattr(cls, "run", None)):
+        return "the class has no `run(bus, stop)` coroutine"
+    return ""
+
+
+class Registry:
+    """The detectors installed in this environment, by entry point name."""
+
+    def __init__(self, infos: Iterable[DetectorInfo]) -> None:
+        self._infos = {info.name: info for info in infos}
+
+    @property
+    def infos(self) -> list[DetectorInfo]:
+        return sorted(self._infos.values(), key=lambda i: i.name)
+
+    def names(self) -> list[str]:
+        return sorted(self._infos)
+
+    def get(self, name: str) -> DetectorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise errors.UnknownDetectorError(f"unknown detector {name!r}; installed detectors: {known}") from None
+
+    def load(self, name: str) -> type[contract.Detector]:
+        info = self.get(name)
+        if info.cls is None:
+            raise errors.PluginError(f"detector {name!r} from {info.distribution} {info.version} cannot be loaded: "
+                                     f"{info.error}")
+        return info.cls
+
+    def validate_config(self, name: str, config: Mapping[str, Any]) -> BaseModel:
+        cls = self.load(name)
+        try:
+            return cls.config_model.model_validate(dict(config))
+        except ValidationError as exc:
+            lines = [f"detectors.entries.{name}.config.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                     for e in exc.errors()]
+            raise errors.ConfigError(f"invalid config for detector {name!r}", lines) from exc
+
+    def check_entries(self, entries: Mapping[str, Any]) -> list[str]:
+        """Field-level problems with configured detector entries (unknown names, bad configs)."""
+        problems: list[str] = []
+        for name, entry in entries.items():
+            if name not in self._infos:
+                problems.append(f"detectors.entries.{name}: unknown detector; installed: {', '.join(self.names())}")
+                continue
+            if not getattr(entry, "enabled", True):
+                continue
+            try:
+                self.validate_config(name, getattr(entry, "config", {}))
+            except errors.ConfigError as exc:
+                problems.extend(exc.errors)
+            except errors.PluginError as exc:
+                problems.append(f"detectors.entries.{name}: {exc}")
+        return problems
+
+
+def discover(entry_points: Iterable[md.EntryPoint] | None = None) -> Registry:
+    """Import every entry point of the group; failures are kept as DetectorInfo.error."""
+    eps = md.entry_points(group=GROUP) if entry_points is None else entry_points
+    infos: list[DetectorInfo] = []
+    seen: set[str] = set()
+    for ep in eps:
+        if ep.name in seen:  # the same distribution found twice on sys.path (editable + site)
+            continue
+        seen.add(ep.name)
+        dist = ep.dist
+        dist_name = dist.name if dist is not None else "unknown"
+        version = dist.version if dist is not None else "unknown"
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must not stop the others
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("detector_plugin_import_failed", detector=ep.name, entry_point=ep.value,
+                      distribution=dist_name, error=error)
+            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, None, error))
+            continue
+        problem = _check(cls)
+        if problem:
+            log.error("detector_plugin_invalid", detector=ep.name, entry_point=ep.value, error=problem)
+            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, None, problem))
+        else:
+            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, cls))
+    return Registry(infos)

@@ -1,0 +1,175 @@
+"""Running detectors: start, restart with backoff, reconfigure live, report health.
+
+Owns the lifecycle of every enabled detector of one role: a detector that raises is restarted with
+exponential backoff (`detectors.restart_initial_seconds` .. `restart_max_seconds`), marked unhealthy
+in /readyz and `kcover_detector_up`, and never takes the process down. One that raises
+`DetectorUnavailableError` is reported once as unavailable (no GPU, no DCGM) and retried at the
+slowest rate without counting as unhealthy. `reconfigure()` restarts in place exactly the detectors
+whose settings changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import BaseModel
+
+from kcover import bus as bus_
+from kcover import errors, metrics, settings
+from kcover.aio import backoff
+from kcover.detectors import contract, registry
+
+log = structlog.get_logger()
+
+
+@dataclass
+class _Running:
+    name: str
+    entry: settings.DetectorEntry
+    config: BaseModel
+    stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+    state: str = "starting"
+    detail: str = ""
+    restarts: int = 0
+    backoff: backoff.Backoff = field(default_factory=backoff.Backoff)
+
+
+class Supervisor:
+    """Runs the enabled detectors whose roles include `context.role`."""
+
+    def __init__(self, reg: registry.Registry, context: contract.DetectorContext, bus: bus_.Bus,
+                 detector_settings: settings.DetectorsSettings, metrics_: metrics.Metrics) -> None:
+        self._registry = reg
+        self._context = context
+        self._bus = bus
+        self._settings = detector_settings
+        self._metrics = metrics_
+        self._running: dict[str, _Running] = {}
+        self._group: asyncio.TaskGroup | None = None
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ planning (pure)
+
+    def wanted(self, detector_settings: settings.DetectorsSettings) -> dict[str, tuple[settings.DetectorEntry, BaseModel]]:
+        """Enabled detectors of this role with validated configs. Raises ConfigError naming every problem."""
+        problems = self._registry.check_entries(detector_settings.entries)
+        if problems:
+            raise errors.ConfigError("invalid detector configuration", problems)
+        out: dict[str, tuple[settings.DetectorEntry, BaseModel]] = {}
+        for name, entry in detector_settings.entries.items():
+            if not entry.enabled:
+                continue
+            info = self._registry.get(name)
+            if self._context.role not in info.roles:
+                continue
+            out[name] = (entry, self._registry.validate_config(name, entry.config))
+        return out
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        wanted = self.wanted(self._settings)
+        log.info("detectors_starting", role=self._context.role.value, detectors=sorted(wanted))
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            for name, (entry, config) in wanted.items():
+                self._start(name, entry, config)
+            await stop.wait()
+            for running in self._running.values():
+                running.stop.set()
+        self._group = None
+        log.info("detectors_stopped", role=self._context.role.value)
+
+    def _start(self, name: str, entry: settings.DetectorEntry, config: BaseModel) -> None:
+        assert self._group is not None
+        stop = asyncio.Event()
+        running = _Running(name, entry, config, stop=stop, backoff=backoff.Backoff(initial=self._settings.restart_initial_seconds,
+                                           maximum=self._settings.restart_max_seconds))
+        running.task = self._group.create_task(self._keep_running(running), name=f"detector:{name}")
+        self._running[name] = running
+
+    async def _keep_running(self, running: _Running) -> None:
+        name = running.name
+        bound = log.bind(detector=name, role=self._context.role.value)
+        up = self._metrics.detector_up.labels(detector=name)
+        available = self._metrics.detector_available.labels(detector=name)
+        available.set(1)
+        unavailable_logged = False
+        while not running.stop.is_set():
+            cls = self._registry.load(name)
+            try:
+                detector = cls(name, running.config, self._context)
+                running.state, running.detail = "running", ""
+                up.set(1)
+                await detector.run(self._bus, running.stop)
+                if not running.stop.is_set():
+                    raise errors.PluginError("run() returned before it was asked to stop")
+            except asyncio.CancelledError:
+                up.set(0)
+                raise
+            except errors.DetectorUnavailableError as exc:
+                up.set(0)
+                available.set(0)
+                running.state, running.detail = "unavailable", str(exc)
+                if not unavailable_logged:
+                    bound.warning("detector_unavailable", error=str(exc))
+                    unavailable_logged = True
+                delay = self._settings.restart_max_seconds
+            except bus_.BusClosedError:
+                up.set(0)
+                return
+            except Exception as exc:  # task boundary: log, count, restart with backoff
+                up.set(0)
+                running.restarts += 1
+                running.state, running.detail = "failed", f"{type(exc).__name__}: {exc}"
+                self._metrics.detector_restarts.labels(detector=name).inc()
+                delay = running.backoff.next_delay()
+                bound.error("detector_failed", error=running.detail, restarts=running.restarts,
+                            retry_in_seconds=round(delay, 2), exc_info=exc)
+            else:
+                up.set(0)
+                running.state = "stopped"
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(running.stop.wait(), delay)
+        running.state = "stopped"
+        up.set(0)
+
+    def reconfigure(self, detector_settings: settings.DetectorsSettings) -> list[str]:
+        """Apply new detector settings live. Returns the names restarted, started or stopped.
+
+        Raises ConfigError (and changes nothing) if the new settings are invalid.
+        """
+        wanted = self.wanted(detector_settings)
+        self._settings = detector_settings
+        touched: list[str] = []
+        for name in list(self._running):
+            running = self._running[name]
+            new = wanted.get(name)
+            if new is None or new[0] != running.entry:
+                running.stop.set()
+                del self._running[name]
+                touched.append(name)
+                log.info("detector_stopping", detector=name, reason="disabled" if new is None else "config_changed")
+        if self._group is not None:
+            for name, (entry, config) in wanted.items():
+                if name not in self._running:
+                    self._start(name, entry, config)
+                    if name not in touched:
+                        touched.append(name)
+                    log.info("detector_started", detector=name)
+        return touched
+
+    def health(self) -> dict[str, str]:
+        """Detector name to state: starting, running, failed, unavailable, stopped."""
+        return {name: r.state for name, r in self._running.items()}
+
+    def readiness(self) -> tuple[bool, str]:
+        failed = {n: r.detail for n, r in self._running.items() if r.state == "failed"}
+        if failed:
+            return False, "; ".join(f"{n}: {d}" for n, d in sorted(failed.items()))
+        return True, f"{len(self._running)} detectors"

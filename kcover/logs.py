@@ -1,0 +1,41 @@
+"""structlog configuration: JSON when stderr is not a TTY (in the cluster), console on a terminal.
+
+Owns the processor chain only. Context (component, node, detector) is bound by callers with
+`structlog.contextvars.bind_contextvars` per task, or `log.bind(...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+from kcover import settings
+
+
+def configure(config: settings.LoggingSettings, *, stream: TextIO | None = None) -> None:
+    out = stream or sys.stderr
+    fmt = config.format
+    if fmt is settings.LogFormat.AUTO:
+        fmt = settings.LogFormat.CONSOLE if out.isatty() else settings.LogFormat.JSON
+    renderer: structlog.typing.Processor
+    if fmt is settings.LogFormat.JSON:
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+    level = logging.getLevelNamesMapping()[config.level.upper()]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks if fmt is settings.LogFormat.JSON
+            else structlog.dev.set_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
