@@ -1,0 +1,1 @@
+"""kcover detector that runs node check scripts with node-problem-detector's custom-plugin protocol."""
