@@ -1,0 +1,187 @@
+"""The table of resources the simulated API server serves.
+
+Owns the static facts per resource: group, version, kind, plural, scope, subresources, which
+field selectors are supported and how their values are read, and the write rules that differ
+between kinds (generation, PUT without resourceVersion, strategic merge). It holds no state.
+A resource is addressed by its *key*: the plural for the core group (``"pods"``) and
+``"<plural>.<group>"`` otherwise (``"pytorchjobs.kubeflow.org"``, ``"jobs.batch"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+FieldGetter = Callable[[Obj], str]
+
+
+def _path(*keys: str) -> FieldGetter:
+    def get(obj: Obj) -> str:
+        cur: Any = obj
+        for key in keys:
+            if not isinstance(cur, dict):
+                return ""
+            cur = cur.get(key)
+        if cur is None:
+            return ""
+        if isinstance(cur, bool):
+            return "true" if cur else "false"
+        return str(cur)
+
+    return get
+
+
+_META_FIELDS: Mapping[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "metadata.namespace": _path("metadata", "namespace"),
+}
+
+
+def _event_source(obj: Obj) -> str:
+    return _path("source", "component")(obj)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Static description of one served resource (one group/version/plural)."""
+
+    plural: str
+    kind: str
+    group: str = ""
+    version: str = "v1"
+    namespaced: bool = True
+    subresources: tuple[str, ...] = ()
+    short_names: tuple[str, ...] = ()
+    field_labels: Mapping[str, FieldGetter] = field(default_factory=lambda: dict(_META_FIELDS))
+    has_generation: bool = False
+    put_without_rv: bool = True
+    strategic_merge: bool = True
+    singular: str = ""
+    store_key: str = ""
+
+    @property
+    def key(self) -> str:
+        """The store key: the plural for core, ``plural.group`` otherwise."""
+        if self.store_key:
+            return self.store_key
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def has_status(self) -> bool:
+        return "status" in self.subresources
+
+    @property
+    def verbs(self) -> list[str]:
+        return ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+def _custom(plural: str, kind: str, group: str, version: str) -> Resource:
+    return Resource(plural=plural, kind=kind, group=group, version=version, subresources=("status",),
+                    has_generation=True, put_without_rv=False, strategic_merge=False)
+
+
+POD_FIELDS: Mapping[str, FieldGetter] = {
+    **_META_FIELDS,
+    "spec.nodeName": _path("spec", "nodeName"),
+    "spec.restartPolicy": _path("spec", "restartPolicy"),
+    "status.phase": _path("status", "phase"),
+}
+NODE_FIELDS: Mapping[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "spec.unschedulable": lambda obj: "true" if (obj.get("spec") or {}).get("unschedulable") else "false",
+}
+CORE_EVENT_FIELDS: Mapping[str, FieldGetter] = {
+    **_META_FIELDS,
+    "involvedObject.kind": _path("involvedObject", "kind"),
+    "involvedObject.namespace": _path("involvedObject", "namespace"),
+    "involvedObject.name": _path("involvedObject", "name"),
+    "involvedObject.uid": _path("involvedObject", "uid"),
+    "involvedObject.apiVersion": _path("involvedObject", "apiVersion"),
+    "involvedObject.resourceVersion": _path("involvedObject", "resourceVersion"),
+    "involvedObject.fieldPath": _path("involvedObject", "fieldPath"),
+    "reason": _path("reason"),
+    "reportingComponent": _path("reportingComponent"),
+    "type": _path("type"),
+    "source": _event_source,
+}
+# events.k8s.io/v1 names the same stored fields differently; values are read from the core shape.
+NEW_EVENT_FIELDS: Mapping[str, FieldGetter] = {
+    **_META_FIELDS,
+    "regarding.kind": _path("involvedObject", "kind"),
+    "regarding.namespace": _path("involvedObject", "namespace"),
+    "regarding.name": _path("involvedObject", "name"),
+    "regarding.uid": _path("involvedObject", "uid"),
+    "regarding.apiVersion": _path("involvedObject", "apiVersion"),
+    "regarding.resourceVersion": _path("involvedObject", "resourceVersion"),
+    "regarding.fieldPath": _path("involvedObject", "fieldPath"),
+    "reason": _path("reason"),
+    "reportingController": _path("reportingComponent"),
+    "type": _path("type"),
+}
+NAMESPACE_FIELDS: Mapping[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "status.phase": _path("status", "phase"),
+}
+
+RESOURCES: tuple[Resource, ...] = (
+    Resource(plural="pods", kind="Pod", subresources=("status", "log", "binding"), short_names=("po",),
+             field_labels=POD_FIELDS, has_generation=True),
+    Resource(plural="nodes", kind="Node", namespaced=False, subresources=("status",), short_names=("no",),
+             field_labels=NODE_FIELDS),
+    Resource(plural="events", kind="Event", short_names=("ev",), field_labels=CORE_EVENT_FIELDS),
+    Resource(plural="configmaps", kind="ConfigMap", short_names=("cm",)),
+    Resource(plural="secrets", kind="Secret"),
+    Resource(plural="namespaces", kind="Namespace", namespaced=False, subresources=("status",),
+             short_names=("ns",), field_labels=NAMESPACE_FIELDS),
+    Resource(plural="events", kind="Event", group="events.k8s.io", short_names=("ev",),
+             field_labels=NEW_EVENT_FIELDS, store_key="events"),
+    Resource(plural="leases", kind="Lease", group="coordination.k8s.io", put_without_rv=False),
+    Resource(plural="jobs", kind="Job", group="batch", subresources=("status",), has_generation=True),
+    _custom("pytorchjobs", "PyTorchJob", "kubeflow.org", "v1"),
+    _custom("tfjobs", "TFJob", "kubeflow.org", "v1"),
+    _custom("mpijobs", "MPIJob", "kubeflow.org", "v1"),
+    _custom("xgboostjobs", "XGBoostJob", "kubeflow.org", "v1"),
+    _custom("paddlejobs", "PaddleJob", "kubeflow.org", "v1"),
+    _custom("jaxjobs", "JAXJob", "kubeflow.org", "v1"),
+    _custom("trainjobs", "TrainJob", "trainer.kubeflow.org", "v1alpha1"),
+    _custom("jobsets", "JobSet", "jobset.x-k8s.io", "v1alpha2"),
+    _custom("jobs", "Job", "batch.volcano.sh", "v1alpha1"),
+    _custom("leaderworkersets", "LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1"),
+)
+
+
+class Registry:
+    """Look-ups over `RESOURCES`: by URL (group, version, plural) and by store key."""
+
+    def __init__(self, resources: tuple[Resource, ...] = RESOURCES) -> None:
+        self.resources = resources
+        self._by_url = {(r.group, r.version, r.plural): r for r in resources}
+        self._by_key: dict[str, Resource] = {}
+        for r in resources:
+            self._by_key.setdefault(r.key, r)
+
+    def by_url(self, group: str, version: str, plural: str) -> Resource | None:
+        return self._by_url.get((group, version, plural))
+
+    def by_key(self, key: str) -> Resource:
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise KeyError(f"unknown resource key {key!r}; known: {sorted(self._by_key)}") from None
+
+    def keys(self) -> list[str]:
+        return list(self._by_key)
+
+    def group_versions(self) -> dict[str, list[str]]:
+        """Non-core groups and their served versions, in table order."""
+        out: dict[str, list[str]] = {}
+        for r in self.resources:
+            if r.group and r.version not in out.setdefault(r.group, []):
+                out[r.group].append(r.version)
+        return out
