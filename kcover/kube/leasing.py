@@ -1,0 +1,342 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, written here rather than borrowed.
+
+Owns the campaign for one Lease: create it when absent, take it over when the holder let it
+expire, renew it every retry period, step down when renewal has not succeeded within the renew
+deadline, release it on shutdown (empty holder, duration 1 s) so a successor takes over at once,
+and campaign again after a loss. It follows client-go's rules: expiry is judged on this process's
+monotonic clock from the moment it *observed* the record change (never by comparing remote wall
+clocks), every write carries the resourceVersion as precondition (409 = someone else won),
+`leaseTransitions` grows on every change of holder, and MicroTimes have exactly six fractional digits.
+
+It does not decide what a leader does: callers ask `is_leader()` before each write (it is false
+as soon as the last successful renewal is older than the renew deadline, even if the renew loop
+has not noticed yet), or hand their work to `run_while_leading()`, which cancels it on a loss.
+
+How it fails: API errors never escape `run()`; they count as failed attempts, retried with jitter.
+A leader that cannot renew steps down after `renew_deadline_seconds`; one that is cancelled
+releases the Lease on the way out unless `release_on_exit` is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from kcover import errors, settings
+from kcover import metrics as metrics_
+from kcover.aio import clock as clock_
+from kcover.kube import client as client_
+
+log = structlog.get_logger()
+
+API_VERSION = "coordination.k8s.io/v1"
+JITTER = 0.2
+"""Acquire attempts wait `retry_period * uniform(1, 1 + JITTER)`, so replicas do not move in step."""
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    return f"{base}/{name}" if name else base
+
+
+@dataclass(frozen=True)
+class Record:
+    """The election-relevant part of a Lease's spec."""
+
+    holder: str = ""
+    duration_seconds: int = 0
+    acquire_time: str | None = None
+    renew_time: str | None = None
+    transitions: int = 0
+
+    @classmethod
+    def from_lease(cls, lease: dict[str, Any]) -> Record:
+        spec = lease.get("spec") or {}
+        return cls(holder=str(spec.get("holderIdentity") or ""),
+                   duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+                   acquire_time=spec.get("acquireTime"), renew_time=spec.get("renewTime"),
+                   transitions=int(spec.get("leaseTransitions") or 0))
+
+    def spec(self) -> dict[str, Any]:
+        return {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_seconds,
+                "acquireTime": self.acquire_time, "renewTime": self.renew_time,
+                "leaseTransitions": self.transitions}
+
+
+def is_held_by_other(observed: Record, identity: str, *, observed_at: float, now: float) -> bool:
+    """Whether another holder's claim is still valid, judged by when we saw the record last change."""
+    if not observed.holder or observed.holder == identity:
+        return False
+    return observed_at + observed.duration_seconds > now
+
+
+def claim(observed: Record | None, identity: str, *, duration_seconds: int, now: str) -> Record:
+    """The record to write to acquire or renew: keep acquireTime/transitions when renewing our own."""
+    if observed is not None and observed.holder == identity:
+        return Record(holder=identity, duration_seconds=duration_seconds,
+                      acquire_time=observed.acquire_time or now, renew_time=now, transitions=observed.transitions)
+    transitions = 0 if observed is None else observed.transitions + 1
+    return Record(holder=identity, duration_seconds=duration_seconds, acquire_time=now, renew_time=now,
+                  transitions=transitions)
+
+
+def released(observed: Record, *, now: str) -> Record:
+    """What a leader writes on shutdown: no holder, 1 s duration, so a successor need not wait."""
+    return Record(holder="", duration_seconds=1, acquire_time=now, renew_time=now,
+                  transitions=observed.transitions)
+
+
+class LeaderElector:
+    """Campaigns for one Lease until `stop` is set. One instance per process."""
+
+    def __init__(self, client: client_.KubeClient, lease: settings.LeaseSettings, *, identity: str,
+                 metrics: metrics_.Metrics | None = None, clock: clock_.Clock | None = None,
+                 on_change: Callable[[bool], None] | None = None, release_on_exit: bool = True,
+                 rng: random.Random | None = None) -> None:
+        if not identity:
+            raise errors.ConfigError("leader election needs a non-empty identity")
+        self._client = client
+        self.settings = lease
+        self.identity = identity
+        self._metrics = metrics
+        self._clock = clock or clock_.SystemClock()
+        self._on_change = on_change
+        self.release_on_exit = release_on_exit
+        self._rng = rng or random.Random()
+        self.leading = asyncio.Event()
+        """Set while this replica leads."""
+        self.following = asyncio.Event()
+        """Set while it does not; set initially."""
+        self.following.set()
+        self.leadership_epoch = 0
+        """Incremented on every acquisition; work started in one epoch must not write in another."""
+        self._observed: Record | None = None
+        self._observed_rv = ""
+        self._observed_at = 0.0
+        self._last_renew = -math.inf
+
+    # ------------------------------------------------------------------------------------------- queries
+
+    def reconfigure(self, lease: settings.LeaseSettings) -> None:
+        """Apply new timings live; name, namespace and identity need a restart."""
+        self.settings = lease
+
+    @property
+    def _duration(self) -> int:
+        return max(1, math.ceil(self.settings.lease_duration_seconds))
+
+    def is_leader(self) -> bool:
+        """True only while leading *and* the last successful renewal is younger than the renew deadline."""
+        if not self.leading.is_set():
+            return False
+        return self._clock.monotonic() - self._last_renew < self.settings.renew_deadline_seconds
+
+    def ensure_leader(self) -> None:
+        """Raise `errors.NotLeaderError` unless `is_leader()`; call it right before a write."""
+        if not self.is_leader():
+            raise errors.NotLeaderError(f"{self.identity} does not hold lease {self.settings.name}")
+
+    async def wait_leading(self) -> None:
+        await self.leading.wait()
+
+    @property
+    def observed_holder(self) -> str:
+        return self._observed.holder if self._observed else ""
+
+    # ---------------------------------------------------------------------------------------- campaign
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Acquire, renew, step down, re-campaign, until `stop`; then release if leading."""
+        try:
+            while not stop.is_set():
+                if not await self._acquire(stop):
+                    break
+                await self._renew(stop)
+        finally:
+            was_leading = self.leading.is_set()
+            self._set_leading(False, reason="shutdown")
+            if was_leading and self.release_on_exit:
+                await asyncio.shield(self._release())
+
+    async def _acquire(self, stop: asyncio.Event) -> bool:
+        """Try until acquired (True) or stopped (False)."""
+        log.info("lease_campaign_started", lease=self.settings.name, identity=self.identity)
+        while not stop.is_set():
+            started = self._clock.monotonic()
+            if await self._try_acquire_or_renew(budget=self.settings.renew_deadline_seconds):
+                self._last_renew = started
+                self.leadership_epoch += 1
+                self._set_leading(True, reason="acquired")
+                return True
+            delay = self.settings.retry_period_seconds * self._rng.uniform(1.0, 1.0 + JITTER)
+            if await _wait(stop, delay):
+                return False
+        return False
+
+    async def _renew(self, stop: asyncio.Event) -> None:
+        """Renew every retry period until the deadline passes without success, or stop."""
+        while True:
+            if await _wait(stop, self.settings.retry_period_seconds):
+                return
+            started = self._clock.monotonic()
+            remaining = self._last_renew + self.settings.renew_deadline_seconds - started
+            ok = remaining > 0 and await self._try_acquire_or_renew(budget=remaining)
+            if ok:
+                self._last_renew = started
+                continue
+            if self._observed is not None and self._observed.holder not in ("", self.identity):
+                self._set_leading(False, reason="taken_over")
+                return
+            if self._clock.monotonic() - self._last_renew >= self.settings.renew_deadline_seconds:
+                self._set_leading(False, reason="renew_deadline_exceeded")
+                return
+
+    async def _try_acquire_or_renew(self, *, budget: float) -> bool:
+        now_wall = clock_.micro_time(self._clock.now())
+        path = lease_path(self.settings.namespace, self.settings.name)
+        try:
+            async with asyncio.timeout(max(budget, 0.001)):
+                try:
+                    lease = await self._client.request("GET", path, timeout=budget)
+                except errors.NotFoundError:
+                    record = claim(None, self.identity, duration_seconds=self._duration, now=now_wall)
+                    body = {"apiVersion": API_VERSION, "kind": "Lease",
+                            "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
+                            "spec": record.spec()}
+                    created = await self._client.request("POST", lease_path(self.settings.namespace),
+                                                         body=body, timeout=budget)
+                    self._observe(created)
+                    return True
+                self._observe(lease)
+                observed = self._observed
+                assert observed is not None
+                if is_held_by_other(observed, self.identity, observed_at=self._observed_at,
+                                    now=self._clock.monotonic()):
+                    return False
+                if observed.holder != self.identity and self.leading.is_set():
+                    return False  # someone else took it over while we believed we led
+                record = claim(observed, self.identity, duration_seconds=self._duration, now=now_wall)
+                body = dict(lease)
+                body["spec"] = {**(lease.get("spec") or {}), **record.spec()}
+                updated = await self._client.request("PUT", path, body=body, timeout=budget)
+                self._observe(updated)
+                return True
+        except errors.ConflictError:
+            log.debug("lease_conflict", lease=self.settings.name, identity=self.identity)
+            return False
+        except (errors.KubeError, TimeoutError) as exc:
+            log.warning("lease_attempt_failed", lease=self.settings.name, identity=self.identity,
+                        error=str(exc) or type(exc).__name__)
+            return False
+
+    def _observe(self, lease: dict[str, Any]) -> None:
+        record = Record.from_lease(lease)
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = self._clock.monotonic()
+        self._observed_rv = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _release(self) -> None:
+        """Write an empty holder with duration 1 s, bounded in time; failures only logged."""
+        observed = self._observed
+        if observed is None or observed.holder != self.identity:
+            return
+        path = lease_path(self.settings.namespace, self.settings.name)
+        record = released(observed, now=clock_.micro_time(self._clock.now()))
+        body = {"apiVersion": API_VERSION, "kind": "Lease",
+                "metadata": {"name": self.settings.name, "namespace": self.settings.namespace,
+                             "resourceVersion": self._observed_rv},
+                "spec": record.spec()}
+        timeout = self.settings.renew_deadline_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                updated = await self._client.request("PUT", path, body=body, timeout=timeout)
+            self._observe(updated)
+            log.info("lease_released", lease=self.settings.name, identity=self.identity)
+        except (errors.KubeError, TimeoutError) as exc:
+            log.warning("lease_release_failed", lease=self.settings.name, identity=self.identity,
+                        error=str(exc) or type(exc).__name__)
+
+    def _set_leading(self, leading: bool, *, reason: str) -> None:
+        if leading == self.leading.is_set():
+            return
+        if leading:
+            self.following.clear()
+            self.leading.set()
+            log.info("lease_acquired", lease=self.settings.name, identity=self.identity,
+                     epoch=self.leadership_epoch, transitions=self._observed.transitions if self._observed else 0)
+        else:
+            self.leading.clear()
+            self.following.set()
+            log.warning("lease_lost", lease=self.settings.name, identity=self.identity, reason=reason,
+                        epoch=self.leadership_epoch)
+        if self._metrics is not None:
+            self._metrics.is_leader.set(1 if leading else 0)
+        if self._on_change is not None:
+            self._on_change(leading)
+
+    # ------------------------------------------------------------------------------------ leader work
+
+    async def run_while_leading(self, work: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+        """Run `work()` during each leadership epoch; cancel it when leadership is lost or on stop.
+
+        `work` returning early is fine (it is not restarted within the epoch); raising propagates.
+        """
+        while not stop.is_set():
+            if not await _wait_any(stop, self.leading):
+                return
+            epoch = self.leadership_epoch
+            task = asyncio.create_task(_as_coroutine(work), name=f"leader-work-{epoch}")
+            waiter = asyncio.create_task(_wait_any(stop, self.following), name=f"leader-watch-{epoch}")
+            try:
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    task.result()  # a failure of the work propagates
+                    await waiter  # finished early: idle until this epoch ends
+                    continue
+            finally:
+                await _cancel(task, waiter)
+            log.info("leader_work_cancelled", identity=self.identity, epoch=epoch)
+
+
+async def _as_coroutine(work: Callable[[], Awaitable[None]]) -> None:
+    await work()
+
+
+async def _wait(stop: asyncio.Event, delay: float) -> bool:
+    """Sleep `delay`, waking early when `stop` is set. Returns whether stop is set."""
+    if stop.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay):
+            await stop.wait()
+    return stop.is_set()
+
+
+async def _wait_any(stop: asyncio.Event, event: asyncio.Event) -> bool:
+    """Wait until `event` or `stop` is set. Returns False if stop won."""
+    if stop.is_set():
+        return False
+    if event.is_set():
+        return True
+    stopper = asyncio.create_task(stop.wait(), name="lease-wait-stop")
+    other = asyncio.create_task(event.wait(), name="lease-wait-event")
+    try:
+        await asyncio.wait({stopper, other}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await _cancel(stopper, other)
+    return not stop.is_set()
+
+
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel child tasks and wait for them without swallowing our own cancellation."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks)
