@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kcover import errors
@@ -65,15 +65,28 @@ class DetectorEntry(_Group):
     config: dict[str, Any] = Field(default_factory=dict, description="The detector's own settings, validated against its config model.")
 
 
+BUILTIN_DETECTORS = ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm")
+"""Detectors kcover ships; each runs in its own role (controller or agent) when enabled."""
+
+
 def _default_detectors() -> dict[str, DetectorEntry]:
-    return {name: DetectorEntry() for name in
-            ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm")}
+    return {name: DetectorEntry() for name in BUILTIN_DETECTORS}
 
 
 class DetectorsSettings(_Group):
     entries: dict[str, DetectorEntry] = Field(default_factory=_default_detectors,
                                               description="Detector name (entry point in `kcover.detectors`) to its settings.")
     restart_initial_seconds: float = Field(1.0, gt=0, description="Seconds before the first restart of a detector that raised.")
+
+    @field_validator("entries", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        """Entries given in a file are merged over the built-in ones: naming one detector does not drop the others."""
+        if not isinstance(value, Mapping):
+            return value
+        merged: dict[str, Any] = {name: {} for name in BUILTIN_DETECTORS}
+        merged.update(value)
+        return merged
     restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
 
 
@@ -108,6 +121,7 @@ class SaveLogsSettings(_Group):
     retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a recovery folder is kept: one week.")
     retention_bytes: int = Field(5 * 1024**3, ge=1, description="Bytes the sink may hold in all (5 GiB, a small PVC).")
     proceed_on_failure: bool = Field(True, description="Restart even if saving logs failed: a running job matters more than its old logs.")
+    concurrency: int = Field(8, ge=1, description="Log requests in flight at once: 8 saves a 1,000-container job within the timeout without a burst on the API server; memory stays under concurrency x max_bytes_per_container.")
 
 
 class RecoverySettings(_Group):
@@ -128,7 +142,7 @@ class RecoverySettings(_Group):
     ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger ConfigMap and kcover's Lease.", json_schema_extra=_RESTART)
     ledger_name: str = Field("kcover-ledger", description="ConfigMap recording cooldowns, budgets and breaker state.", json_schema_extra=_RESTART)
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
-    save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings)
+    save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
 
 
 class LeaseSettings(_Group):

@@ -1,0 +1,99 @@
+"""Table tests of the pure parts of kcover.recovery.logsaving, and its file-system behaviour."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kcover import settings
+from kcover.recovery import logsaving
+
+NOW = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Ref:
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
+def test_folder_name() -> None:
+    ref = Ref("PyTorchJob", "team-a", "llama", "0f3c2a9e-1111-2222-3333-444455556666")
+    assert logsaving.folder_name(ref, NOW) == "20260304T050607Z-team-a-pytorchjob-llama-0f3c2a9e"
+
+
+def test_folder_name_is_safe_against_odd_names() -> None:
+    assert logsaving.folder_name(Ref("Job", "../x", "a/b", ""), NOW) == "20260304T050607Z-_x-job-a_b-nouid"
+
+
+def test_containers_of_lists_init_containers_first() -> None:
+    pod = {"spec": {"initContainers": [{"name": "init"}], "containers": [{"name": "main"}, {"name": "side"}]}}
+    assert logsaving.containers_of(pod) == ["init", "main", "side"]
+    assert logsaving.containers_of({}) == []
+
+
+@pytest.mark.parametrize(("text", "lines", "size", "expected", "cut"), [
+    ("a\nb\nc\n", 5, 100, "a\nb\nc\n", False),
+    ("a\nb\nc\n", 2, 100, "b\nc\n", True),
+    ("aaaa\nbbbb\n", 5, 6, "\nbbbb\n", True),
+    ("", 5, 5, "", False),
+    ("é" * 4, 5, 3, "é", True),  # never a broken UTF-8 sequence
+])
+def test_tail(text: str, lines: int, size: int, expected: str, cut: bool) -> None:
+    assert logsaving.tail(text, max_lines=lines, max_bytes=size) == (expected, cut)
+
+
+def _entry(name: str, hours_ago: float, size: int) -> logsaving.SinkEntry:
+    return logsaving.SinkEntry(name, NOW - dt.timedelta(hours=hours_ago), size)
+
+
+@pytest.mark.parametrize(("entries", "policy", "keep", "expected"), [
+    # nothing to do
+    ([_entry("a", 2, 10), _entry("b", 1, 10)], {}, "b", []),
+    # by count: oldest first
+    ([_entry("a", 3, 1), _entry("b", 2, 1), _entry("c", 1, 1)], {"retention_count": 2}, "c", ["a"]),
+    # by age
+    ([_entry("a", 200, 1), _entry("b", 1, 1)], {"retention_age_seconds": 3600.0}, "b", ["a"]),
+    # by size: drop oldest until under budget
+    ([_entry("a", 3, 50), _entry("b", 2, 50), _entry("c", 1, 50)], {"retention_bytes": 100}, "c", ["a"]),
+    # the folder just written is kept even when it alone exceeds the budget
+    ([_entry("a", 3, 50), _entry("c", 1, 500)], {"retention_bytes": 100}, "c", ["a"]),
+    # the kept folder is kept even when it is old (clock skew) or past the count
+    ([_entry("c", 500, 1)], {"retention_age_seconds": 60.0, "retention_count": 1}, "c", []),
+])
+def test_plan_prune(entries: list[logsaving.SinkEntry], policy: dict[str, object], keep: str,
+                    expected: list[str]) -> None:
+    rules = settings.SaveLogsSettings.model_validate(policy)
+    assert logsaving.plan_prune(entries, now=NOW, keep=keep, policy=rules) == expected
+
+
+async def test_save_without_pods_writes_an_index_and_prunes(tmp_path: Path) -> None:
+    old = tmp_path / "20200101T000000Z-ns-job-old-abc"
+    old.mkdir()
+    (old / "index.json").write_text("{}")
+    (tmp_path / "unrelated").mkdir()
+    policy = settings.SaveLogsSettings(directory=str(tmp_path), retention_age_seconds=86400)
+    result = await logsaving.save(None, Ref("Job", "ns", "j", "u1"), [], settings=policy, now=NOW)  # type: ignore[arg-type]
+    assert result.error is None
+    assert result.path is not None
+    index = json.loads((Path(result.path) / "index.json").read_text())
+    assert index["workload"] == {"kind": "Job", "namespace": "ns", "name": "j", "uid": "u1"}
+    assert index["complete"] is True
+    assert not old.exists()
+    assert (tmp_path / "unrelated").exists()
+
+
+async def test_unwritable_sink_is_a_reported_failure(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    policy = settings.SaveLogsSettings(directory=str(blocker / "sink"))
+    result = await logsaving.save(None, Ref("Job", "ns", "j", "u1"), [], settings=policy, now=NOW)  # type: ignore[arg-type]
+    assert result.path is None
+    assert result.error is not None
+    assert "cannot write" in result.error
