@@ -1,0 +1,384 @@
+"""Slim projections: raw API dicts in, small immutable records of only the fields kcover uses out.
+
+Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events) and the
+pure functions that build it. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
+build, immutable); strings repeated across objects (namespaces, node names, label values, reasons,
+owner names) are interned, so 150,000 cached pods stay under a few hundred MiB.
+
+It does no I/O and never raises on odd input: a missing or mistyped field becomes its empty value.
+A projection returns None for an object kcover does not keep (an Event without the recovery
+annotation), which the reflector treats as "not in the store".
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+OPT_IN_LABEL = "kcover.io/cascading-recovery"
+"""Pods or workloads labelled `true` opt in to recovery."""
+NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
+"""Events annotated `true` ask for recovery of their involved object."""
+RESTARTING_ANNOTATION = "kcover.io/restarting"
+"""Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
+KCOVER_PREFIX = "kcover.io/"
+
+MEMBERSHIP_LABELS: Mapping[str, tuple[str, str]] = {
+    "training.kubeflow.org/job-name": ("kubeflow.org", ""),
+    "jobset.sigs.k8s.io/jobset-name": ("jobset.x-k8s.io", "JobSet"),
+    "volcano.sh/job-name": ("batch.volcano.sh", "Job"),
+    "leaderworkerset.sigs.k8s.io/name": ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
+    "batch.kubernetes.io/job-name": ("batch", "Job"),
+}
+"""Workload membership label -> (API group, kind) of the workload it names (kind "" = any Kubeflow v1 kind)."""
+
+KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, OPT_IN_LABEL))
+GPU_RESOURCES = ("nvidia.com/gpu", "metax-tech.com/gpu")
+
+_intern = sys.intern
+Pairs = tuple[tuple[str, str], ...]
+
+
+class OwnerRef(NamedTuple):
+    kind: str
+    name: str
+    uid: str
+    api_version: str
+
+
+class Terminated(NamedTuple):
+    reason: str
+    exit_code: int
+    finished_at: str
+
+
+class ResourceHealth(NamedTuple):
+    """One device of a container's `allocatedResourcesStatus` (KEP-4680)."""
+
+    claim: str
+    """`allocatedResourcesStatus[].name`, e.g. `claim:gpu-claim/gpu` or a device-plugin resource name."""
+    resource_id: str
+    health: str
+    """Healthy | Unhealthy | Unknown."""
+    message: str
+
+
+class ContainerState(NamedTuple):
+    name: str
+    init: bool
+    restart_count: int
+    terminated: Terminated | None
+    """`state.terminated`: the container is stopped now."""
+    last_terminated: Terminated | None
+    """`lastState.terminated`: how the previous instance ended (after an in-place restart)."""
+    resources: tuple[ResourceHealth, ...]
+
+
+class Pod(NamedTuple):
+    uid: str
+    rv: str
+    namespace: str
+    name: str
+    node: str
+    phase: str
+    labels: Pairs
+    """Only the workload membership labels and the opt-in label."""
+    annotations: Pairs
+    """Only annotations whose key starts with `kcover.io/`."""
+    owner: OwnerRef | None
+    """The controller ownerReference."""
+    deletion_timestamp: str
+    restart_policy: str
+    containers: tuple[ContainerState, ...]
+    """Init containers first (`init=True`), then regular ones."""
+
+
+class Taint(NamedTuple):
+    key: str
+    value: str
+    effect: str
+
+
+class Condition(NamedTuple):
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition: str
+
+
+class Node(NamedTuple):
+    uid: str
+    rv: str
+    name: str
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+    conditions: tuple[Condition, ...]
+    annotations: Pairs
+    """Only annotations whose key starts with `kcover.io/`."""
+    gpu_capacity: tuple[tuple[str, int], ...]
+    """(resource name, count) for the GPU resources in `status.capacity`."""
+
+
+class Workload(NamedTuple):
+    uid: str
+    rv: str
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    labels: Pairs
+    """Only the opt-in label."""
+    annotations: Pairs
+    owner: OwnerRef | None
+    restart_policies: Pairs
+    """(replica or template name, restartPolicy) as the kind states them; () when it has none."""
+    max_restarts: int | None
+    """JobSet failurePolicy.maxRestarts, Job backoffLimit, Volcano maxRetry, LWS none."""
+    finished: bool
+    """A terminal condition (Succeeded, Failed, Complete, Completed) is True."""
+
+    @property
+    def group(self) -> str:
+        return group_of(self.api_version)
+
+
+class InvolvedObject(NamedTuple):
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
+class KubeEvent(NamedTuple):
+    """A core/v1 Event carrying `kcover.io/need-recovery: "true"`."""
+
+    uid: str
+    rv: str
+    namespace: str
+    name: str
+    involved: InvolvedObject
+    reason: str
+    message: str
+    type: str
+    reporting_controller: str
+    source_component: str
+    event_count: int
+    series_count: int
+    last_timestamp: str
+    event_time: str
+    series_last_observed: str
+    first_timestamp: str
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+def _d(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _s(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _i(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _l(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def group_of(api_version: str) -> str:
+    """`kubeflow.org/v1` -> `kubeflow.org`; `v1` -> `` (core)."""
+    return api_version.rpartition("/")[0]
+
+
+def get(pairs: Pairs, key: str, default: str = "") -> str:
+    """Look a key up in a projected label or annotation tuple."""
+    for k, v in pairs:
+        if k == key:
+            return v
+    return default
+
+
+def _kept(mapping: Any, keep: frozenset[str] | None = None, prefix: str = "") -> Pairs:
+    out = []
+    for key, value in _d(mapping).items():
+        if (keep is not None and key in keep) or (prefix and key.startswith(prefix)):
+            out.append((_intern(key), _intern(_s(value))))
+    out.sort()
+    return tuple(out)
+
+
+def controller_of(meta: Mapping[str, Any]) -> OwnerRef | None:
+    for ref in _l(meta.get("ownerReferences")):
+        ref = _d(ref)
+        if ref.get("controller") is True:
+            return OwnerRef(_intern(_s(ref.get("kind"))), _intern(_s(ref.get("name"))),
+                            _intern(_s(ref.get("uid"))), _intern(_s(ref.get("apiVersion"))))
+    return None
+
+
+def _terminated(state: Any) -> Terminated | None:
+    term = _d(state).get("terminated")
+    if not isinstance(term, dict):
+        return None
+    return Terminated(_intern(_s(term.get("reason"))), _i(term.get("exitCode")), _s(term.get("finishedAt")))
+
+
+def _resources(status: Mapping[str, Any]) -> tuple[ResourceHealth, ...]:
+    out = []
+    for entry in _l(status.get("allocatedResourcesStatus")):
+        entry = _d(entry)
+        claim = _intern(_s(entry.get("name")))
+        for res in _l(entry.get("resources")):
+            res = _d(res)
+            out.append(ResourceHealth(claim, _intern(_s(res.get("resourceID"))),
+                                      _intern(_s(res.get("health")) or "Unknown"), _s(res.get("message"))))
+    return tuple(out)
+
+
+def _container(status: Any, init: bool) -> ContainerState:
+    status = _d(status)
+    return ContainerState(_intern(_s(status.get("name"))), init, _i(status.get("restartCount")),
+                          _terminated(status.get("state")), _terminated(status.get("lastState")),
+                          _resources(status))
+
+
+# ------------------------------------------------------------------------------------ projections
+
+def pod(raw: Mapping[str, Any]) -> Pod:
+    meta = _d(raw.get("metadata"))
+    spec = _d(raw.get("spec"))
+    status = _d(raw.get("status"))
+    containers = tuple(
+        [_container(c, True) for c in _l(status.get("initContainerStatuses"))]
+        + [_container(c, False) for c in _l(status.get("containerStatuses"))])
+    return Pod(
+        uid=_s(meta.get("uid")),
+        rv=_s(meta.get("resourceVersion")),
+        namespace=_intern(_s(meta.get("namespace"))),
+        name=_s(meta.get("name")),
+        node=_intern(_s(spec.get("nodeName"))),
+        phase=_intern(_s(status.get("phase"))),
+        labels=_kept(meta.get("labels"), KEPT_POD_LABELS),
+        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        owner=controller_of(meta),
+        deletion_timestamp=_s(meta.get("deletionTimestamp")),
+        restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
+        containers=containers,
+    )
+
+
+def _quantity(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node(raw: Mapping[str, Any]) -> Node:
+    meta = _d(raw.get("metadata"))
+    spec = _d(raw.get("spec"))
+    status = _d(raw.get("status"))
+    capacity = _d(status.get("capacity"))
+    return Node(
+        uid=_s(meta.get("uid")),
+        rv=_s(meta.get("resourceVersion")),
+        name=_intern(_s(meta.get("name"))),
+        unschedulable=spec.get("unschedulable") is True,
+        taints=tuple(Taint(_intern(_s(t.get("key"))), _intern(_s(t.get("value"))), _intern(_s(t.get("effect"))))
+                     for t in map(_d, _l(spec.get("taints")))),
+        conditions=tuple(Condition(_intern(_s(c.get("type"))), _intern(_s(c.get("status"))),
+                                   _intern(_s(c.get("reason"))), _s(c.get("message")),
+                                   _s(c.get("lastTransitionTime")))
+                         for c in map(_d, _l(status.get("conditions")))),
+        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        gpu_capacity=tuple((r, _quantity(capacity[r])) for r in GPU_RESOURCES if r in capacity),
+    )
+
+
+_TERMINAL = frozenset(("Succeeded", "Failed", "Complete", "Completed"))
+
+
+def _restart_fields(kind: str, group: str, spec: Mapping[str, Any]) -> tuple[Pairs, int | None]:
+    if group == "batch" and kind == "Job":
+        policy = _s(_d(_d(_d(spec.get("template")).get("spec"))).get("restartPolicy"))
+        limit = spec.get("backoffLimit")
+        return ((("template", _intern(policy)),) if policy else ()), (_i(limit) if limit is not None else None)
+    if group == "kubeflow.org":
+        out = []
+        for key, value in spec.items():
+            if key.endswith("ReplicaSpecs") and isinstance(value, dict):
+                for replica, rspec in value.items():
+                    policy = _s(_d(rspec).get("restartPolicy"))
+                    if policy:
+                        out.append((_intern(replica), _intern(policy)))
+        out.sort()
+        limit = _d(spec.get("runPolicy")).get("backoffLimit")
+        return tuple(out), (_i(limit) if limit is not None else None)
+    if group == "jobset.x-k8s.io":
+        limit = _d(spec.get("failurePolicy")).get("maxRestarts")
+        return (), (_i(limit) if limit is not None else None)
+    if group == "batch.volcano.sh":
+        limit = spec.get("maxRetry")
+        return (), (_i(limit) if limit is not None else None)
+    if group == "leaderworkerset.x-k8s.io":
+        policy = _s(_d(spec.get("leaderWorkerTemplate")).get("restartPolicy"))
+        return ((("group", _intern(policy)),) if policy else ()), None
+    return (), None
+
+
+def workload(raw: Mapping[str, Any]) -> Workload:
+    meta = _d(raw.get("metadata"))
+    kind = _intern(_s(raw.get("kind")))
+    api_version = _intern(_s(raw.get("apiVersion")))
+    policies, max_restarts = _restart_fields(kind, group_of(api_version), _d(raw.get("spec")))
+    conditions = _l(_d(raw.get("status")).get("conditions"))
+    finished = any(_d(c).get("type") in _TERMINAL and _d(c).get("status") == "True" for c in conditions)
+    return Workload(
+        uid=_s(meta.get("uid")),
+        rv=_s(meta.get("resourceVersion")),
+        kind=kind,
+        api_version=api_version,
+        namespace=_intern(_s(meta.get("namespace"))),
+        name=_intern(_s(meta.get("name"))),
+        labels=_kept(meta.get("labels"), frozenset((OPT_IN_LABEL,))),
+        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        owner=controller_of(meta),
+        restart_policies=policies,
+        max_restarts=max_restarts,
+        finished=finished,
+    )
+
+
+def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
+    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"`."""
+    meta = _d(raw.get("metadata"))
+    if _s(_d(meta.get("annotations")).get(NEED_RECOVERY_ANNOTATION)).lower() != "true":
+        return None
+    involved = _d(raw.get("involvedObject"))
+    series = _d(raw.get("series"))
+    return KubeEvent(
+        uid=_s(meta.get("uid")),
+        rv=_s(meta.get("resourceVersion")),
+        namespace=_intern(_s(meta.get("namespace"))),
+        name=_s(meta.get("name")),
+        involved=InvolvedObject(_intern(_s(involved.get("kind"))), _intern(_s(involved.get("namespace"))),
+                                _s(involved.get("name")), _s(involved.get("uid"))),
+        reason=_intern(_s(raw.get("reason"))),
+        message=_s(raw.get("message")),
+        type=_intern(_s(raw.get("type"))),
+        reporting_controller=_intern(_s(raw.get("reportingComponent") or raw.get("reportingController"))),
+        source_component=_intern(_s(_d(raw.get("source")).get("component"))),
+        event_count=_i(raw.get("count")),
+        series_count=_i(series.get("count")),
+        last_timestamp=_s(raw.get("lastTimestamp")),
+        event_time=_s(raw.get("eventTime")),
+        series_last_observed=_s(series.get("lastObservedTime")),
+        first_timestamp=_s(raw.get("firstTimestamp")),
+    )

@@ -1,0 +1,260 @@
+"""The reflector: keeps one resource's slim store in step with the API server by list, then watch.
+
+Owns the list/watch protocol of one collection: a consistent paginated list (`limit`/`continue`),
+a watch from the list's resourceVersion with bookmarks and a server-side timeout, re-listing on 410
+(an ERROR event with code 410 or a `GoneError`), backoff with jitter on errors, `Retry-After` on 429,
+and an inactivity timeout (no line for that long restarts the watch). Lines are parsed with orjson
+and projected at once; raw dicts are never kept.
+
+A re-list never loses or repeats a change: the new list is diffed against the store and only the
+differences are delivered, as synthetic ADDED / MODIFIED / DELETED (objects keyed by uid, compared by
+resourceVersion). Every change goes to `sink(old, new)` synchronously after the store was updated
+(`old` None on add, `new` None on delete).
+
+It does not index or fan out (see `caching.py`). Failures never escape `run()` except cancellation:
+errors are logged and retried; a 404 on list (CRD not installed) is logged once and retried slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import aiohttp
+import orjson
+import structlog
+
+from kcover import errors
+from kcover.aio import backoff as backoff_
+from kcover.kube import client as client_
+
+log = structlog.get_logger()
+
+
+class Record(Protocol):
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def rv(self) -> str: ...
+
+
+T = TypeVar("T", bound=Record)
+Sink = Callable[[T | None, T | None], None]
+
+
+@dataclass(frozen=True)
+class ReflectorOptions:
+    page_size: int = 500
+    """Objects per list page."""
+    watch_timeout_seconds: int = 300
+    """`timeoutSeconds` asked of each watch."""
+    inactivity_timeout_seconds: float = 120.0
+    """No line at all (not even a bookmark) for this long restarts the watch."""
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    missing_retry_seconds: float = 300.0
+    """Retry interval while the collection answers 404 (its CRD is not installed)."""
+    request_timeout_seconds: float = 60.0
+    """Seconds one list page may take."""
+
+
+class _Expired(Exception):
+    """The watch said 410: the resourceVersion is too old; re-list."""
+
+
+class Reflector(Generic[T]):
+    """List+watch of `path` (e.g. `/api/v1/pods`) projected through `project` into `store`."""
+
+    def __init__(self, kube: client_.KubeClient, path: str, project: Callable[[Mapping[str, Any]], T | None],
+                 *, sink: Sink[T], name: str = "", options: ReflectorOptions | None = None,
+                 query: Mapping[str, str] | None = None) -> None:
+        self._kube = kube
+        self.path = path
+        self.name = name or path
+        self._project = project
+        self._sink = sink
+        self.options = options or ReflectorOptions()
+        self._query = dict(query or {})
+        self.store: dict[str, T] = {}
+        self.resource_version = ""
+        self.synced = asyncio.Event()
+        self.missing = False
+        """True while the collection answers 404."""
+        self.lists = 0
+        self.watches = 0
+
+    # ------------------------------------------------------------------------------------- run loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        opts = self.options
+        backoff = backoff_.Backoff(initial=opts.backoff_initial_seconds, maximum=opts.backoff_max_seconds)
+        need_list = True
+        while not stop.is_set():
+            delay = 0.0
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                    backoff.reset()
+                await self._watch(stop)
+            except _Expired:
+                log.info("watch_expired_relisting", reflector=self.name, resource_version=self.resource_version)
+                need_list = True
+            except errors.NotFoundError as exc:
+                if need_list:
+                    if not self.missing:
+                        log.warning("watch_kind_missing", reflector=self.name, error=str(exc),
+                                    retry_seconds=opts.missing_retry_seconds)
+                    self.missing = True
+                    self._replace({})
+                    self.synced.set()
+                    delay = opts.missing_retry_seconds
+                else:
+                    need_list = True
+                    delay = backoff.next_delay()
+            except errors.GoneError:
+                log.info("list_expired_relisting", reflector=self.name)
+                need_list = True
+                delay = backoff.next_delay()
+            except errors.TooManyRequestsError as exc:
+                delay = exc.retry_after if exc.retry_after is not None else backoff.next_delay()
+                log.warning("watch_throttled", reflector=self.name, retry_after=delay)
+            except errors.KubeError as exc:
+                delay = backoff.next_delay()
+                log.warning("watch_failed", reflector=self.name, error=str(exc), retry_in=round(delay, 3))
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    # ----------------------------------------------------------------------------------------- list
+
+    async def _list(self) -> None:
+        items: dict[str, T] = {}
+        query: dict[str, str | int] = {**self._query, "limit": self.options.page_size}
+        list_rv = ""
+        while True:
+            page = await self._kube.request("GET", self.path, query=query,
+                                            timeout=self.options.request_timeout_seconds)
+            if not isinstance(page, dict):
+                raise errors.KubeError(f"list {self.path}: not a JSON object")
+            meta = page.get("metadata") or {}
+            list_rv = str(meta.get("resourceVersion") or list_rv)
+            project = self._project
+            for raw in page.get("items") or ():
+                record = project(raw)
+                if record is not None:
+                    items[record.uid] = record
+            token = meta.get("continue")
+            if not token:
+                break
+            query = {**self._query, "limit": self.options.page_size, "continue": token}
+        self.lists += 1
+        if self.missing:
+            log.info("watch_kind_found", reflector=self.name)
+            self.missing = False
+        self.resource_version = list_rv
+        self._replace(items)
+        self.synced.set()
+        log.debug("list_synced", reflector=self.name, objects=len(items), resource_version=list_rv)
+
+    def _replace(self, items: dict[str, T]) -> None:
+        """Swap the store for `items`, delivering only the differences."""
+        old_store = self.store
+        self.store = items
+        sink = self._sink
+        for uid, new in items.items():
+            old = old_store.get(uid)
+            if old is None:
+                sink(None, new)
+            elif old.rv != new.rv:
+                sink(old, new)
+            else:
+                items[uid] = old  # keep the identical record the subscribers already know
+        for uid, old in old_store.items():
+            if uid not in items:
+                sink(old, None)
+
+    # ---------------------------------------------------------------------------------------- watch
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        opts = self.options
+        query = {**self._query, "watch": "true", "resourceVersion": self.resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(opts.watch_timeout_seconds)}
+        self.watches += 1
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            async with self._kube.stream(self.path, query=query,
+                                         read_timeout=opts.inactivity_timeout_seconds) as response:
+                pending = b""
+                chunks = response.content.iter_any().__aiter__()
+                while True:
+                    reader = asyncio.ensure_future(anext(chunks, b""))
+                    done, _ = await asyncio.wait((reader, stopper), return_when=asyncio.FIRST_COMPLETED)
+                    if reader not in done:
+                        reader.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, aiohttp.ClientError,
+                                                 TimeoutError):
+                            await reader
+                        return
+                    chunk = reader.result()
+                    if not chunk:
+                        return  # the server ended the watch (timeoutSeconds): watch again from our RV
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            self._handle(line)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+                log.info("watch_inactive_restarting", reflector=self.name,
+                         seconds=opts.inactivity_timeout_seconds)
+                return
+            raise errors.KubeError(f"watch {self.path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            stopper.cancel()
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            text = line[:200].decode("utf-8", "replace")
+            if "too many requests" in text.lower():
+                raise errors.TooManyRequestsError(f"watch {self.path}: {text}", status=429) from exc
+            raise errors.KubeError(f"watch {self.path}: a line is not JSON: {text!r}") from exc
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            raise errors.KubeError(f"watch {self.path}: event without object: {line[:200]!r}")
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == 410 or obj.get("reason") in ("Expired", "Gone"):
+                raise _Expired()
+            if code == 429:
+                raise errors.TooManyRequestsError(f"watch {self.path}: {obj.get('message')}", status=429)
+            raise errors.KubeError(f"watch {self.path}: {obj.get('message')}", status=int(code or 0),
+                                   reason=str(obj.get("reason") or ""), body=obj)
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = str(rv)
+            return
+        record = self._project(obj)
+        uid = record.uid if record is not None else str((obj.get("metadata") or {}).get("uid") or "")
+        store = self.store
+        old = store.get(uid)
+        if kind == "DELETED" or record is None:
+            if old is not None:
+                del store[uid]
+                self._sink(old, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            if old is None or old.rv != record.rv:
+                store[uid] = record
+                self._sink(old, record)
+        else:
+            log.warning("watch_event_unknown", reflector=self.name, type=kind)
+        if rv:
+            self.resource_version = str(rv)
