@@ -1,0 +1,1 @@
+"""kcover detector that classifies failed training containers from the tail of their logs."""

@@ -1,0 +1,157 @@
+"""The `logscan` detector: classify container failures that `pod-status` reported from their logs.
+
+Owns the loop that takes the source detector's Pod events off the bus, reads the failed container's
+log tail through the `LogReader` in `context.extras["log_reader"]` (bounded in lines, bytes and
+concurrency), classifies it with the pure table in `classifying` and publishes one enrichment event
+per (pod uid, container, restart count). It never writes to the API. Without a log reader it raises
+`DetectorUnavailableError`; a failed read is logged and forgotten, so a later event retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import structlog
+from pydantic import BaseModel
+
+from kcover import bus as bus_
+from kcover import errors, model
+from kcover.detectors import contract
+from kcover_logscan import classifying, reading, remembering
+from kcover_logscan import config as config_
+
+log = structlog.get_logger()
+
+LOG_READER_KEY = "log_reader"
+"""`context.extras` key of the `reading.LogReader` the composition root provides."""
+
+TriggerKey = tuple[str, str, str]
+"""(pod uid, container, restart count) of one container failure."""
+
+
+def restart_count(event: model.CollectorEvent) -> str:
+    value = event.attributes.get("restartCount", event.attributes.get("restart_count", ""))
+    return str(value)
+
+
+def trigger_key(event: model.CollectorEvent, config: config_.LogscanConfig) -> TriggerKey | None:
+    """The container failure `event` reports, or None when logscan has nothing to do with it. Pure."""
+    if event.detector != config.source_detector or event.target.kind is not model.TargetKind.POD:
+        return None
+    if config.reasons and event.reason not in config.reasons:
+        return None
+    container = event.attributes.get("container")
+    if not isinstance(container, str) or not container or not event.target.name:
+        return None
+    return (event.target.uid or f"{event.target.namespace}/{event.target.name}", container, restart_count(event))
+
+
+def build_event(source: model.CollectorEvent, found: classifying.Classification, *, detector: str,
+                severity: model.Severity, previous: bool) -> model.CollectorEvent:
+    """The enrichment event for `source`, classified as `found`. Pure."""
+    container = str(source.attributes["container"])
+    restarts = restart_count(source)
+    first = found.lines[0] if found.lines else ""
+    return model.CollectorEvent(
+        detector=detector, target=source.target, severity=severity,
+        reason=classifying.reason_for(found.failure_class),
+        message=f"container {container} failed with a {found.failure_class.value} error: {first}",
+        dedupe_key=f"{detector}/{source.target.uid}/{container}/{restarts}",
+        attributes={"class": found.failure_class.value, "pattern": found.pattern, "lines": list(found.lines),
+                    "source_event": source.id, "source_reason": source.reason, "container": container,
+                    "restartCount": restarts, "previous": previous})
+
+
+class LogscanDetector:
+    """Reads and classifies the log tails of containers the pod-status detector saw fail."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = config_.LogscanConfig
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        if not isinstance(config, config_.LogscanConfig):
+            config = config_.LogscanConfig.model_validate(config.model_dump())
+        self.name = name
+        self.config = config
+        self.context = context
+        self._seen = remembering.Seen(config.remember)
+
+    def _reader(self) -> reading.LogReader:
+        reader: Any = self.context.extras.get(LOG_READER_KEY)
+        if reader is None or not callable(getattr(reader, "read_log", None)):
+            raise errors.DetectorUnavailableError(
+                f"logscan needs a log reader in context.extras[{LOG_READER_KEY!r}]; none was provided")
+        return reader  # type: ignore[no-any-return]
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        reader = self._reader()
+        subscription = bus.subscribe(self.name)
+        try:
+            async with asyncio.TaskGroup() as group:
+                scans: set[asyncio.Task[None]] = set()
+                consumer = group.create_task(self._consume(subscription, bus, reader, group, scans),
+                                             name=f"{self.name}:consume")
+                await stop.wait()
+                consumer.cancel()
+                for scan in scans:
+                    scan.cancel()
+        finally:
+            subscription.unsubscribe()
+
+    async def _consume(self, subscription: bus_.Subscription, bus: bus_.Bus, reader: reading.LogReader,
+                       group: asyncio.TaskGroup, scans: set[asyncio.Task[None]]) -> None:
+        slots = asyncio.Semaphore(self.config.concurrency)
+        async for event in subscription:
+            key = trigger_key(event, self.config)
+            if key is None or not self._seen.add(key):
+                continue
+            await slots.acquire()
+            scan = group.create_task(self._scan(event, key, bus, reader),
+                                     name=f"{self.name}:scan:{event.target.namespace}/{event.target.name}/{key[1]}")
+            scans.add(scan)
+            scan.add_done_callback(scans.discard)
+            scan.add_done_callback(lambda _: slots.release())
+
+    def _attempts(self) -> tuple[bool, ...]:
+        source = self.config.log_source
+        if source is config_.LogSource.CURRENT:
+            return (False,)
+        if source is config_.LogSource.PREVIOUS:
+            return (True,)
+        return (False, True)
+
+    async def _scan(self, event: model.CollectorEvent, key: TriggerKey, bus: bus_.Bus,
+                    reader: reading.LogReader) -> None:
+        target = event.target
+        container = key[1]
+        cfg = self.config
+        for previous in self._attempts():
+            try:
+                text = await reader.read_log(target.namespace, target.name, container, previous=previous,
+                                             tail_lines=cfg.tail_lines, limit_bytes=cfg.limit_bytes)
+            except errors.NotFoundError:
+                continue
+            except errors.KubeError as exc:
+                if exc.status == 400:  # "previous terminated container ... not found"
+                    continue
+                self._seen.discard(key)
+                log.warning("logscan_read_failed", namespace=target.namespace, pod=target.name,
+                            container=container, previous=previous, status=exc.status, error=str(exc))
+                return
+            except Exception as exc:  # the reader is plugged in: its bugs must not stop other scans
+                self._seen.discard(key)
+                log.exception("logscan_read_failed", namespace=target.namespace, pod=target.name,
+                              container=container, previous=previous, error=repr(exc))
+                return
+            found = classifying.classify(text[-cfg.limit_bytes:], cfg.patterns, max_lines=cfg.max_lines,
+                                         max_line_length=cfg.max_line_length)
+            if found is None:
+                continue
+            classified = build_event(event, found, detector=self.name, severity=cfg.severities[found.failure_class],
+                                     previous=previous)
+            log.info("logscan_classified", namespace=target.namespace, pod=target.name, container=container,
+                     failure_class=found.failure_class.value, pattern=found.pattern)
+            await bus.publish(classified)
+            return
+        log.info("logscan_unclassified", namespace=target.namespace, pod=target.name, container=container)
