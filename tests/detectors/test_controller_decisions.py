@@ -1,0 +1,154 @@
+"""Table tests of the controller detectors' pure decisions."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from kcover import model
+from kcover.detectors import dra_health, event_watcher, node_condition, pod_status
+from kcover.kube import projections as proj
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def _ts(seconds_ago: float) -> str:
+    return (NOW - dt.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _container(name: str = "c", *, init: bool = False, restarts: int = 0,
+               term: proj.Terminated | None = None, last: proj.Terminated | None = None) -> proj.ContainerState:
+    return proj.ContainerState(name, init, restarts, term, last, ())
+
+
+def _pod(*containers: proj.ContainerState, deleting: bool = False, annotations: proj.Pairs = ()) -> proj.Pod:
+    return proj.Pod("u", "1", "ns", "p", "n1", "Running", (), annotations, None,
+                    "2026-01-01T00:00:00Z" if deleting else "", "Always", containers)
+
+
+ERR = proj.Terminated("Error", 1, _ts(5))
+OOM = proj.Terminated("OOMKilled", 137, _ts(5))
+OK = proj.Terminated("Completed", 0, _ts(5))
+OLD = proj.Terminated("Error", 1, _ts(3600))
+CODE42 = proj.Terminated("Whatever", 42, _ts(5))
+
+
+@pytest.mark.parametrize(("pod", "config", "expected"), [
+    (_pod(_container(term=ERR)), {}, [("c", 0)]),
+    (_pod(_container(restarts=3, last=ERR)), {}, [("c", 2)]),
+    (_pod(_container(restarts=1, term=ERR, last=ERR)), {}, [("c", 1), ("c", 0)]),
+    (_pod(_container(term=OK)), {}, []),
+    (_pod(_container(term=OOM)), {}, []),
+    (_pod(_container(term=OOM)), {"oom_killed": True}, [("c", 0)]),
+    (_pod(_container(term=CODE42)), {}, []),
+    (_pod(_container(term=CODE42)), {"exit_codes": [42]}, [("c", 0)]),
+    (_pod(_container(term=ERR)), {"ignore_exit_codes": [1]}, []),
+    (_pod(_container("i", init=True, term=ERR)), {}, [("i", 0)]),
+    (_pod(_container("i", init=True, term=ERR)), {"init_containers": False}, []),
+    (_pod(_container(term=OLD)), {}, []),
+    (_pod(_container(term=ERR), deleting=True), {}, []),
+    (_pod(_container(term=ERR), annotations=(("kcover.io/restarting", "x"),)), {}, []),
+    (_pod(_container(term=proj.Terminated("Error", 1, ""))), {}, [("c", 0)]),
+])
+def test_pod_status_failures(pod: proj.Pod, config: dict[str, object], expected: list[tuple[str, int]]) -> None:
+    found = pod_status.failures(pod, pod_status.PodStatusConfig.model_validate(config), NOW)
+    assert [(f.container, f.ordinal) for f in found] == expected
+
+
+def test_seen_set_is_bounded() -> None:
+    seen = pod_status.SeenSet(2)
+    assert seen.add(("a",)) and seen.add(("b",)) and not seen.add(("a",))
+    assert seen.add(("c",)) and len(seen) == 2
+    assert seen.add(("a",))  # evicted, so new again
+
+
+U, H, K = dra_health.UNHEALTHY, dra_health.HEALTHY, dra_health.UNKNOWN
+E = dra_health.Emit
+
+
+@pytest.mark.parametrize(("observations", "expected"), [
+    ([(0, H), (1, H)], [None, None]),
+    ([(0, U), (1, U), (2, U)], [E.UNHEALTHY, None, None]),
+    ([(0, H), (1, U), (2, H), (3, U)], [None, E.UNHEALTHY, E.RECOVERED, E.UNHEALTHY]),
+    ([(0, K), (100, K), (300, K), (400, K)], [None, None, E.UNKNOWN, None]),
+    ([(0, K), (299, K), (310, H)], [None, None, None]),
+    ([(0, K), (300, K), (301, H)], [None, E.UNKNOWN, E.RECOVERED]),
+    ([(0, U), (10, K), (400, K), (500, U), (600, H)], [E.UNHEALTHY, None, None, None, E.RECOVERED]),
+    ([(0, K), (300, K), (301, U)], [None, E.UNKNOWN, E.UNHEALTHY]),
+])
+def test_dra_health_step(observations: list[tuple[float, str]], expected: list[dra_health.Emit | None]) -> None:
+    track = None
+    got = []
+    for now, health in observations:
+        track, emit = dra_health.step(track, health, now, 300.0)
+        got.append(emit)
+    assert got == expected
+
+
+def _event(**over: object) -> proj.KubeEvent:
+    base = proj.KubeEvent("e1", "1", "ml", "ev", proj.InvolvedObject("Pod", "ml", "p", "u"), "GPUFailed", "m",
+                          "Warning", "", "", 1, 0, _ts(10), "", "", "")
+    return base._replace(**over)
+
+
+LIVE = proj.Pod("u", "1", "ml", "p", "n1", "Running", (), (), None, "", "Always", ())
+NODE = proj.Node("nu", "1", "n1", False, (), (), (), ())
+
+
+@pytest.mark.parametrize(("ev", "expected"), [
+    (_event(), "accept:Pod"),
+    (_event(last_timestamp=_ts(200)), "stale"),
+    (_event(last_timestamp=_ts(200), series_last_observed=_ts(5)), "accept:Pod"),
+    (_event(last_timestamp="", event_time="2026-01-01T11:59:50.000000Z"), "accept:Pod"),
+    (_event(last_timestamp=""), "no_timestamp"),
+    (_event(namespace="other"), "namespace_mismatch"),
+    (_event(involved=proj.InvolvedObject("Pod", "ml", "gone", "")), "pod_not_found"),
+    (_event(involved=proj.InvolvedObject("Pod", "ml", "p", "old-uid")), "uid_mismatch"),
+    (_event(involved=proj.InvolvedObject("Pod", "ml", "p", "")), "accept:Pod"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n1", "")), "untrusted_reporter"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), source_component="kcover.io/agent"), "accept:Node"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), reporting_controller="kcover.io/agent"), "accept:Node"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n9", ""), reporting_controller="kcover.io/agent"), "node_not_found"),
+    (_event(involved=proj.InvolvedObject("Deployment", "ml", "d", "")), "unsupported_kind"),
+])
+def test_event_watcher_judge(ev: proj.KubeEvent, expected: str) -> None:
+    verdict = event_watcher.judge(
+        ev, now=NOW, config=event_watcher.EventWatcherConfig(),
+        pod_lookup=lambda ns, name: LIVE if (ns, name) == ("ml", "p") else None,
+        node_lookup=lambda name: NODE if name == "n1" else None)
+    got = f"accept:{verdict.target.kind.value}" if verdict.target is not None else verdict.reason
+    assert got == expected
+    if verdict.target is not None and verdict.target.kind is model.TargetKind.POD:
+        assert (verdict.target.uid, verdict.target.node) == ("u", "n1")
+
+
+def _node(*conds: proj.Condition) -> proj.Node:
+    return proj.Node("nu", "1", "n1", False, (), conds, (), ())
+
+
+RULES = node_condition.NodeConditionConfig().conditions
+
+
+@pytest.mark.parametrize(("node", "expected", "waiting"), [
+    (_node(proj.Condition("KcoverGPUHealthy", "True", "", "", _ts(100))), [], False),
+    (_node(proj.Condition("KcoverGPUHealthy", "False", "XID", "", _ts(100))), ["KcoverGPUHealthy"], False),
+    (_node(proj.Condition("KcoverGPUHealthy", "False", "XID", "", _ts(3))), [], True),
+    (_node(proj.Condition("AcceleratedHardwareReady", "False", "", "", _ts(60))), ["AcceleratedHardwareReady"], False),
+    (_node(proj.Condition("Ready", "False", "", "", _ts(60))), [], False),
+    (_node(proj.Condition("KcoverGPUHealthy", "False", "", "", "")), [], True),
+])
+def test_node_condition_bad_conditions(node: proj.Node, expected: list[str], waiting: bool) -> None:
+    found, still = node_condition.bad_conditions(node, RULES, now=NOW, default_min=10.0, first_seen={})
+    assert sorted(found) == expected and still is waiting
+
+
+def test_node_condition_rule_override_and_first_seen() -> None:
+    rules = [node_condition.ConditionRule(type="GPUProblem", bad_status="True", min_duration_seconds=0)]
+    found, _ = node_condition.bad_conditions(_node(proj.Condition("GPUProblem", "True", "", "", "")), rules,
+                                             now=NOW, default_min=60, first_seen={})
+    assert list(found) == ["GPUProblem"]
+    cond = proj.Condition("KcoverGPUHealthy", "False", "", "", "")
+    found, _ = node_condition.bad_conditions(_node(cond), RULES, now=NOW, default_min=10,
+                                             first_seen={"KcoverGPUHealthy": NOW - dt.timedelta(seconds=11)})
+    assert list(found) == ["KcoverGPUHealthy"]
