@@ -34,7 +34,7 @@ class LogscanConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source_detector: str = Field("pod-status", description="Detector whose events (Pod targets with a `container` attribute) trigger a scan.")
-    reasons: list[str] = Field(default_factory=list, description="Event reasons that trigger a scan, e.g. `ContainerError`, `OOMKilled`; empty means every reason of the source detector.")
+    reasons: list[str] = Field(default_factory=list, description="Event reasons that trigger a scan, e.g. `ContainerError`, `ContainerOOMKilled` (pod-status's reasons); empty means every reason of the source detector.")
     log_source: LogSource = Field(LogSource.AUTO, description="Which container instance's log to read.")
     tail_lines: int = Field(200, ge=1, le=10_000, description="Lines read from the end of the log. 200 holds a Python traceback plus the NCCL lines around it.")
     limit_bytes: int = Field(64 * 1024, ge=1024, le=4 * 1024 * 1024, description="Bytes read at most per log, so a chatty job cannot make the controller buffer megabytes.")

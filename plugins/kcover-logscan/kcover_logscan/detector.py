@@ -3,7 +3,7 @@
 Owns the loop that takes the source detector's Pod events off the bus, reads the failed container's
 log tail through the `LogReader` in `context.extras["log_reader"]` (bounded in lines, bytes and
 concurrency), classifies it with the pure table in `classifying` and publishes one enrichment event
-per (pod uid, container, restart count). It never writes to the API. Without a log reader it raises
+per (pod uid, container, restart count, finish time). It never writes to the API. Without a log reader it raises
 `DetectorUnavailableError`; a failed read is logged and forgotten, so a later event retries it.
 """
 
@@ -26,12 +26,15 @@ log = structlog.get_logger()
 LOG_READER_KEY = "log_reader"
 """`context.extras` key of the `reading.LogReader` the composition root provides."""
 
-TriggerKey = tuple[str, str, str]
-"""(pod uid, container, restart count) of one container failure."""
+TriggerKey = tuple[str, str, str, str]
+"""(pod uid, container, restart count, finished at) of one container failure. pod-status reports the
+container's current `restart_count` for both `state` and `lastState` terminations; `finished_at`
+tells those two apart when present."""
 
 
 def restart_count(event: model.CollectorEvent) -> str:
-    value = event.attributes.get("restartCount", event.attributes.get("restart_count", ""))
+    """The source event's `restart_count` attribute (pod-status's name; `restartCount` also accepted)."""
+    value = event.attributes.get("restart_count", event.attributes.get("restartCount", ""))
     return str(value)
 
 
@@ -44,7 +47,8 @@ def trigger_key(event: model.CollectorEvent, config: config_.LogscanConfig) -> T
     container = event.attributes.get("container")
     if not isinstance(container, str) or not container or not event.target.name:
         return None
-    return (event.target.uid or f"{event.target.namespace}/{event.target.name}", container, restart_count(event))
+    return (event.target.uid or f"{event.target.namespace}/{event.target.name}", container, restart_count(event),
+            str(event.attributes.get("finished_at") or ""))
 
 
 def build_event(source: model.CollectorEvent, found: classifying.Classification, *, detector: str,
@@ -57,10 +61,10 @@ def build_event(source: model.CollectorEvent, found: classifying.Classification,
         detector=detector, target=source.target, severity=severity,
         reason=classifying.reason_for(found.failure_class),
         message=f"container {container} failed with a {found.failure_class.value} error: {first}",
-        dedupe_key=f"{detector}/{source.target.uid}/{container}/{restarts}",
+        dedupe_key=f"{detector}/{source.target.uid}/{container}/{restarts}/{source.attributes.get('finished_at') or ''}",
         attributes={"class": found.failure_class.value, "pattern": found.pattern, "lines": list(found.lines),
                     "source_event": source.id, "source_reason": source.reason, "container": container,
-                    "restartCount": restarts, "previous": previous})
+                    "restart_count": restarts, "previous": previous})
 
 
 class LogscanDetector:

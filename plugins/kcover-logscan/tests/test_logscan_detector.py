@@ -48,11 +48,13 @@ class FakeReader:
 
 
 def pod_event(pod: str = "llama-worker-3", *, container: str = "pytorch", restarts: int = 0,
-              detector: str = "pod-status", reason: str = "ContainerError") -> model.CollectorEvent:
+              detector: str = "pod-status", reason: str = "ContainerError",
+              finished_at: str = "2026-03-02T11:03:18Z") -> model.CollectorEvent:
     target = model.Target(kind=model.TargetKind.POD, namespace="team-a", name=pod, uid=f"uid-{pod}", node="gpu-node-2")
     return model.CollectorEvent(detector=detector, target=target, severity=model.Severity.ERROR, reason=reason,
                                 message="container pytorch exited with code 1",
-                                attributes={"container": container, "restartCount": restarts, "exitCode": 1})
+                                attributes={"container": container, "restart_count": restarts, "exit_code": 1,
+                                            "termination_reason": "Error", "finished_at": finished_at})
 
 
 class Running:
@@ -123,8 +125,16 @@ async def test_same_container_failure_is_classified_once() -> None:
     await running.publish(pod_event(restarts=1))  # the next failure of the restarted container
     second = await running.finish()
     assert [e.reason for e in first + second] == ["LogClassifiedCommunication"] * 2
-    assert [e.attributes["restartCount"] for e in first + second] == ["0", "1"]
+    assert [e.attributes["restart_count"] for e in first + second] == ["0", "1"]
     assert len(reader.calls) == 2
+
+
+async def test_state_and_last_state_terminations_are_told_apart_by_finish_time() -> None:
+    reader = FakeReader({("team-a", "llama-worker-3", "pytorch", False): logtails.NCCL_REMOTE_ERROR})
+    running = Running(reader)
+    await running.publish(pod_event(restarts=1, finished_at="2026-03-02T11:03:18Z"),
+                          pod_event(restarts=1, finished_at="2026-03-02T11:05:40Z"))
+    assert len(await running.finish()) == 2
 
 
 async def test_auto_falls_back_to_the_previous_instance() -> None:
@@ -149,7 +159,7 @@ async def test_unclassified_logs_emit_nothing() -> None:
 
 @pytest.mark.parametrize("event", [
     pod_event(detector="node-condition"),
-    pod_event(reason="OOMKilled"),
+    pod_event(reason="ContainerOOMKilled"),
     pod_event(container=""),
     model.CollectorEvent(detector="pod-status", reason="ContainerError", severity=model.Severity.ERROR,
                          target=model.Target(kind=model.TargetKind.NODE, name="gpu-node-2"), attributes={"container": "x"}),
