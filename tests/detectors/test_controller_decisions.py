@@ -58,8 +58,11 @@ def test_pod_status_failures(pod: proj.Pod, config: dict[str, object], expected:
 
 def test_seen_set_is_bounded() -> None:
     seen = pod_status.SeenSet(2)
-    assert seen.add(("a",)) and seen.add(("b",)) and not seen.add(("a",))
-    assert seen.add(("c",)) and len(seen) == 2
+    assert seen.add(("a",))
+    assert seen.add(("b",))
+    assert not seen.add(("a",))
+    assert seen.add(("c",))
+    assert len(seen) == 2
     assert seen.add(("a",))  # evicted, so new again
 
 
@@ -140,7 +143,8 @@ RULES = node_condition.NodeConditionConfig().conditions
 ])
 def test_node_condition_bad_conditions(node: proj.Node, expected: list[str], waiting: bool) -> None:
     found, still = node_condition.bad_conditions(node, RULES, now=NOW, default_min=10.0, first_seen={})
-    assert sorted(found) == expected and still is waiting
+    assert sorted(found) == expected
+    assert still is waiting
 
 
 def test_node_condition_rule_override_and_first_seen() -> None:

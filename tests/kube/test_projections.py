@@ -52,7 +52,9 @@ def test_pod_projection_keeps_only_used_fields() -> None:
     assert p.deletion_timestamp == ""
     init, main = p.containers
     assert init == proj.ContainerState("init", True, 0, proj.Terminated("Completed", 0, "2026-01-01T00:00:00Z"), None, ())
-    assert main.name == "trainer" and not main.init and main.restart_count == 2
+    assert main.name == "trainer"
+    assert not main.init
+    assert main.restart_count == 2
     assert main.terminated is None
     assert main.last_terminated == proj.Terminated("Error", 137, "2026-01-01T00:00:59Z")
     assert main.resources == (proj.ResourceHealth("claim:gpu-claim/gpu", "gpu.nvidia.com/pool-a/gpu-3", "Unhealthy", "XID 79"),)
@@ -74,7 +76,10 @@ def test_pod_projection_tolerates_odd_input(raw: dict[str, Any], check: Any) -> 
 def test_repeated_strings_are_interned() -> None:
     a = proj.pod(raw_pod())
     b = proj.pod(raw_pod())
-    assert a.namespace is b.namespace and a.node is b.node and a.owner is not None and b.owner is not None
+    assert a.namespace is b.namespace
+    assert a.node is b.node
+    assert a.owner is not None
+    assert b.owner is not None
     assert a.owner.uid is b.owner.uid
 
 
@@ -137,4 +142,5 @@ def test_event_projection_keeps_only_annotated_events() -> None:
     assert ev.series_last_observed == "2026-01-01T00:00:01.000000Z"
     base["reportingComponent"] = "kcover.io/agent"
     ev2 = proj.recovery_event(base)
-    assert ev2 is not None and ev2.reporting_controller == "kcover.io/agent"
+    assert ev2 is not None
+    assert ev2.reporting_controller == "kcover.io/agent"
