@@ -88,6 +88,11 @@ class FakeNvml:
     def probe(self, index: int) -> None:
         self._gpu(index)
 
+    @property
+    def registered(self) -> backend.EventType:
+        """The event types a caller registered for (0 until `register_events`)."""
+        return self._registered
+
     # -------------------------------------------------------------- faults
 
     def xid(self, code: int, gpu_index: int = 0) -> None:

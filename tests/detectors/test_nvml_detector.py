@@ -1,0 +1,171 @@
+"""The NVML detector over the fake backend: XID events, health faults, unavailability, prompt stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from kcover import bus as bus_
+from kcover import errors, metrics, model
+from kcover.detectors import contract, nvml_detector
+from kcover.nvml import backend, fake
+
+
+@dataclass
+class Running:
+    nvml: fake.FakeNvml
+    sub: bus_.Subscription
+    stop: asyncio.Event
+
+    async def next(self, within: float = 3.0) -> model.CollectorEvent:
+        return (await self.take(1, within))[0]
+
+    async def take(self, n: int, within: float = 3.0) -> list[model.CollectorEvent]:
+        got: list[model.CollectorEvent] = []
+        async with asyncio.timeout(within):
+            while len(got) < n:
+                got += await self.sub.get_batch()
+        return got
+
+
+def _context(nvml: backend.Nvml | None, **extras: object) -> contract.DetectorContext:
+    return contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics.Metrics(), node_name="gpu-node-1",
+                                    nvml=nvml, extras=dict(extras))
+
+
+def _detector(nvml: backend.Nvml | None, **extras: object) -> nvml_detector.NvmlDetector:
+    config = nvml_detector.NvmlConfig(wait_timeout_ms=50, health_interval_seconds=0.05)
+    return nvml_detector.NvmlDetector("nvml", config, _context(nvml, **extras))
+
+
+async def _until_registered(nvml: fake.FakeNvml) -> None:
+    for _ in range(300):
+        if nvml.registered:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the detector never registered for NVML events")
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Running]:
+    nvml = fake.FakeNvml(4)
+    bus = bus_.Bus(dedupe_window_seconds=0)
+    sub = bus.subscribe("test")
+    stop = asyncio.Event()
+    task = asyncio.create_task(_detector(nvml).run(bus, stop), name="nvml-detector")
+    await _until_registered(nvml)
+    yield Running(nvml, sub, stop)
+    stop.set()
+    await asyncio.wait_for(task, 3)
+
+
+async def test_xid79_is_a_device_fault_recommending_cordon(running: Running) -> None:
+    running.nvml.xid(79, gpu_index=2)
+    event = await running.next()
+    assert event.reason == "XID79"
+    assert event.severity is model.Severity.ERROR
+    assert event.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
+                                        device_id="GPU-fake-0002")
+    attrs = event.attributes
+    assert (attrs["xid"], attrs["gpu_index"], attrs["gpu_uuid"]) == (79, 2, "GPU-fake-0002")
+    assert (attrs["class"], attrs["recommended_action"]) == ("hardware", "cordon-node")
+    assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in event.message
+
+
+async def test_application_xid_restarts_then_escalates_on_one_gpu(running: Running) -> None:
+    for _ in range(3):
+        running.nvml.xid(13, gpu_index=0)
+        await asyncio.sleep(0.01)
+    events = await running.take(3)
+    assert [e.attributes["recommended_action"] for e in events] == \
+        ["restart-workload", "restart-workload", "cordon-node"]
+    assert events[2].attributes["escalated"] is True
+    running.nvml.xid(13, gpu_index=1)  # another GPU has its own history
+    assert (await running.next()).attributes["recommended_action"] == "restart-workload"
+
+
+async def test_unknown_xid_is_reported(running: Running) -> None:
+    running.nvml.xid(4242)
+    event = await running.next()
+    assert (event.reason, event.attributes["recommended_action"], event.attributes["known_xid"]) == \
+        ("XID4242", "report", False)
+
+
+async def test_ignored_xid_publishes_nothing(running: Running) -> None:
+    running.nvml.xid(14)  # ROBUST_CHANNEL_FAKE_ERROR
+    running.nvml.xid(43)
+    event = await running.next()
+    assert event.reason == "XID43"
+
+
+async def test_double_bit_ecc_active_then_cleared(running: Running) -> None:
+    running.nvml.double_bit_ecc(1, count=2)
+    event = await running.next()
+    assert (event.reason, event.attributes["state"], event.attributes["gpu_index"]) == ("DoubleBitECC", "active", 1)
+    assert event.attributes["recommended_action"] == "cordon-node"
+    assert "2 uncorrectable" in event.message
+    running.nvml.clear(1)
+    cleared = await running.next()
+    assert (cleared.reason, cleared.severity, cleared.attributes["state"]) == \
+        ("DoubleBitECCCleared", model.Severity.INFO, "cleared")
+
+
+async def test_gpu_lost_row_remap_and_retired_pages(running: Running) -> None:
+    running.nvml.row_remap_failure(0)
+    running.nvml.retired_pages_pending(1)
+    running.nvml.gpu_lost(3)
+    events = await running.take(3)
+    got = {(e.reason, e.attributes["gpu_index"], e.attributes["recommended_action"]) for e in events}
+    assert got == {("RowRemapFailure", 0, "cordon-node"), ("RetiredPagesPending", 1, "report"),
+                   ("GPULost", 3, "cordon-node")}
+    await asyncio.sleep(0.2)  # further polls do not repeat active faults
+    assert running.sub.get_nowait() == []
+
+
+async def test_pods_are_attached_when_known() -> None:
+    nvml = fake.FakeNvml(1)
+    bus = bus_.Bus(dedupe_window_seconds=0)
+    sub = bus.subscribe("test")
+    stop = asyncio.Event()
+
+    async def pods(uuid: str) -> list[str]:
+        return [f"team-a/trainer-0 on {uuid}"]
+
+    task = asyncio.create_task(_detector(nvml, pods_for_device=pods).run(bus, stop), name="nvml-detector")
+    await _until_registered(nvml)
+    nvml.xid(48)
+    async with asyncio.timeout(3):
+        events = await sub.get_batch()
+    stop.set()
+    await task
+    assert events[0].attributes["pods"] == ["team-a/trainer-0 on GPU-fake-0000"]
+
+
+@pytest.mark.parametrize("code", [backend.CODE_NO_GPU, backend.CODE_LIBRARY_MISSING])
+async def test_no_gpu_or_driver_is_unavailable(code: str) -> None:
+    with pytest.raises(errors.DetectorUnavailableError):
+        await _detector(fake.FakeNvml(init_error=code)).run(bus_.Bus(), asyncio.Event())
+
+
+async def test_real_backend_without_driver_is_unavailable() -> None:
+    with pytest.raises(errors.DetectorUnavailableError) as info:
+        await _detector(None).run(bus_.Bus(), asyncio.Event())
+    assert "library" in str(info.value).lower()
+
+
+async def test_stop_is_prompt_and_shuts_nvml_down() -> None:
+    nvml = fake.FakeNvml(1)
+    stop = asyncio.Event()
+    config = nvml_detector.NvmlConfig()  # the default 500 ms wait
+    task = asyncio.create_task(nvml_detector.NvmlDetector("nvml", config, _context(nvml)).run(bus_.Bus(), stop),
+                               name="nvml-detector")
+    await _until_registered(nvml)
+    started = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert time.monotonic() - started < 0.7
+    assert nvml.shutdown_calls == 1
