@@ -1,0 +1,196 @@
+"""The reflector against the simulated API server: list, watch, re-list, throttling, pagination.
+
+What is asserted is what a consumer of the store sees: every change delivered exactly once, in order,
+and a store equal to what the API server holds, whatever the connection did in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kcover.kube import client, watching
+from kcover.kube import projections as proj
+
+simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
+
+FAST = watching.ReflectorOptions(page_size=2, watch_timeout_seconds=30, inactivity_timeout_seconds=30,
+                                 backoff_initial_seconds=0.05, backoff_max_seconds=0.2, missing_retry_seconds=0.2)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Any, client.KubeClient]]:
+    async with simserver.SimServer() as srv:
+        kube = client.from_configuration(srv.kube_configuration())
+        try:
+            yield srv, kube
+        finally:
+            await kube.close()
+
+
+def raw_pod(name: str, *, node: str = "n1", restarts: int = 0) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "x"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "c", "restartCount": restarts}]}}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, str, str]] = []
+
+    def __call__(self, old: proj.Pod | None, new: proj.Pod | None) -> None:
+        kind = "ADDED" if old is None else "DELETED" if new is None else "MODIFIED"
+        obj = new if new is not None else old
+        assert obj is not None
+        self.changes.append((kind, obj.name, obj.rv))
+
+
+async def until(predicate: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+def server_pods(srv: Any) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in srv.store.iter_objects("pods")}
+
+
+def store_pods(reflector: watching.Reflector[proj.Pod]) -> dict[str, str]:
+    return {p.name: p.rv for p in reflector.store.values()}
+
+
+async def start(kube: client.KubeClient, rec: Recorder, options: watching.ReflectorOptions = FAST,
+                path: str = "/api/v1/pods") -> tuple[watching.Reflector[proj.Pod], asyncio.Event, asyncio.Task[None]]:
+    reflector = watching.Reflector(kube, path, proj.pod, sink=rec, name="pods", options=options)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reflector.run(stop), name="reflector")
+    await asyncio.wait_for(reflector.synced.wait(), 10)
+    return reflector, stop, task
+
+
+async def finish(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_lists_paginated_then_watches_every_change_once(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    for i in range(5):
+        srv.store.create("pods", raw_pod(f"p{i}"))
+    rec = Recorder()
+    reflector, stop, task = await start(kube, rec)
+    try:
+        assert kube.request_counts["LIST pods"] == 3  # 5 pods, pages of 2
+        assert sorted(c[1] for c in rec.changes) == [f"p{i}" for i in range(5)]
+        srv.store.create("pods", raw_pod("new"))
+        srv.store.mutate("pods", "default", "p0", lambda o: o["status"].update(phase="Failed"))
+        srv.store.delete("pods", "default", "p1", grace_seconds=0)
+        await until(lambda: len(rec.changes) == 8)
+        assert [c[:2] for c in rec.changes[5:]] == [("ADDED", "new"), ("MODIFIED", "p0"), ("DELETED", "p1")]
+        assert store_pods(reflector) == server_pods(srv)
+        assert reflector.store[next(u for u, p in reflector.store.items() if p.name == "p0")].phase == "Failed"
+    finally:
+        await finish(stop, task)
+
+
+async def test_forced_410_relists_without_missing_or_repeating_changes(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    for i in range(4):
+        srv.store.create("pods", raw_pod(f"p{i}"))
+    rec = Recorder()
+    reflector, stop, task = await start(kube, rec)
+    try:
+        await until(lambda: kube.request_counts["WATCH pods"] == 1)
+        await asyncio.sleep(0.1)
+        srv.faults.expire_next_watch("pods")
+        srv.faults.drop_watches("pods")
+        # changes the dropped watch never carries: only the re-list can find them
+        srv.store.mutate("pods", "default", "p0", lambda o: o["status"].update(phase="Failed"))
+        srv.store.delete("pods", "default", "p1", grace_seconds=0)
+        srv.store.create("pods", raw_pod("p9"))
+        await until(lambda: reflector.lists == 2 and store_pods(reflector) == server_pods(srv))
+        await asyncio.sleep(0.2)
+        after = sorted(c[:2] for c in rec.changes[4:])
+        assert after == [("ADDED", "p9"), ("DELETED", "p1"), ("MODIFIED", "p0")]
+        srv.store.create("pods", raw_pod("p10"))  # and the watch after the re-list works
+        await until(lambda: any(c[1] == "p10" for c in rec.changes))
+        assert len(rec.changes) == 8
+    finally:
+        await finish(stop, task)
+
+
+async def test_dropped_watch_resumes_from_its_resource_version(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    srv.store.create("pods", raw_pod("p0"))
+    rec = Recorder()
+    reflector, stop, task = await start(kube, rec)
+    try:
+        await until(lambda: kube.request_counts["WATCH pods"] == 1)
+        await asyncio.sleep(0.1)
+        srv.faults.drop_watches("pods")
+        srv.store.create("pods", raw_pod("p1"))
+        srv.store.mutate("pods", "default", "p0", lambda o: o["status"].update(phase="Failed"))
+        await until(lambda: len(rec.changes) >= 3)
+        await asyncio.sleep(0.2)
+        assert [c[:2] for c in rec.changes] == [("ADDED", "p0"), ("ADDED", "p1"), ("MODIFIED", "p0")]
+        assert reflector.lists == 1
+        assert kube.request_counts["WATCH pods"] >= 2
+    finally:
+        await finish(stop, task)
+
+
+async def test_plain_text_429_retry_after_is_honoured(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    srv.store.create("pods", raw_pod("p0"))
+    srv.faults.throttle_rate = 1.0
+    srv.faults.throttle_style = "text"
+    srv.faults.retry_after_seconds = 1
+    rec = Recorder()
+    reflector = watching.Reflector(kube, "/api/v1/pods", proj.pod, sink=rec, name="pods", options=FAST)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reflector.run(stop), name="reflector")
+    try:
+        await until(lambda: kube.request_counts["LIST pods"] == 1)
+        await asyncio.sleep(0.5)
+        assert kube.request_counts["LIST pods"] == 1  # waited as told, not the 0.05 s backoff
+        srv.faults.throttle_rate = 0.0
+        await asyncio.wait_for(reflector.synced.wait(), 5)
+        assert kube.request_counts["LIST pods"] == 2
+        assert store_pods(reflector) == server_pods(srv)
+    finally:
+        await finish(stop, task)
+
+
+async def test_missing_collection_counts_as_synced_and_is_retried(cluster: tuple[Any, client.KubeClient]) -> None:
+    _, kube = cluster
+    rec = Recorder()
+    reflector, stop, task = await start(kube, rec, path="/apis/example.com/v1/widgets")
+    try:
+        assert reflector.missing
+        assert reflector.store == {}
+        await until(lambda: kube.request_counts["LIST widgets"] >= 2)
+    finally:
+        await finish(stop, task)
+
+
+async def test_inactive_watch_is_restarted(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    srv.store.create("pods", raw_pod("p0"))
+    rec = Recorder()
+    options = watching.ReflectorOptions(watch_timeout_seconds=30, inactivity_timeout_seconds=0.3,
+                                        backoff_initial_seconds=0.05)
+    reflector, stop, task = await start(kube, rec, options)
+    try:
+        await until(lambda: reflector.watches >= 3)
+        assert reflector.lists == 1
+        srv.store.create("pods", raw_pod("p1"))
+        await until(lambda: len(rec.changes) == 2)
+    finally:
+        await finish(stop, task)
