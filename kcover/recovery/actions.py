@@ -1,0 +1,153 @@
+"""The actions `policy.plan()` returns and the executors carry out: frozen values, no behaviour.
+
+Owns the vocabulary of recovery (restart a workload, cordon or un-cordon a node, skip with a reason,
+record only) and the references they carry. It does no I/O and makes no decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kcover import model
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an audit Event is about (`involvedObject`)."""
+
+    kind: str
+    api_version: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}"
+
+
+@dataclass(frozen=True)
+class WorkloadRef(ObjectRef):
+    pass
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class MemberSelector:
+    """Labels that select the restart unit's pods, and only them.
+
+    `uid_bearing` is True when one of the labels carries the workload's uid (then no other workload
+    can match). `pods` is set when the labels alone were not safe: the executor then deletes exactly
+    those pods, one by one, with `preconditions.uid`.
+    """
+
+    labels: tuple[tuple[str, str], ...]
+    uid_bearing: bool = False
+    pods: tuple[PodRef, ...] | None = None
+
+    def render(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.labels)
+
+    def matches(self, labels: dict[str, str] | object) -> bool:
+        get = getattr(labels, "get", None)
+        if get is None:
+            return False
+        return all(get(k) == v for k, v in self.labels)
+
+
+class ActionKind(enum.StrEnum):
+    RESTART_WORKLOAD = "restart-workload"
+    CORDON_NODE = "cordon-node"
+    CORDON_NODE_AND_RESTART = "cordon-node-and-restart"
+    REPORT = "report"
+    IGNORE = "ignore"
+
+
+class SkipCode(enum.StrEnum):
+    NAMESPACE_DENIED = "NamespaceDenied"
+    NOT_OPTED_IN = "NotOptedIn"
+    NO_CONTROLLER = "NoController"
+    UNSUPPORTED_OWNER = "UnsupportedOwner"
+    OWNER_NOT_CACHED = "OwnerNotCached"
+    OWNER_MISMATCH = "OwnerMismatch"
+    TARGET_UNKNOWN = "TargetUnknown"
+    RESTART_POLICY = "RestartPolicyForbids"
+    COOLDOWN = "Cooldown"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    BREAKER_OPEN = "BreakerOpen"
+    ALREADY_CORDONED = "AlreadyCordoned"
+    CORDONED_BY_OTHERS = "CordonedByOthers"
+    NOT_CORDONED_BY_KCOVER = "NotCordonedByKcover"
+    HOLD = "UncordonHold"
+    PRECONDITION_FAILED = "PreconditionFailed"
+    SAVE_LOGS_FAILED = "SaveLogsFailed"
+    NO_WORKLOADS = "NoWorkloads"
+
+
+@dataclass(frozen=True)
+class RestartWorkload:
+    workload: WorkloadRef
+    selector: MemberSelector
+    ledger_key: str
+    """Ledger entry holding this restart unit's restart times (a workload, or one LWS group)."""
+    pod: PodRef | None
+    """The faulting pod (or a pod on the faulting node); re-checked just before the delete."""
+    cause: model.CollectorEvent
+    unit: str = ""
+    """Human name of the restart unit when it is smaller than the workload (an LWS group)."""
+
+
+@dataclass(frozen=True)
+class CordonNode:
+    node: str
+    reason: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class UncordonNode:
+    node: str
+    cause: model.CollectorEvent | None = None
+
+
+@dataclass(frozen=True)
+class Skip:
+    code: SkipCode
+    text: str
+    cause: model.CollectorEvent
+    about: ObjectRef | None = None
+    """The object the refusal concerns; the audit Event goes there."""
+    audit: bool = True
+    """False for routine refusals (cooldown, already cordoned) that would flood the API with Events."""
+
+
+@dataclass(frozen=True)
+class RecordOnly:
+    """The `report` action: an Event on the object, nothing else."""
+
+    text: str
+    cause: model.CollectorEvent
+    about: ObjectRef | None = None
+
+
+Action = RestartWorkload | CordonNode | UncordonNode | Skip | RecordOnly
+
+
+def action_name(action: Action) -> str:
+    """Metric label of an action."""
+    if isinstance(action, RestartWorkload):
+        return "restart_workload"
+    if isinstance(action, CordonNode):
+        return "cordon_node"
+    if isinstance(action, UncordonNode):
+        return "uncordon_node"
+    if isinstance(action, RecordOnly):
+        return "report"
+    return "skip"

@@ -1,0 +1,360 @@
+"""Executors: carry out planned actions against the API, idempotently, only while leading.
+
+Owns the writes recovery makes and their order. A restart is: preconditions from the cache (the
+faulting pod still belongs to the same workload uid) -> ledger record (resourceVersion precondition,
+the fencing write) -> preconditions again -> optional log save -> ONE DeleteCollection of the unit's
+pods (or, when the labels were not safe, uid-preconditioned deletes of the verified pods) -> an Event.
+A cordon is: ledger record -> read the Node -> set `spec.unschedulable`, add kcover's taint(s) and
+annotations, never touching other taints -> PUT with the resourceVersion (retried on 409) -> an Event.
+An un-cordon reverses only what kcover's annotation says kcover did.
+
+Every write is preceded by `is_leader()`; a replica that lost the Lease raises `errors.NotLeaderError`.
+Dry run writes only the audit Events. Every action and audited refusal leaves a core/v1 Event on the
+object concerned and is counted in `kcover_actions{action,result}`.
+
+Failures: API errors other than the ones handled (404 on pods already gone, 409 on nodes) propagate
+as `errors.KubeError` to the engine, which logs and counts them. A failed Event write is logged and
+never fails the action it records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from kcover import errors, metrics, model, settings
+from kcover.aio import clock as clock_
+from kcover.kube import client as kube_client
+from kcover.recovery import actions, adapters, ledger, policy, views
+
+log = structlog.get_logger()
+
+REPORTING_CONTROLLER = "kcover.io/controller"
+SaveLogs = Callable[[actions.WorkloadRef, Sequence[views.PodView]], Awaitable[str | None]]
+"""`save_logs(workload, pods)` returns where the logs went (or None); see `recovery.logsaving`."""
+
+NODE_WRITE_ATTEMPTS = 5
+
+
+class Outcome(enum.StrEnum):
+    DONE = "done"
+    SKIPPED = "skipped"
+    DRY_RUN = "dry_run"
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    action: actions.Action
+    detail: str = ""
+    deleted: int = 0
+
+
+class Executor:
+    """Carries out actions. One per controller; `settings` may be replaced on reload."""
+
+    def __init__(self, kube: kube_client.KubeClient, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger, *,
+                 recovery: settings.RecoverySettings, metrics_: metrics.Metrics, clock: clock_.Clock,
+                 identity: str, is_leader: Callable[[], bool], save_logs: SaveLogs | None = None) -> None:
+        self._kube = kube
+        self._snapshot = snapshot
+        self._ledger = ledger_
+        self.settings = recovery
+        self._metrics = metrics_
+        self._clock = clock
+        self.identity = identity
+        self._is_leader = is_leader
+        self._save_logs = save_logs
+
+    # ---------------------------------------------------------------------------------------- plumbing
+
+    def _guard(self) -> None:
+        if not self._is_leader():
+            raise errors.NotLeaderError("not leading: recovery write refused")
+
+    def _count(self, action: actions.Action, result: str) -> None:
+        self._metrics.actions.labels(action=actions.action_name(action), result=result).inc()
+
+    def _observe(self, cause: model.CollectorEvent) -> None:
+        delay = (self._clock.now() - cause.observed_at).total_seconds()
+        self._metrics.fault_to_action.observe(max(delay, 0.0))
+
+    async def emit(self, about: actions.ObjectRef, *, reason: str, action: str, message: str,
+                   warning: bool = False) -> None:
+        """Write one core/v1 Event (with eventTime) on `about`; failures are logged, not raised."""
+        now = self._clock.now()
+        namespace = about.namespace or "default"
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{about.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "involvedObject": {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
+                               "namespace": about.namespace, "uid": about.uid},
+            "reason": reason[:128], "action": action[:128], "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "eventTime": clock_.micro_time(now),
+            "reportingController": REPORTING_CONTROLLER, "reportingInstance": self.identity[:128],
+        }
+        if not about.namespace:
+            del body["involvedObject"]["namespace"]
+        try:
+            self._guard()
+            await self._kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        except errors.KubeError as exc:
+            log.warning("recovery_event_failed", reason=reason, object=about.describe(), error=str(exc))
+
+    # ---------------------------------------------------------------------------------------- dispatch
+
+    async def execute(self, action: actions.Action) -> Result:
+        if isinstance(action, actions.RestartWorkload):
+            return await self.restart(action)
+        if isinstance(action, actions.CordonNode):
+            return await self.cordon(action)
+        if isinstance(action, actions.UncordonNode):
+            return await self.uncordon(action)
+        if isinstance(action, actions.RecordOnly):
+            return await self.report(action)
+        return await self.skip(action)
+
+    async def skip(self, action: actions.Skip) -> Result:
+        self._count(action, action.code.value)
+        if action.code is actions.SkipCode.BREAKER_OPEN:
+            self._metrics.breaker_open.set(1)
+        log.info("recovery_skipped", code=action.code.value, text=action.text, event=action.cause.id,
+                 audit=action.audit)
+        if action.audit and action.about is not None:
+            await self.emit(action.about, reason="KcoverRecoverySkipped", action="Skip", warning=True,
+                            message=f"{action.code.value}: {action.text} (fault {action.cause.reason} "
+                                    f"from {action.cause.detector}: {action.cause.message})")
+        return Result(Outcome.SKIPPED, action, action.text)
+
+    async def _refuse(self, action: actions.Action, code: actions.SkipCode, text: str,
+                      about: actions.ObjectRef | None, *, audit: bool = True) -> Result:
+        cause = getattr(action, "cause", None)
+        if cause is None:
+            self._count(action, code.value)
+            log.info("recovery_skipped", code=code.value, text=text)
+            return Result(Outcome.SKIPPED, action, text)
+        result = await self.skip(actions.Skip(code, text, cause, about=about, audit=audit))
+        return Result(Outcome.SKIPPED, action, result.detail)
+
+    async def report(self, action: actions.RecordOnly) -> Result:
+        self._count(action, "dry_run" if self.settings.dry_run else "done")
+        if action.about is not None:
+            await self.emit(action.about, reason="KcoverFaultReported", action="Report", warning=True,
+                            message=f"{action.cause.detector} reported {action.text}")
+        return Result(Outcome.DONE, action)
+
+    # ---------------------------------------------------------------------------------------- restart
+
+    def _precondition(self, action: actions.RestartWorkload) -> str:
+        """'' when the faulting pod still belongs to the workload (from the cache), else why not."""
+        if action.pod is None:
+            return ""
+        pod = self._snapshot.pod(action.pod.uid)
+        if pod is None:
+            return f"Pod {action.pod.namespace}/{action.pod.name} is gone from the cache"
+        resolved = adapters.resolve(self._snapshot, pod)
+        if not isinstance(resolved, adapters.Resolved) or resolved.workload.uid != action.workload.uid:
+            return (f"Pod {pod.namespace}/{pod.name} no longer belongs to {action.workload.describe()} "
+                    f"(uid {action.workload.uid})")
+        return ""
+
+    def _members(self, action: actions.RestartWorkload) -> list[views.PodView]:
+        w = action.workload
+        if action.selector.pods is not None:
+            found = [self._snapshot.pod(ref.uid) for ref in action.selector.pods]
+            return [p for p in found if p is not None]
+        return list(adapters.members(self._snapshot, action.selector, w.namespace, w.uid).verified)
+
+    async def restart(self, action: actions.RestartWorkload) -> Result:
+        rs = self.settings
+        w = action.workload
+        what = w.describe() + (f" {action.unit}" if action.unit else "")
+        fault = f"{action.cause.reason} from {action.cause.detector} on {action.cause.target.describe()}"
+        if rs.dry_run:
+            self._count(action, "dry_run")
+            await self.emit(w, reason="KcoverRestartedWorkload", action="DryRunRestart",
+                            message=f"dry run: would restart {what} (pods {action.selector.render()}) after {fault}")
+            return Result(Outcome.DRY_RUN, action)
+        problem = self._precondition(action)
+        if problem:
+            return await self._refuse(action, actions.SkipCode.PRECONDITION_FAILED, problem, w)
+        now = self._clock.now().timestamp()
+
+        def record(state: ledger.State) -> tuple[actions.SkipCode, str, bool] | None:
+            refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
+            if refusal is None:
+                state.restarts.setdefault(action.ledger_key, []).append(now)
+                state.notes[action.ledger_key] = what[:120]
+            return refusal
+
+        refusal = await self._ledger.update(record, now=now)
+        if refusal is not None:
+            code, text, audit = refusal
+            return await self._refuse(action, code, text, w, audit=audit)
+        problem = self._precondition(action)
+        if problem:
+            return await self._refuse(action, actions.SkipCode.PRECONDITION_FAILED, problem, w)
+        where = ""
+        if self._save_logs is not None and rs.save_logs.enabled:
+            try:
+                async with asyncio.timeout(rs.save_logs.timeout_seconds):
+                    where = await self._save_logs(w, self._members(action)) or ""
+            except (Exception, TimeoutError) as exc:  # the hook is foreign code; CancelledError passes
+                log.warning("recovery_save_logs_failed", workload=what, error=repr(exc))
+                if not rs.save_logs.proceed_on_failure:
+                    return await self._refuse(action, actions.SkipCode.SAVE_LOGS_FAILED,
+                                              f"saving logs of {what} failed ({exc!r}); not restarting", w)
+        deleted = await self._delete(action)
+        self._count(action, "done")
+        self._observe(action.cause)
+        self._metrics.breaker_open.set(0)
+        log.info("job_restarted", workload=what, uid=w.uid, deleted=deleted, selector=action.selector.render(),
+                 cause=action.cause.id)
+        saved = f"; logs saved to {where}" if where else ""
+        await self.emit(w, reason="KcoverRestartedWorkload", action="RestartWorkload", warning=True,
+                        message=f"restarted {what}: deleted {deleted} pods ({action.selector.render()}) after "
+                                f"{fault}: {action.cause.message}{saved}")
+        return Result(Outcome.DONE, action, deleted=deleted)
+
+    async def _delete(self, action: actions.RestartWorkload) -> int:
+        ns = action.workload.namespace
+        if action.selector.pods is None:
+            self._guard()
+            listed = await self._kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                              query={"labelSelector": action.selector.render()})
+            items = listed.get("items") if isinstance(listed, dict) else None
+            return len(items) if isinstance(items, list) else 0
+        deleted = 0
+        for ref in action.selector.pods:
+            self._guard()
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": ref.uid}}
+            try:
+                await self._kube.request("DELETE", f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}",
+                                         body=body)
+            except (errors.NotFoundError, errors.ConflictError):
+                continue  # already gone, or the name now belongs to a new pod
+            deleted += 1
+        return deleted
+
+    # ---------------------------------------------------------------------------------------- nodes
+
+    def _taints(self, reason: str) -> list[dict[str, str]]:
+        value = _label_value(reason)
+        out = [{"key": self.settings.taint_key, "value": value, "effect": "NoSchedule"}]
+        if self.settings.taint_no_execute:
+            out.append({"key": self.settings.taint_key, "value": value, "effect": "NoExecute",
+                        "timeAdded": clock_.rfc3339(self._clock.now())})
+        return out
+
+    async def cordon(self, action: actions.CordonNode) -> Result:
+        rs = self.settings
+        about = policy.node_ref(action.node)
+        fault = f"{action.cause.reason} from {action.cause.detector}"
+        if rs.dry_run:
+            self._count(action, "dry_run")
+            await self.emit(about, reason="KcoverCordonedNode", action="DryRunCordon",
+                            message=f"dry run: would cordon Node {action.node} after {fault}: {action.reason}")
+            return Result(Outcome.DRY_RUN, action)
+        now = self._clock.now().timestamp()
+
+        def record(state: ledger.State) -> tuple[actions.SkipCode, str] | None:
+            last = state.cordons.get(action.node)
+            if last is not None and now - last < rs.node_cooldown_seconds:
+                return actions.SkipCode.COOLDOWN, f"Node {action.node} was cordoned {now - last:.0f}s ago"
+            state.cordons[action.node] = now
+            state.cordon_reasons[action.node] = action.reason[:120]
+            return None
+
+        refusal = await self._ledger.update(record, now=now)
+        if refusal is not None:
+            return await self._refuse(action, refusal[0], refusal[1], about, audit=False)
+        path = f"/api/v1/nodes/{action.node}"
+        for _attempt in range(NODE_WRITE_ATTEMPTS):
+            node = await self._kube.request("GET", path)
+            meta = node.setdefault("metadata", {})
+            about = policy.node_ref(action.node, str(meta.get("uid", "")))
+            annotations = meta.setdefault("annotations", {}) or {}
+            meta["annotations"] = annotations
+            if annotations.get(views.CORDONED_BY) == "kcover":
+                return await self._refuse(action, actions.SkipCode.ALREADY_CORDONED,
+                                          f"Node {action.node} is already cordoned by kcover", about, audit=False)
+            spec = node.setdefault("spec", {})
+            ours = self._taints(action.cause.reason)
+            mine = {(t["key"], t["effect"]) for t in ours}
+            kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in mine]
+            spec["taints"] = kept + ours
+            spec["unschedulable"] = True
+            annotations[views.CORDONED_BY] = "kcover"
+            annotations[views.CORDON_REASON] = f"{fault}: {action.reason}"[:1024]
+            annotations[views.CORDONED_AT] = clock_.rfc3339(self._clock.now())
+            self._guard()
+            try:
+                await self._kube.request("PUT", path, body=node)
+            except errors.ConflictError:
+                continue
+            break
+        else:
+            raise errors.KubeError(f"Node {action.node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts",
+                                   status=409)
+        self._count(action, "done")
+        self._observe(action.cause)
+        log.info("node_cordoned", node=action.node, reason=action.reason, cause=action.cause.id)
+        await self.emit(about, reason="KcoverCordonedNode", action="CordonNode", warning=True,
+                        message=f"cordoned Node {action.node} (taint {rs.taint_key}) after {fault}: {action.reason}")
+        return Result(Outcome.DONE, action)
+
+    async def uncordon(self, action: actions.UncordonNode) -> Result:
+        rs = self.settings
+        about = policy.node_ref(action.node)
+        if rs.dry_run:
+            self._count(action, "dry_run")
+            await self.emit(about, reason="KcoverUncordonedNode", action="DryRunUncordon",
+                            message=f"dry run: would un-cordon Node {action.node}")
+            return Result(Outcome.DRY_RUN, action)
+        path = f"/api/v1/nodes/{action.node}"
+        for _attempt in range(NODE_WRITE_ATTEMPTS):
+            node = await self._kube.request("GET", path)
+            meta = node.setdefault("metadata", {})
+            about = policy.node_ref(action.node, str(meta.get("uid", "")))
+            annotations = meta.get("annotations") or {}
+            if annotations.get(views.CORDONED_BY) != "kcover":
+                return await self._refuse(action, actions.SkipCode.NOT_CORDONED_BY_KCOVER,
+                                          f"Node {action.node} was not cordoned by kcover", about, audit=False)
+            for key in (views.CORDONED_BY, views.CORDON_REASON, views.CORDONED_AT):
+                annotations.pop(key, None)
+            meta["annotations"] = annotations
+            spec = node.setdefault("spec", {})
+            spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != rs.taint_key]
+            spec.pop("unschedulable", None)
+            self._guard()
+            try:
+                await self._kube.request("PUT", path, body=node)
+            except errors.ConflictError:
+                continue
+            break
+        else:
+            raise errors.KubeError(f"Node {action.node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts",
+                                   status=409)
+        self._count(action, "done")
+        log.info("node_uncordoned", node=action.node)
+        await self.emit(about, reason="KcoverUncordonedNode", action="UncordonNode",
+                        message=f"un-cordoned Node {action.node}: its fault cleared")
+        return Result(Outcome.DONE, action)
+
+
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _label_value(text: str) -> str:
+    """A taint value: at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric."""
+    value = _NOT_LABEL.sub("-", text)[:63].strip("-._")
+    return value or "fault"
+
