@@ -175,7 +175,7 @@ class Registry:
         except KeyError:
             raise KeyError(f"unknown resource key {key!r}; known: {sorted(self._by_key)}") from None
 
-    def keys(self) -> list[str]:
+    def resource_keys(self) -> list[str]:
         return list(self._by_key)
 
     def group_versions(self) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import builtins
 import datetime as dt
 import random
 import uuid
@@ -167,6 +168,11 @@ class _Table:
             watcher.offer(change)
 
 
+def entry_key(entry: Entry) -> str:
+    """The key an entry is stored (and paginated) under."""
+    return _key(entry.namespace, entry.name)
+
+
 def _key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}" if namespace else name
 
@@ -184,7 +190,7 @@ class Store:
         self.clock: clocks.Clock = clock or clocks.SystemClock()
         self._rng = rng or random.Random()
         self._rv = 1
-        self._tables = {key: _Table(self.registry.by_key(key), history) for key in self.registry.keys()}
+        self._tables = {key: _Table(self.registry.by_key(key), history) for key in self.registry.resource_keys()}
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                        "status": {"phase": "Active"}})
@@ -246,6 +252,23 @@ class Store:
         cont = keys[idx - 1] if more else None
         remaining = (hi - idx) if more and plain else None
         return ListResult(out, self._rv, cont, remaining)
+
+    def list_at(self, key: str, flt: Filter, rv: int) -> builtins.list[Entry]:
+        """Matching entries as they were at `rv`, rebuilt from the watch history (410 when compacted)."""
+        table = self.table(key)
+        if rv < table.compacted_rv:
+            raise status.expired("The resourceVersion for the provided list is too old.")
+        later = [c for c in table.history if c.rv > rv]
+        if not later:
+            return self.list(key, flt).entries
+        state = dict(table.entries)
+        for change in reversed(later):
+            k = entry_key(change.new)
+            if change.type == "ADDED" or change.old is None:
+                state.pop(k, None)
+            else:
+                state[k] = change.old
+        return [state[k] for k in sorted(state) if flt.matches(state[k])]
 
     def iter_objects(self, key: str) -> Iterator[Obj]:
         for entry in list(self.table(key).entries.values()):

@@ -1,0 +1,142 @@
+"""`SimServer`: the simulated Kubernetes API server as one async context manager, and its CLI.
+
+    async with SimServer() as srv:              # listens on 127.0.0.1, a free port
+        srv.store.create("pods", {...})         # seed directly (status kept as given)
+        cfg = srv.kube_configuration()          # kubernetes_asyncio Configuration
+        srv.write_kubeconfig(tmp_path / "kc")   # for kubectl or a subprocess
+        srv.faults.throttle_rate = 0.2          # chaos
+        srv.request_counts["LIST pods"]         # "<VERB> <resource key>[/<subresource>]"
+        srv.append_log("default", "p", "c", "hello")
+
+Owns the lifecycle (bind, serve, close every watch on exit) and wiring of store, logs, faults and
+the aiohttp app. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
+--port 8001 --kubeconfig-out /tmp/kc` serves until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from kcover.aio import clock as clocks
+from kcover.sim import apiserver, faults, podlogs
+from kcover.sim import store as stores
+
+TOKEN = "kcover-sim-token"
+
+
+class SimServer:
+    """A simulated kube-apiserver on loopback HTTP. Any bearer token (or none) is accepted."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, clock: clocks.Clock | None = None,
+                 seed: int | None = None, history: int = stores.HISTORY_PER_RESOURCE,
+                 bookmark_interval: float = 60.0) -> None:
+        self.host = host
+        self.port = port
+        rng = random.Random(seed)
+        self.store = stores.Store(clock=clock, history=history, rng=rng)
+        self.logs = podlogs.LogBuffers(clock)
+        self.faults = faults.Faults(self.store, rng=random.Random(seed))
+        self.api = apiserver.ApiServer(self.store, self.logs, self.faults, rng=rng,
+                                       bookmark_interval=bookmark_interval)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def request_counts(self) -> dict[str, int]:
+        """API requests served, by "<VERB> <resource key>[/<subresource>]" (VERB: GET, LIST, WATCH, ...)."""
+        return self.api.request_counts
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.api.app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        server = site._server
+        if self.port == 0 and server is not None:
+            sockets = getattr(server, "sockets", None) or []
+            self.port = int(sockets[0].getsockname()[1])
+        self.api.server_address = f"{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        self.store.close_watchers()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    # --- clients ------------------------------------------------------------------------------
+
+    def kubeconfig(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Config", "current-context": "kcover-sim",
+                "clusters": [{"name": "kcover-sim", "cluster": {"server": self.url}}],
+                "users": [{"name": "kcover-sim", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "kcover-sim", "context": {"cluster": "kcover-sim", "user": "kcover-sim",
+                                                                "namespace": "default"}}]}
+
+    def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
+        out = Path(path)
+        out.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        return out
+
+    def kube_configuration(self) -> Any:
+        """A `kubernetes_asyncio.client.Configuration` pointing at this server."""
+        from kubernetes_asyncio import client
+
+        cfg = client.Configuration(host=self.url)
+        cfg.api_key = {"authorization": TOKEN}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        return cfg
+
+    # --- kubelet-side helpers -----------------------------------------------------------------
+
+    def append_log(self, namespace: str, pod: str, container: str, text: str) -> None:
+        """Append lines to the current instance of a container's log (what `pods/log` serves)."""
+        self.logs.append(namespace, pod, container, text)
+
+    def terminate_container_instance(self, namespace: str, pod: str, container: str) -> None:
+        """The container's current instance ended: its log becomes `previous=true`, a new one starts."""
+        self.logs.restart(namespace, pod, container)
+
+
+async def _serve(host: str, port: int, kubeconfig_out: str | None) -> None:
+    async with SimServer(host=host, port=port) as srv:
+        if kubeconfig_out:
+            srv.write_kubeconfig(kubeconfig_out)
+        print(f"kcover sim API server at {srv.url}", flush=True)
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kcover.sim.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--kubeconfig-out", default=None)
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(_serve(args.host, args.port, args.kubeconfig_out))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Per-kind write rules of the simulated API server: defaults, status/spec split and validation.
+
+Owns what the apiserver's registry strategies do before an object reaches storage: dropping status
+on create and on main-resource writes of kinds with a status subresource, keeping everything but
+status on `/status` writes, pod defaults and pod-spec immutability, node taint validation,
+Event rules (namespace agreement, reporting fields, lengths) and the events.k8s.io/v1 <-> core/v1
+conversion, and MicroTime parsing (400 when not exactly six fractional digits plus a timezone).
+Every refusal is a `status.ApiError` with the real reason, message shape and `details.causes`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from kcover.sim import registry, status
+
+Obj = dict[str, Any]
+Cause = tuple[str, str, str]  # (reason, field, message)
+
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+MICRO_TIME_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "events": (("eventTime",), ("series", "lastObservedTime")),
+    "leases.coordination.k8s.io": (("spec", "acquireTime"), ("spec", "renewTime")),
+}
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+POD_MUTABLE_MESSAGE = ("Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                       "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                       "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                       "(allow it to be set to 1 if it was previously negative)")
+
+
+def _qualified_name_errors(value: str, fld: str) -> list[Cause]:
+    name = value.rsplit("/", 1)[-1]
+    prefix = value[: -len(name) - 1] if "/" in value else ""
+    out: list[Cause] = []
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        out.append(("FieldValueInvalid", fld, f'Invalid value: "{value}": name part must consist of '
+                    "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                    "character"))
+    if prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix)):
+        out.append(("FieldValueInvalid", fld, f'Invalid value: "{value}": prefix part a lowercase RFC 1123 '
+                    "subdomain must consist of lower case alphanumeric characters, '-' or '.'"))
+    return out
+
+
+def _meta_errors(res: registry.Resource, obj: Obj) -> list[Cause]:
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    out: list[Cause] = []
+    if res.key == "namespaces":
+        if len(name) > 63 or not _LABEL.match(name):
+            out.append(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
+                        "label must consist of lower case alphanumeric characters or '-', and must start and "
+                        "end with an alphanumeric character"))
+    elif len(name) > 253 or not _SUBDOMAIN.match(name):
+        out.append(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
+                    "subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start "
+                    "and end with an alphanumeric character"))
+    for key, value in (meta.get("labels") or {}).items():
+        out += _qualified_name_errors(str(key), "metadata.labels")
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            out.append(("FieldValueInvalid", "metadata.labels", f'Invalid value: "{value}": a valid label must '
+                        "be an empty string or consist of alphanumeric characters, '-', '_' or '.'"))
+    return out
+
+
+def _raise(res: registry.Resource, obj: Obj, causes: list[Cause]) -> None:
+    if causes:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        raise status.invalid(res.kind, res.group, name, causes)
+
+
+def check_micro_times(res: registry.Resource, obj: Obj) -> None:
+    """400 for a MicroTime that is not exactly six fractional digits plus a timezone (a decode error)."""
+    for path in MICRO_TIME_FIELDS.get(res.key, ()):
+        cur: Any = obj
+        for part in path:
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if cur is None:
+            continue
+        if not isinstance(cur, str) or not _MICRO_TIME.match(cur):
+            raise status.bad_request(
+                f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: parsing time '
+                f'"{cur}" as "2006-01-02T15:04:05.000000Z07:00": cannot parse "{cur}" as MicroTime')
+
+
+# --- events -----------------------------------------------------------------------------------
+
+_NEW_TO_CORE = {"regarding": "involvedObject", "note": "message", "reportingController": "reportingComponent",
+                "deprecatedSource": "source", "deprecatedFirstTimestamp": "firstTimestamp",
+                "deprecatedLastTimestamp": "lastTimestamp", "deprecatedCount": "count"}
+_CORE_TO_NEW = {v: k for k, v in _NEW_TO_CORE.items()}
+
+
+def event_to_core(obj: Obj) -> Obj:
+    """An events.k8s.io/v1 Event in the stored (core/v1) shape."""
+    out = {_NEW_TO_CORE.get(k, k): copy.deepcopy(v) for k, v in obj.items()}
+    out["apiVersion"], out["kind"] = "v1", "Event"
+    return out
+
+
+def event_from_core(obj: Obj) -> Obj:
+    """A stored core/v1 Event as events.k8s.io/v1 shows it."""
+    out = {_CORE_TO_NEW.get(k, k): v for k, v in obj.items()}
+    out["apiVersion"], out["kind"] = "events.k8s.io/v1", "Event"
+    return out
+
+
+def _event_errors(obj: Obj, *, new_api: bool) -> list[Cause]:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace", "")
+    involved = obj.get("involvedObject") or {}
+    inv_ns = involved.get("namespace", "")
+    controller_field = "reportingController" if new_api else "reportingComponent"
+    note_field = "note" if new_api else "message"
+    inv_field = "regarding.namespace" if new_api else "involvedObject.namespace"
+    out: list[Cause] = []
+    mismatch = ("FieldValueInvalid", inv_field, f'Invalid value: "{inv_ns}": does not match event.namespace')
+    if not obj.get("eventTime"):
+        if new_api:
+            out.append(("FieldValueRequired", "eventTime", "Required value"))
+        if (inv_ns and namespace != inv_ns) or (not inv_ns and namespace not in ("", "default")):
+            out.append(mismatch)
+        if not new_api:
+            return out
+    elif not inv_ns and namespace not in ("default", "kube-system"):
+        out.append(mismatch)
+    controller = str(obj.get("reportingComponent") or "")
+    if not controller:
+        out.append(("FieldValueRequired", controller_field, "Required value"))
+    else:
+        out += _qualified_name_errors(controller, controller_field)
+    instance = str(obj.get("reportingInstance") or "")
+    if not instance:
+        out.append(("FieldValueRequired", "reportingInstance", "Required value"))
+    elif len(instance) > 128:
+        out.append(("FieldValueInvalid", "reportingInstance", 'Invalid value: "": can have at most 128 characters'))
+    for fld in ("action", "reason"):
+        value = str(obj.get(fld) or "")
+        if not value:
+            out.append(("FieldValueRequired", fld, "Required value"))
+        elif len(value) > 128:
+            out.append(("FieldValueInvalid", fld, 'Invalid value: "": can have at most 128 characters'))
+    if len(str(obj.get("message") or "")) > 1024:
+        out.append(("FieldValueInvalid", note_field, 'Invalid value: "": can have at most 1024 characters'))
+    if new_api and obj.get("type") not in ("Normal", "Warning"):
+        out.append(("FieldValueInvalid", "type", f'Invalid value: "": has invalid value: {obj.get("type", "")}'))
+    return out
+
+
+# --- pods and nodes ---------------------------------------------------------------------------
+
+def _pod_create_errors(obj: Obj) -> list[Cause]:
+    containers = (obj.get("spec") or {}).get("containers")
+    if not containers:
+        return [("FieldValueRequired", "spec.containers", "Required value")]
+    out: list[Cause] = []
+    seen: set[str] = set()
+    for i, c in enumerate(containers):
+        name = str(c.get("name") or "")
+        if not name:
+            out.append(("FieldValueRequired", f"spec.containers[{i}].name", "Required value"))
+        elif name in seen:
+            out.append(("FieldValueDuplicate", f"spec.containers[{i}].name", f'Duplicate value: "{name}"'))
+        seen.add(name)
+        if not c.get("image"):
+            out.append(("FieldValueRequired", f"spec.containers[{i}].image", "Required value"))
+    return out
+
+
+def _taint_errors(obj: Obj) -> list[Cause]:
+    out: list[Cause] = []
+    seen: set[tuple[str, str]] = set()
+    for i, taint in enumerate((obj.get("spec") or {}).get("taints") or []):
+        key, effect = str(taint.get("key") or ""), str(taint.get("effect") or "")
+        if not key:
+            out.append(("FieldValueRequired", f"spec.taints[{i}].key", "Required value"))
+        else:
+            out += _qualified_name_errors(key, f"spec.taints[{i}].key")
+        if not effect:
+            out.append(("FieldValueRequired", f"spec.taints[{i}].effect", "Required value"))
+        elif effect not in TAINT_EFFECTS:
+            out.append(("FieldValueNotSupported", f"spec.taints[{i}].effect",
+                        f'Unsupported value: "{effect}": supported values: "NoSchedule", "PreferNoSchedule", '
+                        f'"NoExecute"'))
+        if (key, effect) in seen:
+            out.append(("FieldValueDuplicate", f"spec.taints[{i}]",
+                        "Duplicate value: taints must be unique by key and effect pair"))
+        seen.add((key, effect))
+    return out
+
+
+def _pod_spec_frozen(spec: Obj) -> Obj:
+    frozen = copy.deepcopy(spec)
+    for group in ("containers", "initContainers"):
+        for c in frozen.get(group) or []:
+            c.pop("image", None)
+    for mutable in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates"):
+        frozen.pop(mutable, None)
+    return frozen
+
+
+def _validate(res: registry.Resource, obj: Obj, *, new_api: bool) -> None:
+    check_micro_times(res, obj)
+    causes = _meta_errors(res, obj) if res.key != "events" else []
+    if res.key == "nodes":
+        causes += _taint_errors(obj)
+    elif res.key == "events":
+        causes += _event_errors(obj, new_api=new_api)
+    elif res.key == "leases.coordination.k8s.io":
+        duration = (obj.get("spec") or {}).get("leaseDurationSeconds")
+        if duration is not None and (not isinstance(duration, int) or duration <= 0):
+            causes.append(("FieldValueInvalid", "spec.leaseDurationSeconds",
+                           f"Invalid value: {duration}: must be greater than 0"))
+    _raise(res, obj, causes)
+
+
+def prepare_create(res: registry.Resource, obj: Obj, *, new_api: bool = False) -> Obj:
+    """Defaults and validation for a create through the API; returns the object to store."""
+    obj = copy.deepcopy(obj)
+    meta = obj.setdefault("metadata", {})
+    if not meta.get("name") and meta.get("generateName"):
+        meta["name"] = str(meta["generateName"]) + "xxxxx"  # placeholder for validation only
+        _validate(res, obj, new_api=new_api)
+        meta.pop("name")
+    else:
+        _validate(res, obj, new_api=new_api)
+    if res.key == "pods":
+        _raise(res, obj, _pod_create_errors(obj))
+        spec = obj["spec"]
+        spec.setdefault("restartPolicy", "Always")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("schedulerName", "default-scheduler")
+        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    elif res.key == "namespaces":
+        obj["spec"] = {"finalizers": ["kubernetes"]}
+        obj["status"] = {"phase": "Active"}
+    elif res.has_status and res.key != "nodes":
+        obj.pop("status", None)
+    return obj
+
+
+def prepare_update(res: registry.Resource, new: Obj, old: Obj, *, subresource: str = "",
+                   new_api: bool = False) -> Obj:
+    """Merge an incoming full object with the stored one according to the subresource written."""
+    new = copy.deepcopy(new)
+    if subresource == "status":
+        if not res.strategic_merge:  # custom resources: a status write changes nothing else
+            result = copy.deepcopy(old)
+            result["metadata"]["resourceVersion"] = (new.get("metadata") or {}).get(
+                "resourceVersion", old["metadata"]["resourceVersion"])
+        else:  # built-in kinds: metadata may change, spec may not
+            result = {k: v for k, v in new.items() if k in ("metadata", "apiVersion", "kind")}
+            result.update({k: copy.deepcopy(v) for k, v in old.items() if k not in ("metadata", "status")})
+            if res.key == "pods":
+                result["metadata"].pop("ownerReferences", None)
+                if "ownerReferences" in old["metadata"]:
+                    result["metadata"]["ownerReferences"] = copy.deepcopy(old["metadata"]["ownerReferences"])
+        if "status" in new:
+            result["status"] = new["status"]
+        else:
+            result.pop("status", None)
+        new = result
+    elif res.has_status:
+        if "status" in old:
+            new["status"] = copy.deepcopy(old["status"])
+        else:
+            new.pop("status", None)
+    _validate(res, new, new_api=new_api)
+    if res.key == "pods" and subresource != "status":
+        old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+        if _pod_spec_frozen(old_spec) != _pod_spec_frozen(new_spec):
+            _raise(res, new, [("FieldValueForbidden", "spec", POD_MUTABLE_MESSAGE)])
+        old_tol = old_spec.get("tolerations") or []
+        if old_tol and new_spec.get("tolerations", [])[: len(old_tol)] != old_tol:
+            _raise(res, new, [("FieldValueForbidden", "spec.tolerations", POD_MUTABLE_MESSAGE)])
+    return new

@@ -1,0 +1,176 @@
+"""Watch streams of the simulated API server.
+
+Owns the watch query options (resourceVersion, allowWatchBookmarks, timeoutSeconds,
+sendInitialEvents with resourceVersionMatch) and the stream itself: HTTP 200, then one JSON event
+per line, written as soon as it exists; initial ADDEDs, then changes with selector transitions,
+BOOKMARKs when asked for, a 410 ERROR event for a resourceVersion that is too old, and a clean end
+at `timeoutSeconds` or when the store closes the watcher (fault injection, slow consumer). A client
+that goes away ends the stream at the next write or periodic check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from kcover.sim import status
+from kcover.sim import store as stores
+
+if TYPE_CHECKING:
+    from kcover.sim import apiserver
+
+BATCH = 1000
+_LIVENESS_CHECK_SECONDS = 1.0
+DEFAULT_TIMEOUT_RANGE = (1800.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    resource_version: str | None
+    bookmarks: bool
+    timeout_seconds: float | None
+    send_initial_events: bool | None
+    match: str
+
+
+def parse_options(query: Any, parse_bool: Callable[[Any, str], bool],
+                  parse_int: Callable[[Any, str], int | None]) -> WatchOptions:
+    """Read and check the watch parameters (422 for combinations the API server forbids)."""
+    sie_text = query.get("sendInitialEvents")
+    sie = None if sie_text in (None, "") else parse_bool(query, "sendInitialEvents")
+    bookmarks = parse_bool(query, "allowWatchBookmarks")
+    match = query.get("resourceVersionMatch") or ""
+    causes: list[tuple[str, str, str]] = []
+    if sie is not None:
+        if match != "NotOlderThan":
+            causes.append(("FieldValueForbidden", "resourceVersionMatch",
+                           "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
+        if not bookmarks:
+            causes.append(("FieldValueForbidden", "allowWatchBookmarks",
+                           "Forbidden: sendInitialEvents requires setting allowWatchBookmarks to true"))
+    elif match:
+        causes.append(("FieldValueForbidden", "resourceVersionMatch",
+                       "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is "
+                       "provided"))
+    if causes:
+        raise status.invalid("ListOptions", "meta.k8s.io", "", causes)
+    timeout = parse_int(query, "timeoutSeconds")
+    return WatchOptions(query.get("resourceVersion"), bookmarks, None if timeout is None else float(timeout),
+                        sie, match)
+
+
+def _line(kind: str, raw: bytes) -> bytes:
+    return b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n"
+
+
+def _bookmark(t: apiserver.Target, rv: int, initial_end: bool = False) -> bytes:
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if initial_end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return _line("BOOKMARK", orjson.dumps({"kind": t.resource.kind, "apiVersion": t.resource.api_version,
+                                           "metadata": meta}))
+
+
+async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: stores.Filter,
+                options: WatchOptions) -> web.StreamResponse:
+    store = server.store
+    key = t.resource.key
+    rv_text = options.resource_version
+    try:
+        since = int(rv_text) if rv_text not in (None, "") else None
+    except ValueError:
+        raise status.bad_request(f'invalid resource version "{rv_text}"') from None
+    if options.send_initial_events:
+        since_for_store = None  # initial events, then changes: state "not older than" the given RV
+        if since and since > store.resource_version:
+            raise status.too_large_rv(since, store.resource_version)
+    elif options.send_initial_events is False:
+        since_for_store = since or store.resource_version
+    else:
+        since_for_store = since
+    expired: status.ApiError | None = None
+    watcher: stores.Watcher | None = None
+    if since_for_store and server.faults.take_expiry(key):
+        expired = status.too_old(since_for_store, store.resource_version)
+    else:
+        try:
+            watcher = store.watch(key, flt, since_for_store)
+        except status.ApiError as err:
+            if err.status != 410:
+                raise
+            expired = err
+    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
+                                                       "Cache-Control": "no-cache, private"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    if expired is not None or watcher is None:
+        assert expired is not None
+        await response.write(_line("ERROR", orjson.dumps(expired.status_obj)))
+        await response.write_eof()
+        return response
+    loop = asyncio.get_running_loop()
+    timeout = options.timeout_seconds
+    if timeout is None:
+        timeout = random.uniform(*DEFAULT_TIMEOUT_RANGE)
+    deadline = loop.time() + timeout
+    snapshot_rv = store.resource_version
+    try:
+        await _send_initial(response, server, t, watcher)
+        if options.send_initial_events:
+            await response.write(_bookmark(t, snapshot_rv, initial_end=True))
+        next_bookmark = loop.time() + server.bookmark_interval
+        while True:
+            now = loop.time()
+            if now >= deadline:
+                break
+            if options.bookmarks and now >= next_bookmark and watcher.queue.empty():
+                await response.write(_bookmark(t, store.resource_version))
+                next_bookmark = now + server.bookmark_interval
+            wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
+            try:
+                change = await asyncio.wait_for(watcher.queue.get(), min(wait, _LIVENESS_CHECK_SECONDS))
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    break
+                continue
+            if change is None:
+                break
+            lines = []
+            while change is not None:
+                event = watcher.translate(change)
+                if event is not None:
+                    lines.append(_line(event[0], server._render(t, event[1].raw)))
+                if len(lines) >= BATCH or watcher.queue.empty():
+                    break
+                change = watcher.queue.get_nowait()
+            if lines:
+                await response.write(b"".join(lines))
+            if change is None:
+                break
+        await response.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        pass
+    finally:
+        watcher.close()
+    return response
+
+
+async def _send_initial(response: web.StreamResponse, server: apiserver.ApiServer, t: apiserver.Target,
+                        watcher: stores.Watcher) -> None:
+    lines: list[bytes] = []
+    while watcher.initial:
+        change = watcher.initial.popleft()
+        event = watcher.translate(change)
+        if event is not None:
+            lines.append(_line(event[0], server._render(t, event[1].raw)))
+        if len(lines) >= BATCH:
+            await response.write(b"".join(lines))
+            lines = []
+    if lines:
+        await response.write(b"".join(lines))
