@@ -92,27 +92,50 @@ class OwnerLookup(Protocol):
 
     def pods_with_label(self, namespace: str, key: str, value: str) -> Sequence[views.PodView]: ...
 
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> views.WorkloadView | None: ...
+
+
+SELECTOR_LABELS = frozenset({KUBEFLOW_JOB_NAME, KUBEFLOW_OPERATOR_NAME, JOBSET_NAME, JOBSET_UID, VOLCANO_JOB_NAME,
+                             VOLCANO_JOB_NAMESPACE, LWS_NAME, LWS_GROUP_INDEX, BATCH_JOB_NAME,
+                             BATCH_CONTROLLER_UID, LEGACY_CONTROLLER_UID})
+"""Pod labels the restart selectors use; a cache must keep these (and the opt-in label) on its pod views."""
+
 
 # ------------------------------------------------------------------------------------------ projection
 
+def forbidden_by(group: str, kind: str, *, replica_policies: Sequence[str], backoff_limit: int | None,
+                 finished: bool = False) -> str:
+    """Why a workload's own spec or state forbids a restart, or ''."""
+    if finished:
+        return "it has finished (a terminal condition is True): its operator would not recreate pods"
+    fam = family(group, kind)
+    if fam is Family.KUBEFLOW_V1 and replica_policies and all(p == "Never" for p in replica_policies):
+        return "every replica has restartPolicy Never: the operator would not recreate deleted replicas"
+    if fam is Family.BATCH_JOB and backoff_limit == 0:
+        return "backoffLimit is 0: deleting its pods would fail the Job instead of restarting it"
+    return ""
+
+
 def restart_forbidden(obj: Mapping[str, Any]) -> str:
-    """Why the object's own spec forbids a restart, or ''."""
+    """`forbidden_by()` read from a raw object."""
     api_version = str(obj.get("apiVersion", ""))
     group = api_version.rpartition("/")[0] if "/" in api_version else ""
-    fam = family(group, str(obj.get("kind", "")))
     spec = obj.get("spec") or {}
     if not isinstance(spec, Mapping):
         return ""
-    if fam is Family.KUBEFLOW_V1:
-        policies = []
-        for key, replicas in spec.items():
-            if key.endswith("ReplicaSpecs") and isinstance(replicas, Mapping):
-                policies += [str((r or {}).get("restartPolicy", "")) for r in replicas.values()]
-        if policies and all(p == "Never" for p in policies):
-            return "every replica has restartPolicy Never: the operator would not recreate deleted replicas"
-    if fam is Family.BATCH_JOB and spec.get("backoffLimit") == 0:
-        return "backoffLimit is 0: deleting its pods would fail the Job instead of restarting it"
-    return ""
+    policies: list[str] = []
+    for key, replicas in spec.items():
+        if key.endswith("ReplicaSpecs") and isinstance(replicas, Mapping):
+            policies += [str((r or {}).get("restartPolicy", "")) for r in replicas.values()]
+    limit = spec.get("backoffLimit")
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    finished = any(isinstance(c, Mapping) and c.get("type") in _TERMINAL and c.get("status") == "True"
+                   for c in conditions)
+    return forbidden_by(group, str(obj.get("kind", "")), replica_policies=policies,
+                        backoff_limit=limit if isinstance(limit, int) else None, finished=finished)
+
+
+_TERMINAL = frozenset({"Succeeded", "Failed", "Complete", "Completed"})
 
 
 def workload_view(obj: Mapping[str, Any]) -> views.WorkloadView:
@@ -148,6 +171,13 @@ def resolve(lookup: OwnerLookup, pod: views.PodView) -> Resolved | Refused:
             break
         found: views.WorkloadView | views.PodView | None
         found = lookup.pod(ref.uid) if (ref.group, ref.kind) == ("", "Pod") else lookup.workload(ref.uid)
+        if found is None and (ref.group, ref.kind) == ("apps", "StatefulSet") and pod.labels.get(LWS_NAME):
+            # Caches that do not watch StatefulSets: the LWS is named by its label; the owner kind
+            # (StatefulSet, not another restartable kind) rules out a same-named job of another kind.
+            lws = lookup.workload_by_name(LWS_GROUP, "LeaderWorkerSet", pod.namespace, pod.labels[LWS_NAME])
+            if lws is not None:
+                chain.append(lws)
+                break
         if found is None:
             return Refused(actions.SkipCode.OWNER_NOT_CACHED,
                            f"owner {ref.kind} {pod.namespace}/{ref.name} (uid {ref.uid}) is not in the cache")

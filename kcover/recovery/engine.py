@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -28,7 +28,7 @@ log = structlog.get_logger()
 
 
 class RecoveryEngine:
-    def __init__(self, subscription: bus_.Subscription, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger,
+    def __init__(self, subscription: bus_.Subscription | None, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger,
                  executor: executing.Executor, *, recovery: settings.RecoverySettings, clock: clock_.Clock,
                  is_leader: Callable[[], bool]) -> None:
         self._sub = subscription
@@ -45,7 +45,7 @@ class RecoveryEngine:
         self.results: collections.deque[executing.Result] = collections.deque(maxlen=1000)
         """The most recent results, newest last (for tests and diagnostics)."""
 
-    def configure(self, recovery: settings.RecoverySettings) -> None:
+    def reconfigure(self, recovery: settings.RecoverySettings) -> None:
         """Apply reloaded settings (rules are validated first; ConfigError keeps the old ones)."""
         self._rules = policy.parse_rules(recovery.rules)
         self._settings = recovery
@@ -53,10 +53,13 @@ class RecoveryEngine:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Handle events until `stop` is set or the bus closes."""
+        if self._sub is None:
+            raise ValueError("this engine was built without a subscription; call handle()")
+        sub = self._sub
         stopped = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                getter = asyncio.ensure_future(self._sub.get_batch())
+                getter = asyncio.ensure_future(sub.get_batch())
                 await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
                     getter.cancel()
@@ -64,11 +67,12 @@ class RecoveryEngine:
                 batch = getter.result()
                 if not batch:
                     break
-                await self.handle_batch(batch)
+                await self.handle(batch)
         finally:
             stopped.cancel()
 
-    async def handle_batch(self, batch: list[model.CollectorEvent]) -> None:
+    async def handle(self, batch: Sequence[model.CollectorEvent]) -> None:
+        """Plan and execute a batch, events concurrently (bounded); drops it while following."""
         if not self._is_leader():
             self.counts["not_leader"] += len(batch)
             return
@@ -79,7 +83,7 @@ class RecoveryEngine:
     async def _guarded(self, event: model.CollectorEvent) -> None:
         async with self._slots:
             try:
-                await self.handle(event)
+                await self.handle_event(event)
             except errors.NotLeaderError:
                 self.counts["not_leader"] += 1
                 log.info("recovery_lost_leadership", event=event.id)
@@ -90,7 +94,7 @@ class RecoveryEngine:
                 self.counts["errors"] += 1
                 log.exception("recovery_event_crashed", event=event.id)
 
-    async def handle(self, event: model.CollectorEvent) -> list[executing.Result]:
+    async def handle_event(self, event: model.CollectorEvent) -> list[executing.Result]:
         """Plan and execute one event; raises what the executor raises."""
         self.counts["events"] += 1
         if not self._ledger.loaded:

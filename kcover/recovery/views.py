@@ -154,6 +154,12 @@ class MemorySnapshot:
         self.nodes = {n.name: n for n in nodes}
         self.workloads = {w.uid: w for w in workloads}
 
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> WorkloadView | None:
+        for w in self.workloads.values():
+            if (w.group, w.kind, w.namespace, w.name) == (group, kind, namespace, name):
+                return w
+        return None
+
     def pod(self, uid: str) -> PodView | None:
         return self.pods.get(uid)
 
