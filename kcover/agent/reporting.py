@@ -1,0 +1,279 @@
+"""The agent's reporter: GPU faults from the bus become a Node condition and Events.
+
+Owns what the agent writes to the API, and only that: the `KcoverGPUHealthy` condition on its own
+Node (strategic-merge PATCH of nodes/{name}/status, conditions merge by type) and core/v1 Events
+about the Node (reportingComponent `kcover.io/agent`, reportingInstance the node name, MicroTime
+eventTime, namespace `default`). Events whose recommended action is restart-workload or cordon-node
+carry `kcover.io/need-recovery: "true"`, so the controller's event watcher acts on them.
+
+Node-level faults (recommended action cordon-node) set the condition False. A health fault clears
+when its detector publishes `state: cleared`; an XID fault clears when it has not recurred. Either
+way the condition returns to True only once every fault stayed cleared for
+`agent.condition_hold_seconds`. Condition writes happen only on change and at most once per
+`agent.min_write_interval_seconds`; Events are deduplicated per (reason, GPU, action) within
+`agent.event_dedupe_seconds` and limited to `agent.max_events_per_minute`.
+
+Failures: a failed write is logged and retried on the next tick (condition) or dropped (Event); the
+reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from kcover import bus as bus_
+from kcover import errors, model, settings
+from kcover.aio import clock as clock_
+from kcover.kube import client as client_
+
+log = structlog.get_logger()
+
+NEED_RECOVERY = "kcover.io/need-recovery"
+ACTIONS_NEEDING_RECOVERY = frozenset({"restart-workload", "cordon-node"})
+HEALTHY_REASON = "GPUsHealthy"
+
+
+@dataclass
+class Fault:
+    reason: str
+    gpu: str
+    message: str
+    active: bool
+    last_seen: float
+    cleared_at: float | None = None
+    """Monotonic seconds when the fault was last seen cleared (XID faults: when last seen)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+
+
+def fault_key(event: model.CollectorEvent) -> str | None:
+    """The key of the node-level fault an event sets or clears, or None if it is not one."""
+    attrs = event.attributes
+    target = event.target.device_id or event.target.node or event.target.name
+    if "fault" in attrs:
+        if attrs.get("state") == "cleared" or attrs.get("recommended_action") == "cordon-node":
+            return f"{attrs['fault']}/{target}"
+        return None
+    if attrs.get("recommended_action") == "cordon-node" and event.severity is not model.Severity.INFO:
+        return f"{event.reason}/{target}"
+    return None
+
+
+def apply(faults: dict[str, Fault], event: model.CollectorEvent, now: float) -> None:
+    """Fold one event into the fault table (pure)."""
+    key = fault_key(event)
+    if key is None:
+        return
+    attrs = event.attributes
+    gpu = str(attrs.get("gpu_uuid") or event.target.device_id or "")
+    if attrs.get("state") == "cleared":
+        known = faults.get(key)
+        if known is not None and known.active:
+            known.active, known.cleared_at = False, now
+        return
+    persistent = "fault" in attrs
+    faults[key] = Fault(reason=event.reason, gpu=gpu, message=event.message, active=persistent, last_seen=now,
+                        cleared_at=None if persistent else now)
+
+
+def condition(faults: dict[str, Fault], now: float, hold_seconds: float) -> Condition:
+    """The condition the faults call for; drops faults cleared for longer than the hold (pure, mutates)."""
+    for key in [k for k, f in faults.items() if not f.active and f.cleared_at is not None
+                and now - f.cleared_at > hold_seconds]:
+        del faults[key]
+    if not faults:
+        return Condition("True", HEALTHY_REASON, "kcover agent sees no GPU fault on this node")
+    ordered = sorted(faults.values(), key=lambda f: (not f.active, f.reason, f.gpu))
+    reasons = sorted({f.reason for f in ordered})
+    gpus = sorted({f.gpu for f in ordered if f.gpu})
+    reason = reasons[0] if len(reasons) == 1 else "GPUFaults"
+    detail = "; ".join(f.message + ("" if f.active else " (cleared, holding)") for f in ordered)
+    message = f"affected GPUs: {', '.join(gpus) or 'node'}; {detail}"
+    return Condition("False", reason, message[: model.MESSAGE_MAX])
+
+
+@dataclass
+class TokenBucket:
+    rate_per_second: float
+    burst: float
+    tokens: float = -1.0
+    updated: float = 0.0
+
+    def take(self, now: float) -> bool:
+        if self.tokens < 0:
+            self.tokens, self.updated = self.burst, now
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate_per_second)
+        self.updated = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass
+class _Written:
+    condition: Condition | None = None
+    transition: dt.datetime | None = None
+    at: float = float("-inf")
+
+
+@dataclass
+class Reporter:
+    client: client_.KubeClient
+    config: settings.AgentSettings
+    node_name: str
+    clock: clock_.Clock = field(default_factory=clock_.SystemClock)
+    tick_seconds: float = 0.5
+    faults: dict[str, Fault] = field(default_factory=dict)
+    _written: _Written = field(default_factory=_Written)
+    _sent: dict[str, float] = field(default_factory=dict)
+    _bucket: TokenBucket | None = None
+    events_created: int = 0
+    events_suppressed: int = 0
+
+    async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
+        await self._load_current()
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                batch_task = asyncio.ensure_future(sub.get_batch())
+                done, _ = await asyncio.wait({batch_task, stopping}, timeout=self.tick_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if batch_task in done:
+                    batch = batch_task.result()
+                    await self.handle(batch)
+                    if not batch:  # the bus closed
+                        return
+                else:
+                    batch_task.cancel()
+                    await asyncio.gather(batch_task, return_exceptions=True)
+                    await self.sync_condition()
+        finally:
+            stopping.cancel()
+            await asyncio.gather(stopping, return_exceptions=True)
+
+    async def handle(self, events: list[model.CollectorEvent]) -> None:
+        now = self.clock.monotonic()
+        for event in events:
+            apply(self.faults, event, now)
+        await self.sync_condition()
+        for event in events:
+            await self.post_event(event)
+
+    # ------------------------------------------------------------------ condition
+
+    def _path(self) -> str:
+        return f"/api/v1/nodes/{self.node_name}"
+
+    async def _load_current(self) -> None:
+        """Learn the condition already on the Node: a False one is held, not flipped at once."""
+        try:
+            node = await self.client.request("GET", self._path())
+        except errors.KubeError as exc:
+            log.warning("agent_node_read_failed", node=self.node_name, error=str(exc))
+            return
+        for cond in (node.get("status") or {}).get("conditions") or []:
+            if cond.get("type") != self.config.condition_type:
+                continue
+            current = Condition(str(cond.get("status")), str(cond.get("reason", "")), str(cond.get("message", "")))
+            transition = cond.get("lastTransitionTime")
+            self._written = _Written(current, clock_.parse_time(transition) if transition else None)
+            if current.status == "False":
+                now = self.clock.monotonic()
+                self.faults["carried-over/node"] = Fault(reason=current.reason or "CarriedOver", gpu="",
+                                                         message="fault reported before the agent restarted",
+                                                         active=False, last_seen=now, cleared_at=now)
+
+    async def sync_condition(self) -> None:
+        now = self.clock.monotonic()
+        want = condition(self.faults, now, self.config.condition_hold_seconds)
+        written = self._written
+        if want == written.condition:
+            return
+        if now - written.at < self.config.min_write_interval_seconds:
+            return  # the next tick writes it
+        wall = self.clock.now()
+        transition = wall if written.condition is None or written.condition.status != want.status \
+            else (written.transition or wall)
+        body = {"status": {"conditions": [{
+            "type": self.config.condition_type, "status": want.status, "reason": want.reason,
+            "message": want.message, "lastHeartbeatTime": clock_.rfc3339(wall),
+            "lastTransitionTime": clock_.rfc3339(transition)}]}}
+        try:
+            await self.client.request("PATCH", self._path() + "/status", body=body,
+                                      content_type=client_.STRATEGIC_MERGE_PATCH)
+        except errors.KubeError as exc:
+            log.warning("agent_condition_write_failed", node=self.node_name, error=str(exc))
+            self._written.at = now
+            return
+        self._written = _Written(want, transition, now)
+        log.info("agent_condition_written", node=self.node_name, type=self.config.condition_type,
+                 status=want.status, reason=want.reason)
+
+    # ------------------------------------------------------------------ events
+
+    async def post_event(self, event: model.CollectorEvent) -> None:
+        attrs = event.attributes
+        action = str(attrs.get("recommended_action") or "report")
+        gpu = str(attrs.get("gpu_uuid") or event.target.device_id or "")
+        key = f"{event.reason}/{gpu}/{action}"
+        now = self.clock.monotonic()
+        last = self._sent.get(key)
+        if last is not None and now - last < self.config.event_dedupe_seconds:
+            self.events_suppressed += 1
+            return
+        if self._bucket is None:
+            per_second = self.config.max_events_per_minute / 60.0
+            self._bucket = TokenBucket(per_second, float(self.config.max_events_per_minute))
+        if not self._bucket.take(now):
+            self.events_suppressed += 1
+            log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason)
+            return
+        self._sent = {k: t for k, t in self._sent.items() if now - t < self.config.event_dedupe_seconds}
+        self._sent[key] = now
+        try:
+            await self.client.request("POST", "/api/v1/namespaces/default/events",
+                                      body=event_body(event, node=self.node_name,
+                                                      reporter=self.config.reporting_controller,
+                                                      when=self.clock.now()))
+        except errors.KubeError as exc:
+            log.warning("agent_event_write_failed", node=self.node_name, reason=event.reason, error=str(exc))
+            return
+        self.events_created += 1
+
+
+def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime) -> dict[str, Any]:
+    """The core/v1 Event about this Node for one observation (pure)."""
+    attrs = event.attributes
+    action = str(attrs.get("recommended_action") or "report")
+    annotations = {"kcover.io/recommended-action": action, "kcover.io/detector": event.detector}
+    if action in ACTIONS_NEEDING_RECOVERY and event.severity is not model.Severity.INFO:
+        annotations[NEED_RECOVERY] = "true"
+    for attr, name in (("gpu_uuid", "gpu-uuid"), ("xid", "xid"), ("class", "class"), ("gpu_index", "gpu-index")):
+        if attrs.get(attr) is not None:
+            annotations[f"kcover.io/{name}"] = str(attrs[attr])
+    if attrs.get("pods"):
+        annotations["kcover.io/pods"] = ",".join(str(p) for p in attrs["pods"])[:2048]
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{node}.kcover-", "namespace": "default", "annotations": annotations},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+        "reason": event.reason[:128],
+        "message": event.message[: model.MESSAGE_MAX] or event.reason,
+        "type": "Normal" if event.severity is model.Severity.INFO else "Warning",
+        "action": action[:128],
+        "eventTime": clock_.micro_time(when),
+        "reportingComponent": reporter,
+        "reportingInstance": node[:128],
+        "source": {"component": reporter, "host": node},
+    }

@@ -1,0 +1,161 @@
+"""The whole agent (fake NVML, real detector supervisor and reporter) against the simulated API server:
+what the API server ends up holding."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from kcover import metrics, settings
+from kcover.agent import running
+from kcover.kube import client
+from kcover.nvml import fake
+
+simserver = pytest.importorskip("kcover.sim.server")
+
+NODE = "gpu-node-1"
+
+
+def agent_settings(**agent: Any) -> settings.Settings:
+    return settings.layer(file_data={
+        "agent": {"node_name": NODE, "condition_hold_seconds": 0.5, "min_write_interval_seconds": 0.0, **agent},
+        "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.05}},
+                                  "dcgm": {"enabled": False}}},
+    }).settings
+
+
+@dataclass
+class Cluster:
+    srv: Any
+    kube: client.KubeClient
+
+    async def node(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.kube.request("GET", f"/api/v1/nodes/{NODE}")
+        return result
+
+    async def condition(self) -> dict[str, Any] | None:
+        for cond in (await self.node())["status"].get("conditions", []):
+            if cond["type"] == "KcoverGPUHealthy":
+                return dict(cond)
+        return None
+
+    async def events(self) -> list[dict[str, Any]]:
+        result = await self.kube.request("GET", "/api/v1/namespaces/default/events")
+        return list(result["items"])
+
+    async def until(self, check: Callable[[], Any], within: float = 5.0) -> Any:
+        async with asyncio.timeout(within):
+            for _ in range(100_000):
+                value = await check()
+                if value:
+                    return value
+                await asyncio.sleep(0.02)
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with simserver.SimServer() as srv:
+        srv.store.create("nodes", {"metadata": {"name": NODE}, "spec": {},
+                                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        kube = client.from_configuration(srv.kube_configuration())
+        try:
+            yield Cluster(srv, kube)
+        finally:
+            await kube.close()
+
+
+@pytest.fixture
+async def agent(cluster: Cluster) -> AsyncIterator[fake.FakeNvml]:
+    nvml = fake.FakeNvml(8)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(agent_settings(), client=cluster.kube, metrics=metrics.Metrics(),
+                                           health=None, stop=stop, nvml=nvml, reporter_tick_seconds=0.05),
+                               name="agent")
+    for _ in range(500):
+        if nvml.registered:
+            break
+        await asyncio.sleep(0.01)
+    yield nvml
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_xid79_sets_the_condition_and_posts_a_recovery_event(cluster: Cluster, agent: fake.FakeNvml) -> None:
+    agent.xid(79, gpu_index=5)
+
+    async def unhealthy() -> dict[str, Any] | None:
+        cond = await cluster.condition()
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = await cluster.until(unhealthy)
+    assert cond["reason"] == "XID79"
+    assert "GPU-fake-0005" in cond["message"]
+    ready = [c for c in (await cluster.node())["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready, "the strategic merge kept the other conditions"
+
+    events = await cluster.until(cluster.events)
+    assert len(events) == 1
+    ev = events[0]
+    assert ev["reason"] == "XID79"
+    assert ev["involvedObject"]["kind"] == "Node"
+    assert ev["involvedObject"]["name"] == NODE
+    assert ev["reportingComponent"] == "kcover.io/agent"
+    assert ev["reportingInstance"] == NODE
+    assert ev["metadata"]["annotations"]["kcover.io/need-recovery"] == "true"
+    assert ev["metadata"]["annotations"]["kcover.io/recommended-action"] == "cordon-node"
+
+    async def healthy_again() -> bool:
+        cond = await cluster.condition()
+        return bool(cond and cond["status"] == "True")
+
+    await cluster.until(healthy_again)  # no recurrence for the 0.5 s hold
+
+
+async def test_xid_storm_is_deduplicated(cluster: Cluster, agent: fake.FakeNvml) -> None:
+    for _ in range(20):
+        agent.xid(43, gpu_index=0)
+    await cluster.until(cluster.events)
+    await asyncio.sleep(0.3)
+    events = await cluster.events()
+    assert [e["reason"] for e in events] == ["XID43"]
+    assert "kcover.io/need-recovery" not in events[0]["metadata"]["annotations"]
+    cond = await cluster.condition()
+    assert cond is None or cond["status"] == "True"  # an application XID never marks the node
+
+
+async def test_lost_gpu_holds_the_condition_until_it_is_back(cluster: Cluster, agent: fake.FakeNvml) -> None:
+    agent.gpu_lost(2)
+
+    async def reason() -> str:
+        cond = await cluster.condition()
+        return str(cond["reason"]) if cond and cond["status"] == "False" else ""
+
+    assert await cluster.until(reason) == "GPULost"
+    await asyncio.sleep(1.0)  # longer than the hold: an active fault does not expire
+    assert await reason() == "GPULost"
+    agent.clear(2)
+
+    async def healthy() -> bool:
+        cond = await cluster.condition()
+        return bool(cond and cond["status"] == "True")
+
+    await cluster.until(healthy)
+    reasons = sorted(e["reason"] for e in await cluster.events())
+    assert reasons == ["GPULost", "GPULostCleared"]
+
+
+async def test_no_gpu_leaves_the_agent_running_and_the_node_alone(cluster: Cluster) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(agent_settings(), client=cluster.kube, metrics=metrics.Metrics(),
+                                           health=None, stop=stop, nvml=fake.FakeNvml(init_error="no_gpu"),
+                                           reporter_tick_seconds=0.05), name="agent")
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert await cluster.events() == []

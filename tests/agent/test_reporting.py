@@ -1,0 +1,103 @@
+"""Pure parts of the reporter: which events are node faults, the condition they call for, Event bodies."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from kcover import model
+from kcover.agent import reporting
+
+NODE = "gpu-node-1"
+
+
+def _event(reason: str, *, action: str = "cordon-node", severity: model.Severity = model.Severity.ERROR,
+           gpu: str = "GPU-a", **attrs: object) -> model.CollectorEvent:
+    return model.CollectorEvent(
+        detector="nvml", target=model.Target(kind=model.TargetKind.DEVICE, node=NODE, device_id=gpu),
+        severity=severity, reason=reason, message=f"{reason} on {gpu}",
+        attributes={"recommended_action": action, "gpu_uuid": gpu, **attrs})
+
+
+# (event, is a node fault)
+FAULTS = [
+    (_event("XID79", xid=79), True),
+    (_event("XID13", action="restart-workload", severity=model.Severity.WARNING, xid=13), False),
+    (_event("XID43", action="report", severity=model.Severity.INFO, xid=43), False),
+    (_event("GPULost", fault="gpu_lost", state="active"), True),
+    (_event("RowRemapPending", action="report", severity=model.Severity.WARNING, fault="row_remap_pending",
+            state="active"), False),
+    (_event("GPULostCleared", action="report", severity=model.Severity.INFO, fault="gpu_lost", state="cleared"),
+     True),
+]
+
+
+@pytest.mark.parametrize(("event", "node_fault"), FAULTS)
+def test_fault_key(event: model.CollectorEvent, node_fault: bool) -> None:
+    assert (reporting.fault_key(event) is not None) is node_fault
+
+
+def test_xid_fault_holds_then_clears() -> None:
+    faults: dict[str, reporting.Fault] = {}
+    reporting.apply(faults, _event("XID79", xid=79), now=100.0)
+    cond = reporting.condition(faults, 100.0, hold_seconds=300)
+    assert (cond.status, cond.reason) == ("False", "XID79")
+    assert "GPU-a" in cond.message
+    assert reporting.condition(faults, 399.0, 300).status == "False"
+    assert reporting.condition(faults, 401.0, 300).status == "True"
+    assert faults == {}
+
+
+def test_health_fault_stays_until_cleared_and_held() -> None:
+    faults: dict[str, reporting.Fault] = {}
+    reporting.apply(faults, _event("GPULost", fault="gpu_lost", state="active"), now=0.0)
+    assert reporting.condition(faults, 10_000.0, 300).status == "False"  # active faults do not expire
+    reporting.apply(faults, _event("GPULostCleared", action="report", severity=model.Severity.INFO,
+                                   fault="gpu_lost", state="cleared"), now=10_000.0)
+    held = reporting.condition(faults, 10_200.0, 300)
+    assert held.status == "False"
+    assert "cleared, holding" in held.message
+    assert reporting.condition(faults, 10_301.0, 300).status == "True"
+
+
+def test_several_faults_name_every_gpu() -> None:
+    faults: dict[str, reporting.Fault] = {}
+    reporting.apply(faults, _event("XID79", gpu="GPU-b", xid=79), now=0.0)
+    reporting.apply(faults, _event("DoubleBitECC", gpu="GPU-a", fault="double_bit_ecc", state="active"), now=0.0)
+    cond = reporting.condition(faults, 1.0, 300)
+    assert cond.reason == "GPUFaults"
+    assert "affected GPUs: GPU-a, GPU-b" in cond.message
+
+
+def test_token_bucket() -> None:
+    bucket = reporting.TokenBucket(rate_per_second=1.0, burst=2.0)
+    assert [bucket.take(0.0) for _ in range(3)] == [True, True, False]
+    assert bucket.take(1.0)
+    assert not bucket.take(1.0)
+
+
+def test_event_body_for_a_cordon_recommendation() -> None:
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
+    body = reporting.event_body(_event("XID79", xid=79, gpu_index=3, pods=["ml/bert-0"], **{"class": "hardware"}),
+                                node=NODE, reporter="kcover.io/agent", when=when)
+    assert body["metadata"]["namespace"] == "default"
+    assert body["metadata"]["annotations"] == {
+        "kcover.io/need-recovery": "true", "kcover.io/recommended-action": "cordon-node",
+        "kcover.io/detector": "nvml", "kcover.io/gpu-uuid": "GPU-a", "kcover.io/xid": "79",
+        "kcover.io/class": "hardware", "kcover.io/gpu-index": "3", "kcover.io/pods": "ml/bert-0"}
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    assert (body["eventTime"], body["reportingComponent"], body["reportingInstance"], body["action"]) == \
+        ("2026-01-02T03:04:05.000006Z", "kcover.io/agent", NODE, "cordon-node")
+    assert body["type"] == "Warning"
+
+
+@pytest.mark.parametrize(("action", "severity", "annotated"), [
+    ("restart-workload", model.Severity.WARNING, True),
+    ("report", model.Severity.WARNING, False),
+    ("cordon-node", model.Severity.INFO, False),
+])
+def test_need_recovery_only_for_actions(action: str, severity: model.Severity, annotated: bool) -> None:
+    body = reporting.event_body(_event("X", action=action, severity=severity), node=NODE, reporter="r",
+                                when=dt.datetime.now(dt.UTC))
+    assert ("kcover.io/need-recovery" in body["metadata"]["annotations"]) is annotated
