@@ -333,6 +333,8 @@ class ApiServer:
             raise status.bad_request("the namespace of the provided object does not match the namespace sent on "
                                      "the request")
         new.setdefault("metadata", {})["name"] = t.name
+        if t.resource.namespaced:
+            new["metadata"]["namespace"] = t.namespace
         if t.new_events:
             new = strategy.event_to_core(new)
         prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,

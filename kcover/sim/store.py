@@ -194,6 +194,8 @@ class Store:
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                        "status": {"phase": "Active"}})
+        for table in self._tables.values():  # like a watch cache started now: older RVs are 410
+            table.compacted_rv = self._rv
 
     # --- reading ------------------------------------------------------------------------------
 

@@ -1,0 +1,60 @@
+"""`Api`: raw Kubernetes HTTP through kubernetes-asyncio, for the conformance suite."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from kubernetes_asyncio import client
+
+
+class Api:
+    """Raw HTTP through kubernetes-asyncio's ApiClient (auth, TLS), answers parsed with orjson."""
+
+    def __init__(self, api_client: client.ApiClient, backend: str) -> None:
+        self.client = api_client
+        self.backend = backend
+
+    async def raw(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
+                  content_type: str | None = None, request_timeout: float = 30) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
+        return await self.client.call_api(path, method, query_params=params, header_params=headers, body=body,
+                                          auth_settings=["BearerToken"], _preload_content=False,
+                                          _return_http_data_only=True, _request_timeout=request_timeout)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        resp = await self.raw(method, path, **kwargs)
+        data = await resp.read()
+        resp.release()
+        try:
+            return resp.status, orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return resp.status, data.decode()
+
+    async def ok(self, method: str, path: str, **kwargs: Any) -> Any:
+        code, body = await self.request(method, path, **kwargs)
+        assert 200 <= code < 300, (code, body)
+        return body
+
+    async def watch(self, path: str, query: dict[str, Any], *, until: int = 0, seconds: float = 10) -> list[Any]:
+        """Read watch events until `until` have arrived, the stream ends, or `seconds` pass."""
+        query = {"watch": "true", **query}
+        resp = await self.raw("GET", path, query=query, request_timeout=seconds + 5)
+        assert resp.status == 200, await resp.text()
+        events: list[Any] = []
+        try:
+            async with asyncio.timeout(seconds):
+                while not until or len(events) < until:
+                    line = await resp.content.readline()
+                    if not line:
+                        break
+                    events.append(orjson.loads(line))
+        except TimeoutError:
+            pass
+        finally:
+            resp.close()
+        return events
