@@ -151,7 +151,7 @@ class EventWatcherDetector:
         verdict = judge(new, now=self._context.clock.now(), config=self.config,
                         pod_lookup=cache.pod_by_name, node_lookup=cache.node)
         if verdict.target is None:
-            log.info("recovery_event_rejected", event=f"{new.namespace}/{new.name}", reason=verdict.reason,
+            log.info("recovery_event_rejected", k8s_event=f"{new.namespace}/{new.name}", reason=verdict.reason,
                      involved_kind=new.involved.kind, involved=f"{new.involved.namespace}/{new.involved.name}",
                      reporter=reporter_of(new))
             self._context.metrics.events_rejected.labels(reason=verdict.reason).inc()
@@ -171,7 +171,7 @@ class EventWatcherDetector:
             detector=self.name, severity=model.Severity.ERROR, reason=REASON,
             message=ev.message or f"Event {ev.reason} asks for recovery", target=target,
             dedupe_key=f"{self.name}/{ev.uid}/{ev.event_count}/{ev.series_count}", attributes=attributes)
-        log.info("recovery_event_accepted", event=f"{ev.namespace}/{ev.name}", target=target.describe(),
+        log.info("recovery_event_accepted", k8s_event=f"{ev.namespace}/{ev.name}", target=target.describe(),
                  reporter=reporter_of(ev))
         assert self._bus is not None
         try:

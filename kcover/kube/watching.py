@@ -186,6 +186,7 @@ class Reflector(Generic[T]):
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(opts.watch_timeout_seconds)}
         self.watches += 1
         stopper = asyncio.ensure_future(stop.wait())
+        reader: asyncio.Future[bytes] | None = None
         try:
             async with self._kube.stream(self.path, query=query,
                                          read_timeout=opts.inactivity_timeout_seconds) as response:
@@ -193,13 +194,9 @@ class Reflector(Generic[T]):
                 chunks = response.content.iter_any().__aiter__()
                 while True:
                     reader = asyncio.ensure_future(anext(chunks, b""))
-                    done, _ = await asyncio.wait((reader, stopper), return_when=asyncio.FIRST_COMPLETED)
-                    if reader not in done:
-                        reader.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, aiohttp.ClientError,
-                                                 TimeoutError):
-                            await reader
-                        return
+                    await asyncio.wait((reader, stopper), return_when=asyncio.FIRST_COMPLETED)
+                    if not reader.done():
+                        return  # stop was set; `finally` cancels the read
                     chunk = reader.result()
                     if not chunk:
                         return  # the server ended the watch (timeoutSeconds): watch again from our RV
@@ -216,6 +213,13 @@ class Reflector(Generic[T]):
             raise errors.KubeError(f"watch {self.path}: {type(exc).__name__}: {exc}") from exc
         finally:
             stopper.cancel()
+            if reader is not None:
+                if reader.done():
+                    if not reader.cancelled():
+                        reader.exception()  # retrieved: it was handled above or is moot now
+                else:
+                    reader.cancel()
+                    reader.add_done_callback(_consume)
 
     def _handle(self, line: bytes) -> None:
         try:
@@ -258,3 +262,8 @@ class Reflector(Generic[T]):
             log.warning("watch_event_unknown", reflector=self.name, type=kind)
         if rv:
             self.resource_version = str(rv)
+
+
+def _consume(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled():
+        future.exception()
