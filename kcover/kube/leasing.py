@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+import orjson
 import structlog
 
 from kcover import errors, settings
@@ -166,19 +168,49 @@ class LeaderElector:
                 await asyncio.shield(self._release())
 
     async def _acquire(self, stop: asyncio.Event) -> bool:
-        """Try until acquired (True) or stopped (False)."""
+        """Try until acquired (True) or stopped (False); a watch cuts the wait short on a release."""
         log.info("lease_campaign_started", lease=self.settings.name, identity=self.identity)
+        released = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_releases(released, stop), name="lease-watch")
+        try:
+            while not stop.is_set():
+                started = self._clock.monotonic()
+                released.clear()
+                if await self._try_acquire_or_renew(budget=self.settings.renew_deadline_seconds):
+                    self._last_renew = started
+                    self.leadership_epoch += 1
+                    self._set_leading(True, reason="acquired")
+                    return True
+                delay = self.settings.retry_period_seconds * self._rng.uniform(1.0, 1.0 + JITTER)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await _wait_any(stop, released)
+            return False
+        finally:
+            await _cancel(watcher)
+
+    async def _watch_releases(self, released: asyncio.Event, stop: asyncio.Event) -> None:
+        """Set `released` when the Lease is released or deleted, so a follower need not wait a retry period.
+
+        Best effort: any error ends this watch for a retry period; polling alone stays correct.
+        """
+        query: dict[str, str | int | bool] = {"watch": "true", "fieldSelector": f"metadata.name={self.settings.name}",
+                 "timeoutSeconds": 300, "allowWatchBookmarks": "true"}
         while not stop.is_set():
-            started = self._clock.monotonic()
-            if await self._try_acquire_or_renew(budget=self.settings.renew_deadline_seconds):
-                self._last_renew = started
-                self.leadership_epoch += 1
-                self._set_leading(True, reason="acquired")
-                return True
-            delay = self.settings.retry_period_seconds * self._rng.uniform(1.0, 1.0 + JITTER)
-            if await _wait(stop, delay):
-                return False
-        return False
+            since = {"resourceVersion": self._observed_rv} if self._observed_rv else {}
+            try:
+                async with self._client.stream(lease_path(self.settings.namespace), query={**query, **since},
+                                               read_timeout=330) as response:
+                    async for line in response.content:
+                        event = orjson.loads(line)
+                        kind, obj = event.get("type"), event.get("object") or {}
+                        if kind == "ERROR":
+                            break
+                        if kind == "DELETED" or (kind == "MODIFIED" and not Record.from_lease(obj).holder):
+                            released.set()
+            except (errors.KubeError, aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                log.debug("lease_watch_failed", lease=self.settings.name, error=str(exc) or type(exc).__name__)
+            await _wait(stop, self.settings.retry_period_seconds)
 
     async def _renew(self, stop: asyncio.Event) -> None:
         """Renew every retry period until the deadline passes without success, or stop."""
@@ -275,8 +307,9 @@ class LeaderElector:
         else:
             self.leading.clear()
             self.following.set()
-            log.warning("lease_lost", lease=self.settings.name, identity=self.identity, reason=reason,
-                        epoch=self.leadership_epoch)
+            (log.info if reason == "shutdown" else log.warning)(
+                "lease_lost", lease=self.settings.name, identity=self.identity, reason=reason,
+                epoch=self.leadership_epoch)
         if self._metrics is not None:
             self._metrics.is_leader.set(1 if leading else 0)
         if self._on_change is not None:
