@@ -71,8 +71,10 @@ class Subscription:
 
     def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._waiter = None  # one wake-up per wait, however many events arrive before the consumer runs
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _offer(self, event: model.CollectorEvent) -> bool:
         """Enqueue without waiting. Returns False when the event had to be dropped."""
@@ -138,9 +140,9 @@ class Subscription:
             if self._closed:
                 return []
             loop = asyncio.get_running_loop()
-            self._waiter = loop.create_future()
+            waiter = self._waiter = loop.create_future()
             try:
-                await self._waiter
+                await waiter
             finally:
                 self._waiter = None
         return self.get_nowait()
@@ -223,7 +225,7 @@ class Bus:
     def _admit(self, event: model.CollectorEvent) -> bool:
         if self._closed:
             raise BusClosedError("the bus is shutting down")
-        if self._dedupe.window > 0 and not self._dedupe.admit(event.key, self._clock()):
+        if self._dedupe.window > 0 and not self._dedupe.admit(event.dedupe_key or event.key, self._clock()):
             self.deduped += 1
             return False
         self.published += 1
@@ -234,7 +236,13 @@ class Bus:
         if not self._admit(event):
             return False
         for sub in self._subs:
-            sub._offer(event)
+            queue = sub._queue
+            if len(queue) < sub.capacity:  # the common case, inlined: this is the hot path
+                queue.append(event)
+                if sub._waiter is not None:
+                    sub._wake()
+            else:
+                sub._offer(event)
         return True
 
     async def publish(self, event: model.CollectorEvent) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 import yaml
+from pydantic import ValidationError
 
 import kcover
 from kcover import errors, logs, metrics, reloading, serving, settings, wiring
@@ -103,14 +104,31 @@ def cmd_detectors(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
+    """Validate settings and detector configs together, so one run lists every problem."""
+    problems: list[str] = []
+    headline = ""
     try:
-        layered = settings.layer(file_data=read_config_file(args.file, required=True), file_name=args.file)
-        problems = registry.discover().check_entries(layered.settings.detectors.entries)
-        if problems:
-            raise errors.ConfigError("invalid detector configuration", problems)
+        data = read_config_file(args.file, required=True)
     except errors.ConfigError as exc:
-        print(f"{args.file}: invalid", file=sys.stderr)
-        for line in exc.errors or [str(exc)]:
+        headline, problems = exc.args[0], exc.errors
+        data = None
+    if data is not None:
+        try:
+            settings.layer(file_data=data, file_name=args.file)
+        except errors.ConfigError as exc:
+            headline, problems = exc.args[0], list(exc.errors)
+        raw_detectors = data.get("detectors") or {}
+        try:
+            detectors = settings.DetectorsSettings.model_validate(raw_detectors)
+        except ValidationError:
+            pass  # already reported above, field by field
+        else:
+            found = registry.discover().check_entries(detectors.entries)
+            problems.extend(found)
+            headline = headline or ("invalid detector configuration" if found else "")
+    if headline:
+        print(f"{args.file}: invalid: {headline}", file=sys.stderr)
+        for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
     print(f"{args.file}: valid")

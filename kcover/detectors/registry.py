@@ -93,10 +93,10 @@ class Registry:
         """Field-level problems with configured detector entries (unknown names, bad configs)."""
         problems: list[str] = []
         for name, entry in entries.items():
+            if not getattr(entry, "enabled", True):
+                continue  # a disabled entry may name a plugin that is not installed here
             if name not in self._infos:
                 problems.append(f"detectors.entries.{name}: unknown detector; installed: {', '.join(self.names())}")
-                continue
-            if not getattr(entry, "enabled", True):
                 continue
             try:
                 self.validate_config(name, getattr(entry, "config", {}))

@@ -1,0 +1,1 @@
+"""Benchmarks: numbers printed and compared as ratios to targets, never timed assertions."""

@@ -1,0 +1,23 @@
+"""Suite-wide fixtures: a leak check that fails a test which leaves asyncio tasks running."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    before = set(asyncio.all_tasks())
+    yield
+    await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    if leaked:
+        # give cancelled tasks one more turn to finish
+        await asyncio.sleep(0.05)
+        leaked = [t for t in leaked if not t.done()]
+    for task in leaked:
+        task.cancel()
+    assert not leaked, f"test leaked tasks: {[t.get_name() for t in leaked]}"

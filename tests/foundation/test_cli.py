@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def kcover(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kcover.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_version() -> None:
+    out = kcover("version")
+    assert out.returncode == 0
+    assert out.stdout.startswith("kcover ")
+
+
+def test_help_lists_only_working_commands() -> None:
+    out = kcover("--help")
+    assert out.returncode == 0
+    for command in ("detectors", "config", "version"):
+        assert command in out.stdout
+
+
+def test_config_check_accepts_the_shipped_defaults() -> None:
+    shipped = Path(__file__).parents[2] / "config" / "kcover.yaml"
+    out = kcover("config", "check", str(shipped))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(": valid")
+
+
+def test_config_check_reports_field_level_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recovery:\n  workload_cooldown_seconds: -3\n  max_restarts_per_window: lots\n"
+                   "detectors:\n  entries:\n    nope: {}\n")
+    out = kcover("config", "check", str(bad))
+    assert out.returncode == 1
+    assert "recovery.workload_cooldown_seconds: Input should be greater than or equal to 0 (got -3)" in out.stderr
+    assert "recovery.max_restarts_per_window: Input should be a valid integer" in out.stderr
+    assert "detectors.entries.nope: unknown detector; installed:" in out.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("recovery: [unclosed", "not valid YAML"),
+    ("- a list\n", "the top level must be a mapping"),
+])
+def test_config_check_reports_unreadable_files(tmp_path: Path, content: str, message: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    out = kcover("config", "check", str(bad))
+    assert out.returncode == 1
+    assert message in out.stderr
+
+
+def test_config_check_missing_file(tmp_path: Path) -> None:
+    out = kcover("config", "check", str(tmp_path / "absent.yaml"))
+    assert out.returncode == 1
+    assert "no such file" in out.stderr
+
+
+def test_config_show_gives_values_and_their_sources(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("recovery:\n  node_cooldown_seconds: 42\n")
+    out = kcover("config", "show", "--config", str(f), "--set", "lease.retry_period_seconds=3", "-o", "json",
+                 env={"KCOVER_RECOVERY__DRY_RUN": "true"})
+    assert out.returncode == 0, out.stderr
+    rows = {r["setting"]: r for r in json.loads(out.stdout)}
+    assert rows["recovery.node_cooldown_seconds"] == {"setting": "recovery.node_cooldown_seconds", "value": 42.0,
+                                                      "source": f"file:{f}"}
+    assert rows["recovery.dry_run"]["value"] is True and rows["recovery.dry_run"]["source"] == "env"
+    assert rows["lease.retry_period_seconds"]["source"] == "cli"
+    assert rows["lease.lease_duration_seconds"]["source"] == "default"
+
+
+def test_config_show_with_an_explicit_missing_file_fails(tmp_path: Path) -> None:
+    out = kcover("config", "show", "--config", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 1

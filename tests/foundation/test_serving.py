@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from kcover import metrics, serving
+
+
+async def test_health_ready_and_metrics_over_http() -> None:
+    m = metrics.Metrics()
+    m.config_reload_failures.inc()
+    health = serving.Health(stall_seconds=0.5)
+    state = {"synced": False}
+    health.add_readiness("caches", lambda: (state["synced"], "pods 0/1 synced"))
+    server = serving.Server(health, m, host="127.0.0.1", port=0)
+    await server.start()
+    stop = asyncio.Event()
+    beat = asyncio.create_task(health.heartbeat(stop))
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{server.port}") as http:
+            async with http.get("/healthz") as r:
+                assert r.status == 200
+            async with http.get("/readyz") as r:
+                assert r.status == 503
+                assert "[-] caches failing: pods 0/1 synced" in await r.text()
+            state["synced"] = True
+            async with http.get("/readyz") as r:
+                assert r.status == 200
+            async with http.get("/metrics") as r:
+                assert r.status == 200
+                assert "kcover_config_reload_failures_total 1.0" in await r.text()
+            # a blocked event loop makes liveness fail
+            time.sleep(0.8)
+            ok, detail = health.liveness(asyncio.get_running_loop().time())
+            assert not ok and "stalled" in detail
+    finally:
+        stop.set()
+        await beat
+        await server.stop()
+
+
+def test_a_check_that_raises_reports_not_ready() -> None:
+    health = serving.Health()
+
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("boom")
+
+    health.add_readiness("x", broken)
+    ok, results = health.readiness()
+    assert not ok
+    assert results["x"] == "failing: check raised RuntimeError: boom"

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from kcover import errors, settings
+
+
+def test_defaults_are_valid_and_documented() -> None:
+    s = settings.Settings.model_validate({})
+    assert s.lease.lease_duration_seconds == 15
+    assert s.recovery.max_restarts_per_window == 5
+    # every field of every group carries a description (unit and why)
+    pending: list[tuple[str, type[BaseModel]]] = [("", settings.Settings)]
+    seen = 0
+    while pending:
+        prefix, model_cls = pending.pop()
+        for name, info in model_cls.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                pending.append((f"{prefix}{name}.", annotation))
+                if prefix:
+                    assert info.description, f"{prefix}{name} has no description"
+                continue
+            seen += 1
+            assert info.description, f"{prefix}{name} has no description"
+    assert seen > 50
+
+
+def test_naming_one_detector_keeps_the_others() -> None:
+    s = settings.layer(file_data={"detectors": {"entries": {"nvml": {"enabled": False}}}}, file_name="f").settings
+    assert s.detectors.entries["nvml"].enabled is False
+    assert s.detectors.entries["pod-status"].enabled is True
+    assert set(settings.BUILTIN_DETECTORS) <= set(s.detectors.entries)
+
+
+def test_precedence_cli_over_env_over_file_over_default() -> None:
+    layered = settings.layer(
+        file_data={"recovery": {"workload_cooldown_seconds": 10, "node_cooldown_seconds": 11,
+                                "max_restarts_per_window": 2}},
+        file_name="f.yaml",
+        environ={"KCOVER_RECOVERY__WORKLOAD_COOLDOWN_SECONDS": "20", "KCOVER_RECOVERY__NODE_COOLDOWN_SECONDS": "21",
+                 "UNRELATED": "x"},
+        cli={"recovery.workload_cooldown_seconds": 30},
+    )
+    r = layered.settings.recovery
+    assert (r.workload_cooldown_seconds, r.node_cooldown_seconds, r.max_restarts_per_window) == (30, 21, 2)
+    assert r.restart_window_seconds == 3600
+    p = layered.provenance
+    assert p["recovery.workload_cooldown_seconds"] == "cli"
+    assert p["recovery.node_cooldown_seconds"] == "env"
+    assert p["recovery.max_restarts_per_window"] == "file:f.yaml"
+    assert "recovery.restart_window_seconds" not in p
+
+
+def test_env_lists_are_json() -> None:
+    layered = settings.layer(environ={"KCOVER_RECOVERY__NAMESPACES_DENY": '["a", "b"]'})
+    assert layered.settings.recovery.namespaces_deny == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("file_data", "expected"),
+    [
+        ({"recovery": {"workload_cooldown_seconds": -1}},
+         "file:f.yaml: recovery.workload_cooldown_seconds: Input should be greater than or equal to 0 (got -1)"),
+        ({"recovery": {"cooldown": 5}}, "file:f.yaml: recovery.cooldown: Extra inputs are not permitted (got 5)"),
+        ({"lease": {"lease_duration_seconds": "soon"}}, "file:f.yaml: lease.lease_duration_seconds: Input should be a valid number"),
+        ({"logging": {"format": "xml"}}, "file:f.yaml: logging.format: Input should be 'auto', 'json' or 'console'"),
+        ({"nonsense": 1}, "file:f.yaml: nonsense: Extra inputs are not permitted"),
+    ],
+)
+def test_field_level_errors_name_the_source_and_field(file_data: dict[str, object], expected: str) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(file_data=file_data, file_name="f.yaml")
+    assert any(line.startswith(expected) for line in info.value.errors), info.value.errors
+
+
+def test_env_errors_are_attributed_to_env() -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(environ={"KCOVER_BUS__SUBSCRIBER_CAPACITY": "0"})
+    assert info.value.errors[0].startswith("env: bus.subscriber_capacity:")
+
+
+def test_restart_required_fields_and_changed_paths() -> None:
+    required = settings.restart_required_paths()
+    assert {"lease.name", "lease.namespace", "server.port"} <= required
+    assert "recovery.workload_cooldown_seconds" not in required
+    a = settings.Settings.model_validate({})
+    b = settings.Settings.model_validate({"lease": {"name": "other"},
+                                          "detectors": {"entries": {"pod-status": {"config": {"x": 1}}}}})
+    assert settings.changed_paths(a, b) == {"lease.name", "detectors.entries.pod-status"}

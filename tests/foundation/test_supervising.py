@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+from kcover import bus as bus_
+from kcover import errors, metrics, settings
+from kcover.detectors import contract, registry, supervising
+
+from . import detectors_for_tests as d
+
+
+def make_registry() -> registry.Registry:
+    return registry.Registry([
+        registry.DetectorInfo("ticker", "x:Ticker", "tests", "0", d.Ticker),  # type: ignore[arg-type]
+        registry.DetectorInfo("crasher", "x:Crasher", "tests", "0", d.Crasher),  # type: ignore[arg-type]
+        registry.DetectorInfo("missing", "x:Missing", "tests", "0", d.Missing),  # type: ignore[arg-type]
+        registry.DetectorInfo("agent-only", "x:AgentOnly", "tests", "0", d.AgentOnly),  # type: ignore[arg-type]
+        registry.DetectorInfo("broken", "x:Broken", "tests", "0", None, "ImportError: no module named x"),
+    ])
+
+
+def detector_settings(entries: Mapping[str, Any], **extra: Any) -> settings.DetectorsSettings:
+    data = {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}
+    data.update(entries)
+    return settings.DetectorsSettings.model_validate({"entries": data, **extra})
+
+
+class Running:
+    def __init__(self, sup: supervising.Supervisor, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+        self.sup, self.stop, self.task = sup, stop, task
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Any]:
+    runs: list[Running] = []
+
+    async def _start(entries: Mapping[str, Any], **extra: Any) -> tuple[supervising.Supervisor, bus_.Bus, metrics.Metrics]:
+        m = metrics.Metrics()
+        b = bus_.Bus(dedupe_window_seconds=0)
+        ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=m)
+        sup = supervising.Supervisor(make_registry(), ctx, b, detector_settings(entries, **extra), m)
+        stop = asyncio.Event()
+        runs.append(Running(sup, stop, asyncio.create_task(sup.run(stop))))
+        await asyncio.sleep(0)
+        return sup, b, m
+
+    yield _start
+    for run in runs:
+        run.stop.set()
+        await asyncio.wait_for(run.task, 5)
+
+
+@pytest.mark.looptime
+async def test_runs_enabled_detectors_of_its_role_only(start: Any) -> None:
+    sup, b, _ = await start({"ticker": {"config": {"label": "a"}}, "agent-only": {}})
+    sub = b.subscribe("t")
+    await asyncio.sleep(2.5)
+    assert sup.health() == {"ticker": "running"}
+    assert {e.message for e in sub.get_nowait()} >= {"a-2", "a-3"}
+
+
+@pytest.mark.looptime
+async def test_crashing_detector_is_restarted_with_backoff_and_reported(start: Any) -> None:
+    d.Crasher.attempts.clear()
+    sup, _, m = await start({"crasher": {}, "ticker": {}}, restart_initial_seconds=1, restart_max_seconds=8)
+    await asyncio.sleep(30)
+    gaps = [b - a for a, b in zip(d.Crasher.attempts, d.Crasher.attempts[1:], strict=False)]
+    assert len(d.Crasher.attempts) >= 4
+    assert gaps[0] <= 1.0 + 1e-6
+    assert max(gaps) <= 8.0 + 1e-6
+    assert gaps[-1] > gaps[0]  # it backs off
+    assert sup.health() == {"crasher": "failed", "ticker": "running"}
+    ok, detail = sup.readiness()
+    assert not ok and "crasher: RuntimeError: sensor on fire" in detail
+    assert m.registry.get_sample_value("kcover_detector_restarts_total", {"detector": "crasher"}) == len(d.Crasher.attempts)
+    assert m.registry.get_sample_value("kcover_detector_up", {"detector": "crasher"}) == 0
+    assert m.registry.get_sample_value("kcover_detector_up", {"detector": "ticker"}) == 1
+
+
+@pytest.mark.looptime
+async def test_unavailable_detector_does_not_fail_readiness(start: Any) -> None:
+    sup, _, m = await start({"missing": {}})
+    await asyncio.sleep(1)
+    assert sup.health() == {"missing": "unavailable"}
+    assert sup.readiness()[0]
+    assert m.registry.get_sample_value("kcover_detector_available", {"detector": "missing"}) == 0
+
+
+def test_unknown_detector_is_an_error_naming_the_known_ones() -> None:
+    m = metrics.Metrics()
+    ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=m)
+    sup = supervising.Supervisor(make_registry(), ctx, bus_.Bus(), detector_settings({}), m)
+    with pytest.raises(errors.ConfigError) as info:
+        sup.wanted(detector_settings({"tickr": {}}))
+    assert "detectors.entries.tickr: unknown detector; installed: agent-only, broken, crasher, missing, ticker" in info.value.errors
+
+
+def test_bad_detector_config_and_broken_plugin_are_field_level_errors() -> None:
+    problems = make_registry().check_entries(detector_settings(
+        {"ticker": {"config": {"interval_seconds": "often"}}, "broken": {}}).entries)
+    assert "detectors.entries.ticker.config.interval_seconds: Input should be a valid number, unable to parse string as a number" in problems
+    assert any(p.startswith("detectors.entries.broken:") and "ImportError: no module named x" in p for p in problems)
+
+
+@pytest.mark.looptime
+async def test_reconfigure_restarts_only_changed_detectors(start: Any) -> None:
+    d.Ticker.starts.clear()
+    sup, b, _ = await start({"ticker": {"config": {"label": "old"}}, "crasher": {"enabled": False}})
+    sub = b.subscribe("t")
+    await asyncio.sleep(1.5)
+    touched = sup.reconfigure(detector_settings({"ticker": {"config": {"label": "new", "interval_seconds": 0.5}}}))
+    assert touched == ["ticker"]
+    await asyncio.sleep(2)
+    assert d.Ticker.starts == ["old", "new"]
+    labels = [e.message.split("-")[0] for e in sub.get_nowait()]
+    assert labels[-1] == "new" and "old" in labels
+    # an unchanged config touches nothing
+    assert sup.reconfigure(detector_settings({"ticker": {"config": {"label": "new", "interval_seconds": 0.5}}})) == []
+    # an invalid one changes nothing
+    with pytest.raises(errors.ConfigError):
+        sup.reconfigure(detector_settings({"ticker": {"config": {"label": 5}}}))
+    assert d.Ticker.starts == ["old", "new"]
+    # disabling stops it
+    assert sup.reconfigure(detector_settings({"ticker": {"enabled": False}})) == ["ticker"]
+    await asyncio.sleep(1)
+    assert sup.health() == {}
