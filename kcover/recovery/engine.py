@@ -86,13 +86,13 @@ class RecoveryEngine:
                 await self.handle_event(event)
             except errors.NotLeaderError:
                 self.counts["not_leader"] += 1
-                log.info("recovery_lost_leadership", event=event.id)
+                log.info("recovery_lost_leadership", cause=event.id)
             except errors.KubeError as exc:
                 self.counts["errors"] += 1
-                log.warning("recovery_action_failed", event=event.id, reason=event.reason, error=str(exc))
+                log.warning("recovery_action_failed", cause=event.id, reason=event.reason, error=str(exc))
             except Exception:  # task boundary: one bad event must not end recovery
                 self.counts["errors"] += 1
-                log.exception("recovery_event_crashed", event=event.id)
+                log.exception("recovery_event_crashed", cause=event.id)
 
     async def handle_event(self, event: model.CollectorEvent) -> list[executing.Result]:
         """Plan and execute one event; raises what the executor raises."""

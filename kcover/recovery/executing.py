@@ -99,7 +99,7 @@ class Executor:
             "reason": reason[:128], "action": action[:128], "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "eventTime": clock_.micro_time(now),
-            "reportingController": REPORTING_CONTROLLER, "reportingInstance": self.identity[:128],
+            "reportingComponent": REPORTING_CONTROLLER, "reportingInstance": self.identity[:128],
         }
         if not about.namespace:
             del body["involvedObject"]["namespace"]
@@ -126,7 +126,7 @@ class Executor:
         self._count(action, action.code.value)
         if action.code is actions.SkipCode.BREAKER_OPEN:
             self._metrics.breaker_open.set(1)
-        log.info("recovery_skipped", code=action.code.value, text=action.text, event=action.cause.id,
+        log.info("recovery_skipped", code=action.code.value, text=action.text, cause=action.cause.id,
                  audit=action.audit)
         if action.audit and action.about is not None:
             await self.emit(action.about, reason="KcoverRecoverySkipped", action="Skip", warning=True,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
@@ -39,6 +40,7 @@ from kcover.kube import client as client_
 log = structlog.get_logger()
 
 INDEX = "index.json"
+CHUNK = 64 * 1024
 STAMP = "%Y%m%dT%H%M%SZ"
 _FOLDER = re.compile(r"^(\d{8}T\d{6}Z)-")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -304,19 +306,34 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
     return result
 
 
+async def _read_tail(client: client_.KubeClient, path: str, query: dict[str, str | int | bool], *,
+                     max_bytes: int, read_timeout: float) -> str:
+    """Stream a text response keeping only its last `max_bytes` (plus one chunk): memory stays bounded."""
+    buffer = bytearray()
+    try:
+        async with client.stream(path, query=query, read_timeout=read_timeout) as response:
+            async for chunk in response.content.iter_chunked(CHUNK):
+                buffer += chunk
+                if len(buffer) > 2 * max_bytes:
+                    del buffer[:-max_bytes]
+    except aiohttp.ClientError as exc:
+        raise errors.KubeError(f"GET {path}: reading the log failed: {exc}") from exc
+    return bytes(buffer[-max_bytes:]).decode("utf-8", "ignore")
+
+
 async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], container: str, previous: bool, *,
                     folder: Path, policy: settings.SaveLogsSettings, progress: _Progress,
                     limit: asyncio.Semaphore) -> None:
     meta = pod.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-    query: dict[str, str | int | bool] = {"container": container, "tailLines": policy.max_lines_per_container,
-                                          "limitBytes": policy.max_bytes_per_container}
+    # No limitBytes: the server would keep the *head* of the tail; the reader keeps the last bytes instead.
+    query: dict[str, str | int | bool] = {"container": container, "tailLines": policy.max_lines_per_container}
     if previous:
         query["previous"] = True
     async with limit:
         try:
-            text = await client.text(f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query,
-                                     limit_bytes=policy.max_bytes_per_container)
+            text = await _read_tail(client, f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
+                                    max_bytes=policy.max_bytes_per_container, read_timeout=policy.timeout_seconds)
         except errors.KubeError as exc:
             if previous and exc.status == 400:
                 progress.skipped += 1  # no terminated instance: nothing to save
