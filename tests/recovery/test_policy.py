@@ -219,7 +219,8 @@ def test_budget_text_says_why() -> None:
     (skip,) = policy.plan(pod_event("pt-0"), world(), history, rs(), NOW)
     assert isinstance(skip, actions.Skip)
     assert "5 times in the last 3600s (max 5)" in skip.text
-    assert skip.about is not None and skip.about.uid == "pt-uid"
+    assert skip.about is not None
+    assert skip.about.uid == "pt-uid"
 
 
 @pytest.mark.parametrize(("node", "annotations", "history", "enabled", "expected"), [

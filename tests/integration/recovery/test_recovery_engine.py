@@ -180,7 +180,8 @@ async def test_pod_error_restarts_exactly_that_job_in_one_delete_collection(clus
     assert event["involvedObject"]["kind"] == "PyTorchJob"
     assert event["reportingComponent"] == "kcover.io/controller"  # core/v1 name of reportingController
     assert event["reportingInstance"] == "test-replica"
-    assert "ContainerError" in event["message"] and "deleted 3 pods" in event["message"]
+    assert "ContainerError" in event["message"]
+    assert "deleted 3 pods" in event["message"]
     cm = srv.store.get("configmaps", LEDGER_NS, "kcover-ledger")
     assert list(cm["data"]) == [f"w.{seed_uid(srv, 'pytorchjobs.kubeflow.org')}"]
     assert rig.metrics.actions.labels(action="restart_workload", result="done")._value.get() == 1
@@ -258,7 +259,8 @@ async def test_budget_exhaustion_skips_and_says_why(cluster: tuple[Any, client.K
     assert "train-r2" in alive(srv)
     skipped = [e for e in events(srv) if e["reason"] == "KcoverRecoverySkipped"]
     assert len(skipped) == 1
-    assert "BudgetExhausted" in skipped[0]["message"] and "2 times" in skipped[0]["message"]
+    assert "BudgetExhausted" in skipped[0]["message"]
+    assert "2 times" in skipped[0]["message"]
     assert skipped[0]["involvedObject"]["uid"] == pt["metadata"]["uid"]
 
 
@@ -280,7 +282,8 @@ async def test_cordon_writes_taint_and_annotations_and_keeps_other_taints(
     assert "XID79" in ann["kcover.io/cordon-reason"]
     assert ann["kcover.io/cordoned-at"].endswith("Z")
     (event,) = events(srv)
-    assert event["reason"] == "KcoverCordonedNode" and event["metadata"]["namespace"] == "default"
+    assert event["reason"] == "KcoverCordonedNode"
+    assert event["metadata"]["namespace"] == "default"
     assert event["involvedObject"]["uid"] == node["metadata"]["uid"]
     assert alive(srv) >= {"train-worker-0", "train-chief-0"}  # cordon only
 
@@ -292,7 +295,8 @@ async def test_cordon_and_restart_and_uncordon(cluster: tuple[Any, client.KubeCl
     rig = Rig(srv, kube, clock, uncordon_enabled=True, uncordon_hold_seconds=60)
     results = await rig.engine.handle_event(node_fault("gpu-2", clock))
     assert [type(r.action).__name__ for r in results] == ["CordonNode", "RestartWorkload"]
-    assert "train-worker-2" not in alive(srv) and "train-chief-0" in alive(srv)
+    assert "train-worker-2" not in alive(srv)
+    assert "train-chief-0" in alive(srv)
     rig.refresh()
     clock.moment += dt.timedelta(seconds=120)
     cleared = model.CollectorEvent(detector="node-condition", severity=model.Severity.INFO, reason="XID79Cleared",
@@ -347,5 +351,7 @@ async def test_batch_job_restart_selects_by_controller_uid(cluster: tuple[Any, c
     clock = Clock()
     rig = Rig(srv, kube, clock)
     results = await rig.engine.handle_event(pod_fault(srv, "bj-a", clock))
-    assert results[0].outcome is executing.Outcome.DONE and results[0].deleted == 1
-    assert "bj-old" in alive(srv) and "bj-a" not in alive(srv)
+    assert results[0].outcome is executing.Outcome.DONE
+    assert results[0].deleted == 1
+    assert "bj-old" in alive(srv)
+    assert "bj-a" not in alive(srv)
