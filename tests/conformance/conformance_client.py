@@ -42,9 +42,19 @@ class Api:
 
     async def watch(self, path: str, query: dict[str, Any], *, until: int = 0, seconds: float = 10) -> list[Any]:
         """Read watch events until `until` have arrived, the stream ends, or `seconds` pass."""
+        code, events = await self.stream(path, query, until=until, seconds=seconds)
+        assert code == 200, events
+        return events
+
+    async def stream(self, path: str, query: dict[str, Any], *, until: int = 0,
+                     seconds: float = 10) -> tuple[int, Any]:
+        """Like `watch`, but answers (HTTP status, events) and a non-200 answer as (status, Status)."""
         query = {"watch": "true", **query}
         resp = await self.raw("GET", path, query=query, request_timeout=seconds + 5)
-        assert resp.status == 200, await resp.text()
+        if resp.status != 200:
+            body = orjson.loads(await resp.read())
+            resp.release()
+            return resp.status, body
         events: list[Any] = []
         try:
             async with asyncio.timeout(seconds):
@@ -57,4 +67,4 @@ class Api:
             pass
         finally:
             resp.close()
-        return events
+        return 200, events
