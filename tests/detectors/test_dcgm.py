@@ -1,0 +1,199 @@
+"""DCGM parsers on real dcgmi / dcgm-exporter output, and the detector over a scripted command runner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from kcover import bus as bus_
+from kcover import errors, metrics, model
+from kcover.detectors import contract, dcgm
+from kcover.nvml import xid_policy
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+A = xid_policy.Action
+
+
+def _read(*parts: str) -> str:
+    return FIXTURES.joinpath(*parts).read_text()
+
+
+# (fixture, [(gpu_index, check, action)])
+DIAG_TABLES = [
+    ("dcgm-124-r2-pass-dcgm4.4.2-a10g-table.txt", []),
+    ("ramble-r3-pass-dcgm3.3.9-h200x8-table.txt", []),
+    ("dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt", [(None, "pcie", A.REPORT)]),
+    ("dcgm-253-r2-pcie-fail-parse-error-dcgm4.4.1-b200x8-table.txt", [(None, "pcie", A.REPORT)]),
+    ("ml-engineering-r2-gpu-memory-fail-gpu0-thermal-violation-excerpt.txt", [(0, "GPU Memory", A.CORDON_NODE)]),
+    ("ml-engineering-r3-deployment-error-row-remap-pending-excerpt.txt", [(3, "Deployment", A.REPORT)]),
+    ("nccl-tests-264-r3-fail-cuda-init-dcgm3.3.8-h100x8-table.txt", [(None, "GPU Memory", A.CORDON_NODE)]),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), DIAG_TABLES)
+def test_parse_diag_table(name: str, expected: list[tuple[int | None, str, xid_policy.Action]]) -> None:
+    got = dcgm.parse_diag_table(_read("dcgmi-diag", name))
+    assert [(f.gpu_index, f.check, f.action) for f in got] == expected
+
+
+def test_wrapped_cell_text_is_rejoined_exactly() -> None:
+    [finding] = dcgm.parse_diag_table(_read("dcgmi-diag", "ml-engineering-r2-gpu-memory-fail-gpu0-thermal-violation-excerpt.txt"))
+    assert "Thermal violations totaling 13.3 seconds started at 9.7 seconds into the test for GPU 0 Verify" \
+        in finding.message
+    [pcie] = dcgm.parse_diag_table(_read("dcgmi-diag", "dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt"))
+    assert "'A child process (152) exited with non-zero status 1'" in pcie.message
+
+
+def test_parse_diag_json_authored_reference() -> None:
+    got = dcgm.parse_diag_json(_read("dcgmi-diag", "dcgm-repo-testdiagmanagerstrings-per-gpu-json-AUTHORED.json"))
+    assert [(f.gpu_index, f.check) for f in got] == [(0, "sm_stress"), (2, "sm_stress"), (3, "sm_stress")]
+    assert "2128.7 did not exceed" in got[0].message
+
+
+def test_parse_exporter_all_zero_samples_find_nothing() -> None:
+    policy = xid_policy.load()
+    for name in ("lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom", "cncf-kops-l4-580.105.08-remap-fields.prom",
+                 "dcgm-exporter-581-gb200-nvlink-effective-ber-errors-fragment.prom"):
+        assert dcgm.parse_exporter(_read("dcgm-exporter", name), policy) == []
+
+
+def _with_value(text: str, metric: str, value: str) -> str:
+    """A real sample with one metric's value changed (the captured nodes were healthy)."""
+    return "\n".join(f"{line.rsplit(' ', 1)[0]} {value}" if line.startswith(metric + "{") else line
+                     for line in text.splitlines()) + "\n"
+
+
+def test_parse_exporter_xid_with_pod_labels() -> None:
+    text = _with_value(_read("dcgm-exporter", "lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom"),
+                       "DCGM_FI_DEV_XID_ERRORS", "79")
+    [finding] = dcgm.parse_exporter(text, xid_policy.load())
+    assert (finding.xid, finding.gpu_index, finding.action) == (79, 0, A.CORDON_NODE)
+    assert finding.gpu_uuid == "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"
+    assert finding.pods == ("default/cuda-75454ffb9f-8ljq7",)
+
+
+def test_parse_exporter_row_remap_failure() -> None:
+    text = _with_value(_read("dcgm-exporter", "cncf-kops-l4-580.105.08-remap-fields.prom"),
+                       "DCGM_FI_DEV_ROW_REMAP_FAILURE", "1")
+    [finding] = dcgm.parse_exporter(text, xid_policy.load())
+    assert (finding.check, finding.action) == ("DCGM_FI_DEV_ROW_REMAP_FAILURE", A.CORDON_NODE)
+
+
+# Constructed (no real `dcgmi health -c -j` capture is available): the nesting dcgmi uses.
+HEALTH = {"body": {"Overall Health": {"value": "Failure"}, "GPU": {"children": {
+    "0": {"children": {"Overall Health": {"value": "Healthy"}}},
+    "2": {"children": {
+        "Memory": {"Health": {"value": "Failure"},
+                   "children": {"Error": {"value": "GPU 2 has uncorrectable memory errors"}}},
+        "Thermal": {"Health": {"value": "Warning"},
+                    "children": {"Error": {"value": "Detected clocks event due to thermal violation in GPU 2."}}}}}}}}}
+
+
+def test_parse_health_json() -> None:
+    got = {(f.gpu_index, f.check, f.action) for f in dcgm.parse_health_json(json.dumps(HEALTH))}
+    assert got == {(2, "Memory", A.CORDON_NODE), (2, "Thermal", A.REPORT)}
+
+
+# ---------------------------------------------------------------------------------------------- detector
+
+class ScriptedRunner:
+    def __init__(self, outputs: dict[str, list[str]], *, missing: bool = False) -> None:
+        self.outputs = outputs
+        self.missing = missing
+        self.calls: list[list[str]] = []
+        self.running: dict[str, int] = {}
+        self.max_running: dict[str, int] = {}
+
+    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> dcgm.CommandResult:
+        if self.missing:
+            raise FileNotFoundError(argv[0])
+        self.calls.append(list(argv))
+        kind = argv[1]
+        self.running[kind] = self.running.get(kind, 0) + 1
+        self.max_running[kind] = max(self.max_running.get(kind, 0), self.running[kind])
+        try:
+            await asyncio.sleep(0.01)
+            queue = self.outputs.get(argv[1], [])
+            out = queue.pop(0) if len(queue) > 1 else (queue[0] if queue else "")
+            if out == "TIMEOUT":
+                raise TimeoutError
+            return dcgm.CommandResult(0, out, "")
+        finally:
+            self.running[kind] -= 1
+
+
+def _detector(runner: ScriptedRunner | None, **config: object) -> dcgm.DcgmDetector:
+    context = contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics.Metrics(), node_name="gpu-node-1",
+                                       command_runner=runner)
+    cfg = dcgm.DcgmConfig.model_validate({"diag_interval_seconds": 0.05, "health_interval_seconds": 0.05, **config})
+    return dcgm.DcgmDetector("dcgm", cfg, context)
+
+
+async def _collect(detector: dcgm.DcgmDetector, seconds: float) -> list[model.CollectorEvent]:
+    bus = bus_.Bus(dedupe_window_seconds=0)
+    sub = bus.subscribe("test")
+    stop = asyncio.Event()
+    task = asyncio.create_task(detector.run(bus, stop), name="dcgm")
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.wait_for(task, 3)
+    return sub.get_nowait()
+
+
+async def test_dcgmi_missing_is_unavailable() -> None:
+    with pytest.raises(errors.DetectorUnavailableError):
+        await _detector(ScriptedRunner({}, missing=True)).run(bus_.Bus(), asyncio.Event())
+
+
+async def test_diag_failure_is_published_then_cleared() -> None:
+    failing = _read("dcgmi-diag", "ml-engineering-r2-gpu-memory-fail-gpu0-thermal-violation-excerpt.txt")
+    passing = _read("dcgmi-diag", "dcgm-124-r2-pass-dcgm4.4.2-a10g-table.txt")
+    runner = ScriptedRunner({"diag": [failing, passing], "health": [json.dumps({"body": {}})]})
+    events = await _collect(_detector(runner), 0.5)
+    diag = [e for e in events if e.attributes["source"] == "diag"]
+    assert [(e.attributes["state"], e.attributes["recommended_action"], e.attributes["gpu_index"]) for e in diag] == \
+        [("active", "cordon-node", 0), ("cleared", "report", 0)]
+    assert diag[0].reason == "DCGMGpuMemory"
+    assert diag[0].target.kind is model.TargetKind.NODE
+    assert ["dcgmi", "diag", "-r", "1", "-j"] in runner.calls
+    assert runner.max_running == {"--version": 1, "diag": 1, "health": 1}
+
+
+async def test_diag_runs_never_overlap_and_timeouts_are_survived() -> None:
+    runner = ScriptedRunner({"diag": ["TIMEOUT", "TIMEOUT", ""], "health": ["TIMEOUT"]})
+    events = await _collect(_detector(runner, health_interval_seconds=10), 0.4)
+    assert events == []
+    assert sum(1 for c in runner.calls if c[1] == "diag") >= 3
+    assert runner.max_running["diag"] == 1
+
+
+async def test_exporter_mode_reads_metrics_over_http() -> None:
+    text = _with_value(_read("dcgm-exporter", "lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom"),
+                       "DCGM_FI_DEV_XID_ERRORS", "48")
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        events = await _collect(_detector(None, exporter_url=f"http://127.0.0.1:{port}/metrics",
+                                          exporter_interval_seconds=0.05), 0.3)
+    finally:
+        await runner.cleanup()
+    assert len(events) == 1
+    ev = events[0]
+    assert (ev.reason, ev.attributes["xid"], ev.attributes["recommended_action"]) == ("XID48", 48, "cordon-node")
+    assert ev.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
+                                     device_id="GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c")
+    assert ev.attributes["pods"] == ["default/cuda-75454ffb9f-8ljq7"]
