@@ -6,6 +6,7 @@ request counts show only what recovery itself sends.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from kcover import errors, metrics, model, settings
-from kcover.kube import client
-from kcover.recovery import adapters, engine, executing, ledger, views
+from kcover.kube import caching, client, watching
+from kcover.recovery import adapters, engine, executing, ledger, snapshots, views
 
 simserver = pytest.importorskip("kcover.sim.server")
 
@@ -355,3 +356,32 @@ async def test_batch_job_restart_selects_by_controller_uid(cluster: tuple[Any, c
     assert results[0].deleted == 1
     assert "bj-old" in alive(srv)
     assert "bj-a" not in alive(srv)
+
+
+async def test_with_the_controller_cache_as_snapshot(cluster: tuple[Any, client.KubeClient]) -> None:
+    """The product wiring: `CacheSnapshot` over a running `ClusterCache` (which keeps fewer labels)."""
+    srv, kube = cluster
+    seed(srv)
+    cache_client = client.from_configuration(srv.kube_configuration())
+    cache = caching.ClusterCache(cache_client, options=watching.ReflectorOptions(
+        page_size=100, backoff_initial_seconds=0.05, backoff_max_seconds=0.2, missing_retry_seconds=1.0))
+    stop = asyncio.Event()
+    clock = Clock()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(cache.run(stop), name="cache")
+            try:
+                await asyncio.wait_for(cache.wait_synced(), 10)
+                rig = Rig(srv, kube, clock)
+                snap = snapshots.CacheSnapshot(cache)
+                rig.executor = executing.Executor(kube, snap, rig.ledger, recovery=rig.recovery, metrics_=rig.metrics,
+                                                  clock=clock, identity="test-replica", is_leader=lambda: True)
+                rig.engine = engine.RecoveryEngine(None, snap, rig.ledger, rig.executor, recovery=rig.recovery,
+                                                   clock=clock, is_leader=lambda: True)
+                results = await rig.engine.handle_event(pod_fault(srv, "train-worker-1", clock))
+            finally:
+                stop.set()
+    finally:
+        await cache_client.close()
+    assert [r.outcome for r in results] == [executing.Outcome.DONE]
+    assert alive(srv) == {"train-chief-0", "train-chief-1", "train-debug"}
