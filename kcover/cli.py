@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kcover import errors
@@ -26,7 +27,7 @@ DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 ENV_PREFIX = "KCOVER_"
 ENV_NESTING = "__"
 
-_RESTART = {"restart_required": True}
+_RESTART: JsonDict = {"restart_required": True}
 
 
 class _Group(BaseModel):

@@ -190,7 +190,7 @@ async def connect(kubeconfig: str = "", *, environ: Mapping[str, str] | None = N
             await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
             source = kubeconfig
         elif env.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             source = "in-cluster"
         else:
             path = env.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")

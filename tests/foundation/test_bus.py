@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pydantic
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -134,7 +135,7 @@ def test_events_are_frozen_and_messages_bounded() -> None:
     e = model.CollectorEvent(detector="d", target=model.Target(kind=model.TargetKind.POD, namespace="a", name="b"),
                              severity=model.Severity.WARNING, reason="R", message="x" * 5000)
     assert len(e.message) == model.MESSAGE_MAX
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         e.reason = "other"  # type: ignore[misc]
     with pytest.raises(ValueError):
         model.CollectorEvent(detector="d", target=e.target, severity=model.Severity.ERROR, reason="")

@@ -72,7 +72,8 @@ def test_config_show_gives_values_and_their_sources(tmp_path: Path) -> None:
     rows = {r["setting"]: r for r in json.loads(out.stdout)}
     assert rows["recovery.node_cooldown_seconds"] == {"setting": "recovery.node_cooldown_seconds", "value": 42.0,
                                                       "source": f"file:{f}"}
-    assert rows["recovery.dry_run"]["value"] is True and rows["recovery.dry_run"]["source"] == "env"
+    assert rows["recovery.dry_run"]["value"] is True
+    assert rows["recovery.dry_run"]["source"] == "env"
     assert rows["lease.retry_period_seconds"]["source"] == "cli"
     assert rows["lease.lease_duration_seconds"]["source"] == "default"
 

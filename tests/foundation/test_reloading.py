@@ -70,7 +70,8 @@ async def test_reload_applies_valid_changes_refuses_invalid_ones_and_restarts_ch
         # 1. a valid change: the tunable applies and the detector restarts with its new config
         cm.publish(base_config("v2", cooldown=120))
         await asyncio.sleep(0.5)
-        assert applied and applied[-1].recovery.workload_cooldown_seconds == 120
+        assert applied
+        assert applied[-1].recovery.workload_cooldown_seconds == 120
         assert d.Ticker.starts == ["v1", "v2"]
         assert sub.get_nowait()[-1].message.startswith("v2-")
 
@@ -82,7 +83,8 @@ async def test_reload_applies_valid_changes_refuses_invalid_ones_and_restarts_ch
         assert reloader.current.recovery.workload_cooldown_seconds == 120
         assert m.registry.get_sample_value("kcover_config_reload_failures_total") == 1
         refused = [e for e in logs if e["event"] == "config_reload_refused"]
-        assert refused and any("recovery.workload_cooldown_seconds: Input should be greater than or equal to 0"
+        assert refused
+        assert any("recovery.workload_cooldown_seconds: Input should be greater than or equal to 0"
                                in line for line in refused[0]["field_errors"])
         assert d.Ticker.starts == ["v1", "v2"]
 
