@@ -307,18 +307,20 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
 
 
 async def _read_tail(client: client_.KubeClient, path: str, query: dict[str, str | int | bool], *,
-                     max_bytes: int, read_timeout: float) -> str:
-    """Stream a text response keeping only its last `max_bytes` (plus one chunk): memory stays bounded."""
+                     max_bytes: int, read_timeout: float) -> tuple[str, bool]:
+    """Stream a text response keeping only its last `max_bytes` (memory stays bounded); and whether it cut."""
     buffer = bytearray()
+    total = 0
     try:
         async with client.stream(path, query=query, read_timeout=read_timeout) as response:
             async for chunk in response.content.iter_chunked(CHUNK):
                 buffer += chunk
+                total += len(chunk)
                 if len(buffer) > 2 * max_bytes:
                     del buffer[:-max_bytes]
     except aiohttp.ClientError as exc:
         raise errors.KubeError(f"GET {path}: reading the log failed: {exc}") from exc
-    return bytes(buffer[-max_bytes:]).decode("utf-8", "ignore")
+    return bytes(buffer[-max_bytes:]).decode("utf-8", "ignore"), total > max_bytes
 
 
 async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], container: str, previous: bool, *,
@@ -332,7 +334,7 @@ async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], containe
         query["previous"] = True
     async with limit:
         try:
-            text = await _read_tail(client, f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
+            text, cut = await _read_tail(client, f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
                                     max_bytes=policy.max_bytes_per_container, read_timeout=policy.timeout_seconds)
         except errors.KubeError as exc:
             if previous and exc.status == 400:
@@ -341,8 +343,10 @@ async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], containe
             progress.errors.append({"pod": name, "container": container, "previous": previous,
                                     "status": exc.status, "error": str(exc)[:512]})
             return
-        text, truncated = tail(text, max_lines=policy.max_lines_per_container,
-                               max_bytes=policy.max_bytes_per_container)
+        text, trimmed = tail(text, max_lines=policy.max_lines_per_container,
+                             max_bytes=policy.max_bytes_per_container)
+        # the server applied tailLines itself: reaching the line limit means older lines were left out
+        truncated = cut or trimmed or text.count("\n") >= policy.max_lines_per_container
         relative = Path(safe(name)) / (safe(container) + (".previous.log" if previous else ".log"))
         size = await asyncio.to_thread(_write, folder / relative, text)
     progress.files.append({"pod": name, "container": container, "previous": previous,
