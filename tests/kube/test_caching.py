@@ -1,0 +1,138 @@
+"""ClusterCache against the simulated API server: indexes, owner resolution with UID checks, changes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kcover import settings
+from kcover.kube import caching, client, watching
+
+simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
+
+OPTIONS = watching.ReflectorOptions(backoff_initial_seconds=0.05, missing_retry_seconds=0.5)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Any, client.KubeClient]]:
+    async with simserver.SimServer() as srv:
+        kube = client.from_configuration(srv.kube_configuration())
+        try:
+            yield srv, kube
+        finally:
+            await kube.close()
+
+
+def ref(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": True}
+
+
+def create(srv: Any, key: str, name: str, *, owner: dict[str, Any] | None = None,
+           labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "labels": labels or {}}
+    if owner is not None:
+        meta["ownerReferences"] = [ref(owner)]
+    return dict(srv.store.create(key, {"metadata": meta, "spec": {}, **extra}))
+
+
+def pod(srv: Any, name: str, *, owner: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
+        node: str = "n1") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "labels": labels or {}}
+    if owner is not None:
+        meta["ownerReferences"] = [ref(owner)]
+    return dict(srv.store.create("pods", {"metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+                                          "status": {"phase": "Running"}}))
+
+
+async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    train = create(srv, "trainjobs.trainer.kubeflow.org", "llm", labels={"kcover.io/cascading-recovery": "true"})
+    jobset = create(srv, "jobsets.jobset.x-k8s.io", "llm", owner=train)
+    job = create(srv, "jobs.batch", "llm-worker-0", owner=jobset)
+    p_train = pod(srv, "llm-worker-0-0", owner=job, labels={"jobset.sigs.k8s.io/jobset-name": "llm"})
+    lws = create(srv, "leaderworkersets.leaderworkerset.x-k8s.io", "serve")
+    p_lws = pod(srv, "serve-0", labels={"leaderworkerset.sigs.k8s.io/name": "serve"}, node="n2")
+    # a Volcano Job and a batch Job of the same name: only the UID-checked owner counts
+    vc = create(srv, "jobs.batch.volcano.sh", "same", labels={"kcover.io/cascading-recovery": "true"})
+    batch = create(srv, "jobs.batch", "same")
+    p_batch = pod(srv, "same-0", owner=batch, labels={"batch.kubernetes.io/job-name": "same"}, node="n2")
+    stale_ref = dict(batch, metadata={**batch["metadata"], "uid": "gone"})
+    p_orphan = pod(srv, "same-old", owner=stale_ref, labels={"batch.kubernetes.io/job-name": "same"}, node="n2")
+
+    cache = caching.ClusterCache(kube, options=OPTIONS)
+    stop = asyncio.Event()
+    task = asyncio.create_task(cache.run(stop), name="cache")
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 10)
+        assert cache.synced
+        got = cache.pod(p_train["metadata"]["uid"])
+        assert got is not None
+        assert [w.kind for w in cache.owner_chain(got)] == ["Job", "JobSet", "TrainJob"]
+        assert cache.opted_in(got)
+        assert cache.workload_ref(got) == {"kind": "TrainJob", "name": "llm", "uid": train["metadata"]["uid"],
+                                           "apiVersion": "trainer.kubeflow.org/v1alpha1"}
+        assert [p.name for p in cache.pods_of_workload(train["metadata"]["uid"])] == ["llm-worker-0-0"]
+        got_lws = cache.pod(p_lws["metadata"]["uid"])
+        assert got_lws is not None
+        assert cache.workload_of(got_lws) == cache.workload(lws["metadata"]["uid"])
+        assert not cache.opted_in(got_lws)
+        got_batch = cache.pod(p_batch["metadata"]["uid"])
+        assert got_batch is not None
+        assert cache.workload_of(got_batch) == cache.workload(batch["metadata"]["uid"])
+        assert not cache.opted_in(got_batch)  # the opted-in Volcano Job shares the name only
+        orphan = cache.pod(p_orphan["metadata"]["uid"])
+        assert orphan is not None
+        assert cache.workload_of(orphan) is None
+        assert cache.workload_by_name("Job", "default", "same", group="batch.volcano.sh") == cache.workload(vc["metadata"]["uid"])
+        assert cache.workload_by_name("JobSet", "default", "llm") == cache.workload(jobset["metadata"]["uid"])
+        assert sorted(p.name for p in cache.pods_on_node("n2")) == ["same-0", "same-old", "serve-0"]
+        assert cache.pod_by_name("default", "serve-0") == got_lws
+
+        stream = cache.stream(replay=False)
+        seen: list[tuple[caching.Kind, str | None, str | None]] = []
+
+        async def read() -> None:
+            async for kind, old, new in stream:
+                seen.append((kind, old.name if old else None, new.name if new else None))
+
+        reader = asyncio.create_task(read(), name="reader")
+        srv.store.delete("pods", "default", "serve-0", grace_seconds=0)
+        srv.store.create("nodes", {"metadata": {"name": "n9"}, "spec": {}, "status": {}})
+        for _ in range(200):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.02)
+        stream.close()
+        await reader
+        # ordered within a collection; pods and nodes are separate watches
+        assert sorted(seen) == [(caching.Kind.NODE, None, "n9"), (caching.Kind.POD, "serve-0", None)]
+        assert cache.pods_on_node("n2")
+        assert cache.pod_by_name("default", "serve-0") is None
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_missing_workload_kind_is_not_fatal(cluster: tuple[Any, client.KubeClient]) -> None:
+    _, kube = cluster
+    bogus = caching.WorkloadKind("Widget", "example.com", "v1", "widgets")
+    cache = caching.ClusterCache(kube, workload_kinds=[bogus], watch_events=False, options=OPTIONS)
+    stop = asyncio.Event()
+    task = asyncio.create_task(cache.run(stop), name="cache")
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 10)
+        assert cache.synced
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+def test_workload_kinds_from_settings() -> None:
+    assert settings.KubeSettings().workload_kinds == list(caching.DEFAULT_WORKLOAD_KINDS)
+    assert [k.key for k in caching.workload_kinds(caching.DEFAULT_WORKLOAD_KINDS)] == list(caching.DEFAULT_WORKLOAD_KINDS)
+    with pytest.raises(ValueError):
+        caching.workload_kinds(["widgets.example.com"])
