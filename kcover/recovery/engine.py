@@ -97,8 +97,7 @@ class RecoveryEngine:
     async def handle_event(self, event: model.CollectorEvent) -> list[executing.Result]:
         """Plan and execute one event; raises what the executor raises."""
         self.counts["events"] += 1
-        if not self._ledger.loaded:
-            await self._ledger.load()
+        await self._ledger.ensure_loaded()
         history = self._ledger.history(self.in_flight_restarts)
         planned = policy.plan(event, self._snapshot, history, self._settings, self._clock.now(), rules=self._rules)
         results: list[executing.Result] = []

@@ -142,6 +142,12 @@ class Ledger:
             self._exists = True
         self._loaded = True
 
+    async def ensure_loaded(self) -> None:
+        """Read the ConfigMap once, however many callers ask at the same time."""
+        async with self._lock:
+            if not self._loaded:
+                await self.load()
+
     async def update(self, mutate: Callable[[State], T | None], *, now: float) -> T | None:
         """Apply `mutate` to a copy of the current state and write it with the RV as precondition.
 

@@ -11,7 +11,7 @@ It does not decide whether to restart: it returns a `SaveResult` and the caller 
 `spec.initContainers`).
 
 How it fails: never by raising a Kubernetes or file-system error. The whole save is time-boxed by
-`timeout_seconds`, so a slow API server or a stuck volume never holds a recovery hostage; what was
+`timeout_seconds` (80% for the logs, 10% for the index, 10% for pruning), so a slow API server or a stuck volume never holds a recovery hostage; what was
 saved before the deadline stays on disk. A 400 for a previous log (no terminated instance) is normal
 and skipped; other per-container errors are listed in the index. A save that timed out or could not
 write its folder is a failure: logged (`log_save_failed`), counted in `kcover_log_save_failures_total`
@@ -41,6 +41,10 @@ log = structlog.get_logger()
 
 INDEX = "index.json"
 CHUNK = 64 * 1024
+FETCH_SHARE = 0.8
+"""Part of `timeout_seconds` given to fetching and writing logs; the index and pruning get 10% each,
+so the whole save ends within `timeout_seconds` and a caller's own time box never cuts the index."""
+INDEX_SHARE = 0.1
 STAMP = "%Y%m%dT%H%M%SZ"
 _FOLDER = re.compile(r"^(\d{8}T\d{6}Z)-")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -238,8 +242,9 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
     reason = ""
     created = False
     resolved: list[Mapping[str, Any]] = []
+    fetch_budget = settings.timeout_seconds * FETCH_SHARE
     try:
-        async with asyncio.timeout(settings.timeout_seconds):
+        async with asyncio.timeout(fetch_budget):
             await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
             created = True
             limit = asyncio.Semaphore(settings.concurrency)
@@ -250,7 +255,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
                     for pod in resolved for container in containers_of(pod) for previous in (False, True)]
             await asyncio.gather(*jobs)
     except TimeoutError:
-        error, reason = f"timed out after {settings.timeout_seconds} s", "timeout"
+        error, reason = f"timed out after {fetch_budget:g} s", "timeout"
     except OSError as exc:
         error, reason = f"cannot write the log sink: {exc}", "write"
 
@@ -272,7 +277,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
     written = False
     if created:
         try:  # a short extra allowance, so even a timed-out save says what it holds
-            async with asyncio.timeout(max(1.0, settings.timeout_seconds / 10)):
+            async with asyncio.timeout(settings.timeout_seconds * INDEX_SHARE):
                 await asyncio.to_thread(_write, folder / INDEX, json.dumps(index, indent=2, sort_keys=True))
             written = True
         except (TimeoutError, OSError) as exc:
@@ -281,7 +286,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
 
     if written:
         try:
-            async with asyncio.timeout(settings.timeout_seconds):
+            async with asyncio.timeout(settings.timeout_seconds * INDEX_SHARE):
                 pruned = await asyncio.to_thread(_prune, root, folder.name, now, settings)
             if pruned:
                 log.info("log_sink_pruned", removed=len(pruned), oldest=pruned[0])

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kcover import bus as bus_
 from kcover import errors, metrics, model, settings
 from kcover.kube import caching, client, watching
 from kcover.recovery import adapters, engine, executing, ledger, snapshots, views
@@ -385,3 +386,29 @@ async def test_with_the_controller_cache_as_snapshot(cluster: tuple[Any, client.
         await cache_client.close()
     assert [r.outcome for r in results] == [executing.Outcome.DONE]
     assert alive(srv) == {"train-chief-0", "train-chief-1", "train-debug"}
+
+
+async def test_engine_runs_from_a_bus_subscription(cluster: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = cluster
+    seed(srv)
+    clock = Clock()
+    rig = Rig(srv, kube, clock)
+    bus = bus_.Bus(dedupe_window_seconds=0)
+    rig.engine = engine.RecoveryEngine(bus.subscribe("recovery"), rig.snap, rig.ledger, rig.executor,
+                                       recovery=rig.recovery, clock=clock, is_leader=lambda: True)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(rig.engine.run(stop), name="engine")
+        for _ in range(3):
+            await bus.publish(pod_fault(srv, "train-worker-0", clock))
+        for _ in range(200):
+            if rig.engine.counts["events"] == 3:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+    # one batch, handled concurrently: all three plan a restart; the ledger lets one through
+    assert rig.engine.counts["restart_workload:done"] == 1
+    assert rig.engine.counts["restart_workload:skipped"] == 2
+    assert kube.request_counts["DELETECOLLECTION pods"] == 1
+    assert dict(kube.request_counts) == {"GET configmaps": 1, "CREATE configmaps": 1, "DELETECOLLECTION pods": 1,
+                                         "CREATE events": 1}
