@@ -126,6 +126,10 @@ class Reflector(Generic[T]):
             except errors.KubeError as exc:
                 delay = backoff.next_delay()
                 log.warning("watch_failed", reflector=self.name, error=str(exc), retry_in=round(delay, 3))
+            except Exception:  # task boundary: an unexpected bug must not end the cache; start over
+                delay = backoff.next_delay()
+                need_list = True
+                log.exception("reflector_failed", reflector=self.name, retry_in=round(delay, 3))
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
