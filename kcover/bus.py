@@ -173,8 +173,8 @@ class _Dedupe:
             expires, old = order.popleft()
             if seen.get(old) == expires:
                 del seen[old]
-        expires = seen.get(key)
-        if expires is not None and expires > now:
+        previous = seen.get(key)
+        if previous is not None and previous > now:
             return False
         expires = now + self.window
         seen[key] = expires

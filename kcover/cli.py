@@ -187,25 +187,21 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(health.heartbeat(stop), name="heartbeat")
-            reconfigure_box: list[wiring.Reconfigure | None] = [None]
+            hooks = wiring.RoleHooks()
 
             async def apply(new: settings.Settings, changed: set[str]) -> None:
                 if any(p.startswith("logging.") for p in changed):
                     logs.configure(new.logging)
                 health.stall_seconds = new.server.loop_stall_seconds
-                target = reconfigure_box[0]
-                if target is not None:
-                    await target(new, changed)
+                if hooks.reconfigure is not None:
+                    await hooks.reconfigure(new, changed)
 
             reloader = reloading.Reloader(
                 args.config, lambda: load_settings(args.config, _cli_overrides(args), required=False), apply,
                 config, metrics_, interval_seconds=config.server.config_poll_seconds)
             group.create_task(reloader.run(stop), name="config-reloader")
 
-            async def main() -> None:
-                reconfigure_box[0] = await role(config, metrics_, health, stop)
-
-            group.create_task(main(), name=f"{args.command}-main")
+            group.create_task(role(config, metrics_, health, stop, hooks), name=f"{args.command}-main")
     finally:
         await server.stop()
     return 0

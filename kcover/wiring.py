@@ -1,21 +1,79 @@
 """The long-running roles `kcover` can run, composed with their real implementations.
 
-Owns the table of role commands (`controller`, `agent`, ...) the CLI offers: a role appears here
-only once it works. Each role main builds its clients, starts its work, and returns a reconfigure
-callable for hot reload.
+Owns the table of role commands the CLI offers (`controller`, `agent`): a role appears here only
+once it works. Each role main builds its Kubernetes client from the settings, runs until `stop`,
+and registers a reconfigure callable in `hooks` for hot reload. Reading files and the environment
+stays in `cli.py`, which passes what a role needs (`environ`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+from dataclasses import dataclass, field
 
 from kcover import metrics, serving, settings
+from kcover.agent import running as agent_running
+from kcover.controller import running as controller_running
+from kcover.kube import client as client_
 
 Reconfigure = Callable[[settings.Settings, set[str]], Awaitable[None]]
-RoleMain = Callable[[settings.Settings, metrics.Metrics, serving.Health, asyncio.Event],
-                    Awaitable[Reconfigure | None]]
+
+
+@dataclass
+class RoleHooks:
+    """What a running role offers back to the process: how to apply a new configuration."""
+
+    reconfigure: Reconfigure | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+RoleMain = Callable[[settings.Settings, metrics.Metrics, serving.Health, asyncio.Event, RoleHooks],
+                    Coroutine[Any, Any, None]]
 AddArgs = Callable[[argparse.ArgumentParser], None]
 
-ROLES: dict[str, tuple[str, RoleMain, AddArgs]] = {}
+
+async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
+                          stop: asyncio.Event, hooks: RoleHooks) -> None:
+    kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
+                                 request_timeout=config.kube.request_timeout_seconds)
+    async with kube:
+        cfg = config
+        if not cfg.lease.identity:
+            pod = hooks.environ.get("POD_NAME") or hooks.environ.get("HOSTNAME", "")
+            if pod:
+                cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
+        controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health)
+        hooks.reconfigure = controller.reconfigure
+        await controller.run(stop)
+
+
+async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
+                     stop: asyncio.Event, hooks: RoleHooks) -> None:
+    node = agent_running.node_name(config, hooks.environ)
+    kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
+                                 request_timeout=config.kube.request_timeout_seconds)
+    async with kube:
+        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node)
+        hooks.reconfigure = agent.reconfigure
+        await agent.run(stop)
+
+
+def _controller_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="plan and record every action, write nothing else")
+    p.add_argument("--identity", help="this replica's Lease identity (default: the pod name)")
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node-name", help="the node this agent runs on (default: $NODE_NAME)")
+
+
+ROLES: dict[str, tuple[str, RoleMain, AddArgs]] = {
+    "controller": ("run the controller: detect faults cluster-wide and recover while leading",
+                   controller_main, _controller_args),
+    "agent": ("run the node agent: NVML and DCGM detectors reporting through Node conditions and Events",
+              agent_main, _agent_args),
+}

@@ -12,7 +12,7 @@ a detector that cannot run here (no GPU, no DCGM) is only marked unavailable.
 from __future__ import annotations
 
 import asyncio
-import os
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -28,47 +28,92 @@ from kcover.nvml import xid_policy
 log = structlog.get_logger()
 
 
-def node_name(config: settings.Settings) -> str:
-    name = config.agent.node_name or os.environ.get("NODE_NAME", "")
+def node_name(config: settings.Settings, environ: Mapping[str, str]) -> str:
+    name = config.agent.node_name or environ.get("NODE_NAME", "")
     if not name:
         raise errors.ConfigError("the agent needs its node name", ["agent.node_name: empty and $NODE_NAME unset"])
     return name
 
 
+async def node_capacity(client: client_.KubeClient, node: str) -> dict[str, str]:
+    """The node's `status.capacity`, for plugins that run only on some hardware (`extras["node_capacity"]`)."""
+    try:
+        obj = await client.request("GET", f"/api/v1/nodes/{node}")
+    except errors.KubeError as exc:
+        log.warning("node_capacity_unknown", node=node, error=str(exc))
+        return {}
+    capacity = (obj.get("status") or {}).get("capacity") or {}
+    return {str(k): str(v) for k, v in capacity.items()}
+
+
+class Agent:
+    """One node agent. Build it, `await run(stop)`, and call `reconfigure()` on a config reload."""
+
+    def __init__(self, config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
+                 health: serving.Health | None, node: str, nvml: Any = None, command_runner: Any = None,
+                 clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
+                 reporter_tick_seconds: float = 0.5) -> None:
+        self.config = config
+        self.node = node
+        self.client = client
+        self.health = health
+        self.clock = clock or clock_.SystemClock()
+        self.policy = xid_policy.load(config.agent.xid_policy_file)
+        pods = podresources.PodResources(config.agent.pod_resources_socket)
+        self.context = contract.DetectorContext(
+            role=contract.Role.AGENT, metrics=metrics, clock=self.clock, node_name=node, nvml=nvml,
+            command_runner=command_runner, gateway=client,
+            extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device})
+        self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
+                            block_timeout_seconds=config.bus.block_timeout_seconds)
+        self.subscription = self.bus.subscribe("agent-reporter", capacity=config.bus.subscriber_capacity)
+        self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), self.context, self.bus,
+                                                 config.detectors, metrics)
+        self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
+        self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
+                                           tick_seconds=reporter_tick_seconds)
+
+    async def reconfigure(self, new: settings.Settings, changed: set[str]) -> None:
+        """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy."""
+        if any(p.startswith("detectors.") for p in changed):
+            self.supervisor.reconfigure(new.detectors)
+        if "agent.xid_policy_file" in changed:
+            self.policy = xid_policy.load(new.agent.xid_policy_file)
+            self.context.extras["xid_policy"] = self.policy
+            self.supervisor.reconfigure(new.detectors, restart=[n for n in new.detectors.entries
+                                                                if n in ("nvml", "dcgm")])
+        self.bus.configure(dedupe_window_seconds=new.bus.dedupe_window_seconds,
+                           block_timeout_seconds=new.bus.block_timeout_seconds)
+        self.reporter.config = new.agent
+        self.config = new
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.context.extras["node_capacity"] = await node_capacity(self.client, self.node)
+        if self.health is not None:
+            self.health.add_readiness("detectors", self.supervisor.readiness)
+        log.info("agent_starting", node=self.node, xid_policy=self.config.agent.xid_policy_file or "shipped")
+        detectors_stop = asyncio.Event()
+        reporter_stop = asyncio.Event()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.supervisor.run(detectors_stop), name="agent:detectors")
+                group.create_task(self.reporter.run(self.subscription, reporter_stop), name="agent:reporter")
+                await stop.wait()
+                detectors_stop.set()
+                await self.bus.close(drain_timeout_seconds=self.config.bus.drain_timeout_seconds)
+                reporter_stop.set()
+        finally:
+            if self.health is not None:
+                self.health.remove_readiness("detectors")
+        log.info("agent_stopped", node=self.node)
+
+
 async def run(config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
               health: serving.Health | None, stop: asyncio.Event, nvml: Any = None, command_runner: Any = None,
               clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
-              reporter_tick_seconds: float = 0.5) -> None:
-    """Run one node agent until `stop` is set."""
-    node = node_name(config)
-    clock = clock or clock_.SystemClock()
-    policy = xid_policy.load(config.agent.xid_policy_file)
-    pods = podresources.PodResources(config.agent.pod_resources_socket)
-    context = contract.DetectorContext(
-        role=contract.Role.AGENT, metrics=metrics, clock=clock, node_name=node, nvml=nvml,
-        command_runner=command_runner,
-        extras={"xid_policy": policy, "pods_for_device": pods.pods_for_device})
-    bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
-                   block_timeout_seconds=config.bus.block_timeout_seconds)
-    sub = bus.subscribe("agent-reporter", capacity=config.bus.subscriber_capacity)
-    supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, bus,
-                                        config.detectors, metrics)
-    supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
-    reporter = reporting.Reporter(client, config.agent, node, clock=clock, tick_seconds=reporter_tick_seconds)
-    if health is not None:
-        health.add_readiness("detectors", supervisor.readiness)
-    log.info("agent_starting", node=node, xid_policy=config.agent.xid_policy_file or "shipped")
-    detectors_stop = asyncio.Event()
-    reporter_stop = asyncio.Event()
-    try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(supervisor.run(detectors_stop), name="agent:detectors")
-            group.create_task(reporter.run(sub, reporter_stop), name="agent:reporter")
-            await stop.wait()
-            detectors_stop.set()
-            await bus.close(drain_timeout_seconds=config.bus.drain_timeout_seconds)
-            reporter_stop.set()
-    finally:
-        if health is not None:
-            health.remove_readiness("detectors")
-    log.info("agent_stopped", node=node)
+              reporter_tick_seconds: float = 0.5, node: str = "") -> None:
+    """Run one node agent until `stop` is set (node from `agent.node_name` unless given)."""
+    agent = Agent(config, client=client, metrics=metrics, health=health,
+                  node=node or node_name(config, {}), nvml=nvml, command_runner=command_runner, clock=clock,
+                  detector_registry=detector_registry, reporter_tick_seconds=reporter_tick_seconds)
+    await agent.run(stop)

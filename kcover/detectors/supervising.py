@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -139,18 +140,22 @@ class Supervisor:
         running.state = "stopped"
         up.set(0)
 
-    def reconfigure(self, detector_settings: settings.DetectorsSettings) -> list[str]:
+    def reconfigure(self, detector_settings: settings.DetectorsSettings, *,
+                    restart: Iterable[str] = ()) -> list[str]:
         """Apply new detector settings live. Returns the names restarted, started or stopped.
 
-        Raises ConfigError (and changes nothing) if the new settings are invalid.
+        `restart` names detectors to restart even if their own entry did not change (something they
+        read from the context did, such as the XID policy). Raises ConfigError (and changes nothing)
+        if the new settings are invalid.
         """
         wanted = self.wanted(detector_settings)
         self._settings = detector_settings
+        forced = set(restart)
         touched: list[str] = []
         for name in list(self._running):
             running = self._running[name]
             new = wanted.get(name)
-            if new is None or new[0] != running.entry:
+            if new is None or new[0] != running.entry or name in forced:
                 running.stop.set()
                 del self._running[name]
                 touched.append(name)
