@@ -18,7 +18,6 @@ import asyncio
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -27,6 +26,7 @@ from kcover import bus as bus_
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
+from kcover.controller import recovering
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import caching, leasing
 from kcover.kube import client as client_
@@ -50,21 +50,7 @@ class Engine(Protocol):
     def reconfigure(self, recovery: settings.RecoverySettings) -> None: ...
 
 
-@dataclass(frozen=True)
-class EngineDeps:
-    """What an engine factory is given."""
-
-    settings: settings.Settings
-    client: client_.KubeClient
-    cache: caching.ClusterCache
-    metrics: metrics_.Metrics
-    clock: clock_.Clock
-    is_leader: Callable[[], bool]
-    """The fence: executors check it right before each write and raise `errors.NotLeaderError`."""
-    identity: str
-
-
-EngineFactory = Callable[[EngineDeps], Engine]
+EngineFactory = Callable[[recovering.EngineDeps], Engine]
 
 
 def default_identity() -> str:
@@ -78,7 +64,7 @@ class Controller:
     def __init__(self, cfg: settings.Settings, *, client: client_.KubeClient, metrics: metrics_.Metrics,
                  health: Health, clock: clock_.Clock | None = None,
                  detector_registry: registry.Registry | None = None, engine_factory: EngineFactory | None = None,
-                 cache: caching.ClusterCache | None = None) -> None:
+                 cache: caching.ClusterCache | None = None, recover: bool = True) -> None:
         self.settings = cfg
         self.clock = clock or clock_.SystemClock()
         self.metrics = metrics
@@ -90,6 +76,7 @@ class Controller:
                                            cache=self.cache)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
+        self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
         self.elector: leasing.LeaderElector | None = None
         if cfg.lease.enabled:
             self.elector = leasing.LeaderElector(client, cfg.lease, identity=self.identity, metrics=metrics,
@@ -99,14 +86,18 @@ class Controller:
         self.subscription = self.bus.subscribe("recovery", capacity=cfg.bus.subscriber_capacity,
                                                overflow=bus_.Overflow.DROP_OLDEST)
         self.engine: Engine | None = None
-        if engine_factory is not None:
-            self.engine = engine_factory(EngineDeps(settings=cfg, client=client, cache=self.cache, metrics=metrics,
-                                                    clock=self.clock, is_leader=self.is_leader,
-                                                    identity=self.identity))
+        if recover:
+            factory = engine_factory or recovering.build
+            self.engine = factory(recovering.EngineDeps(settings=cfg, client=client, cache=self.cache,
+                                                        metrics=metrics, clock=self.clock, is_leader=self.is_leader,
+                                                        epoch=self._epoch, identity=self.identity))
         self.discarded = 0
         """Events a follower dropped (the leader acts on its own observations)."""
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
+
+    def _epoch(self) -> int:
+        return self.elector.leadership_epoch if self.elector is not None else 1
 
     def is_leader(self) -> bool:
         return self.elector.is_leader() if self.elector is not None else True

@@ -1,0 +1,98 @@
+"""The controller's recovery engine, assembled: snapshot, ledger, executor, log sink.
+
+Owns the default `EngineFactory` of `running.Controller`: it builds `recovery.engine.RecoveryEngine`
+over the cluster cache, the ledger ConfigMap and the executor, hands the executor a log-saving hook
+(`recovery.logsaving.save`), and re-reads the ledger at the start of every leadership epoch so a new
+leader never plans with what it remembered from an earlier term. It decides nothing itself.
+
+How it fails: as the engine does (errors per event are logged and counted there). A log save that
+fails raises from the hook, and the executor applies `save_logs.proceed_on_failure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kcover import errors, model, settings
+from kcover import metrics as metrics_
+from kcover.aio import clock as clock_
+from kcover.kube import caching
+from kcover.kube import client as client_
+from kcover.recovery import actions, engine, executing, ledger, logsaving, snapshots, views
+
+
+@dataclass(frozen=True)
+class EngineDeps:
+    """What an engine factory is given by the controller."""
+
+    settings: settings.Settings
+    client: client_.KubeClient
+    cache: caching.ClusterCache
+    metrics: metrics_.Metrics
+    clock: clock_.Clock
+    is_leader: Callable[[], bool]
+    """The fence: executors check it right before each write and raise `errors.NotLeaderError`."""
+    epoch: Callable[[], int]
+    """The leadership epoch (`LeaderElector.leadership_epoch`); it changes on every acquisition."""
+    identity: str
+
+
+class LeaderEngine:
+    """`RecoveryEngine` plus a ledger reload whenever leadership (its epoch) changed since the last batch."""
+
+    def __init__(self, inner: engine.RecoveryEngine, ledger_: ledger.Ledger, epoch: Callable[[], int],
+                 live: _Live) -> None:
+        self.inner = inner
+        self.ledger = ledger_
+        self._epoch = epoch
+        self._live = live
+        self._loaded_epoch = -1
+
+    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+        epoch = self._epoch()
+        if epoch != self._loaded_epoch:
+            await self.ledger.load()
+            self._loaded_epoch = epoch
+        await self.inner.handle(events)
+
+    def reconfigure(self, recovery: settings.RecoverySettings) -> None:
+        self.inner.reconfigure(recovery)  # validates rules first; a ConfigError leaves everything as it was
+        self._live.recovery = recovery
+
+
+def build(deps: EngineDeps) -> LeaderEngine:
+    """The default engine factory for `running.Controller`."""
+    live = _Live(deps.settings.recovery)
+    snap = snapshots.CacheSnapshot(deps.cache)
+    ledger_ = ledger.Ledger(deps.client, namespace=live.recovery.ledger_namespace,
+                            name=live.recovery.ledger_name, is_leader=deps.is_leader,
+                            retention_seconds=live.retention_seconds)
+    sink = logsaving.LogSaveMetrics(deps.metrics.registry)
+
+    async def save_logs(workload: actions.WorkloadRef, pods: Sequence[views.PodView]) -> str | None:
+        result = await logsaving.save(deps.client, workload, pods, settings=live.recovery.save_logs,
+                                      now=deps.clock.now(), metrics=sink)
+        if result.error is not None:
+            raise errors.KcoverError(f"saving logs failed: {result.error} (partial copy: {result.path})")
+        return result.path
+
+    executor = executing.Executor(deps.client, snap, ledger_, recovery=live.recovery, metrics_=deps.metrics,
+                                  clock=deps.clock, identity=deps.identity, is_leader=deps.is_leader,
+                                  save_logs=save_logs)
+    inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
+                                  is_leader=deps.is_leader)
+    return LeaderEngine(inner, ledger_, deps.epoch, live)
+
+
+class _Live:
+    """The live recovery settings, shared by the hooks above and replaced on reload."""
+
+    def __init__(self, recovery: settings.RecoverySettings) -> None:
+        self.recovery = recovery
+
+    def retention_seconds(self) -> float:
+        r = self.recovery
+        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds,
+                   r.event_cooldown_seconds)
+

@@ -1,0 +1,220 @@
+"""Controller replicas against a real HTTP API server (the simulated cluster).
+
+What a user sees: one replica leads (the Lease says which), every replica becomes ready once its
+caches synced, only the leader's engine gets events, a stopped leader hands over at once, and a
+reload applies tunables live. Real time with short lease timings: looptime cannot drive sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from kcover import errors, model, serving, settings
+from kcover import metrics as metrics_
+from kcover.controller import recovering, running
+from kcover.detectors import registry
+from kcover.kube import client as client_
+from kcover.kube import leasing
+from kcover.sim import server as simserver
+
+NS = "kcover-system"
+
+
+class RecordingEngine:
+    """An engine that records what it was handed (the engine proper is tested in tests/recovery)."""
+
+    def __init__(self, deps: recovering.EngineDeps) -> None:
+        self.deps = deps
+        self.batches: list[list[model.CollectorEvent]] = []
+        self.reconfigured: list[settings.RecoverySettings] = []
+
+    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+        assert self.deps.is_leader()
+        self.batches.append(list(events))
+
+    def reconfigure(self, recovery: settings.RecoverySettings) -> None:
+        self.reconfigured.append(recovery)
+
+
+def _settings(identity: str, **lease: Any) -> settings.Settings:
+    return settings.Settings.model_validate({
+        "lease": {"identity": identity, "namespace": NS, "lease_duration_seconds": 2.0,
+                  "renew_deadline_seconds": 1.5, "retry_period_seconds": 0.2, **lease},
+        "detectors": {"entries": {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}},
+        "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"], "watch_events": False},
+    })
+
+
+class Replica:
+    def __init__(self, srv: simserver.SimServer, identity: str, **lease: Any) -> None:
+        self.kube = client_.from_configuration(srv.kube_configuration())
+        self.health = serving.Health()
+        self.metrics = metrics_.Metrics()
+        self.engines: list[RecordingEngine] = []
+        self.controller = running.Controller(_settings(identity, **lease), client=self.kube, metrics=self.metrics,
+                                             health=self.health, detector_registry=registry.discover(),
+                                             engine_factory=self._engine)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.controller.run(self.stop), name=f"controller:{identity}")
+
+    def _engine(self, deps: recovering.EngineDeps) -> RecordingEngine:
+        engine = RecordingEngine(deps)
+        self.engines.append(engine)
+        return engine
+
+    @property
+    def engine(self) -> RecordingEngine:
+        return self.engines[0]
+
+    def ready(self) -> bool:
+        return self.health.readiness()[0]
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait({self.task})
+        await self.kube.close()
+        if not self.task.cancelled():
+            self.task.result()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[simserver.SimServer]:
+    async with simserver.SimServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+async def replicas(cluster: simserver.SimServer) -> AsyncIterator[Callable[..., Replica]]:
+    started: list[Replica] = []
+
+    def start(identity: str, **lease: Any) -> Replica:
+        replica = Replica(cluster, identity, **lease)
+        started.append(replica)
+        return replica
+
+    yield start
+    for replica in started:
+        if not replica.task.done():
+            await replica.shutdown()
+
+
+async def _until(predicate: Callable[[], bool], within: float) -> float:
+    started = time.monotonic()
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110  (polling a plain predicate)
+            await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
+def _event(name: str) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="test", reason="ContainerError", severity=model.Severity.ERROR,
+                                target=model.Target(kind=model.TargetKind.POD, namespace="team-a", name=name))
+
+
+async def _holder(cluster: simserver.SimServer) -> str:
+    async with client_.from_configuration(cluster.kube_configuration()) as kube:
+        lease = await kube.request("GET", leasing.lease_path(NS, "kcover-controller"))
+    return str(lease["spec"]["holderIdentity"])
+
+
+async def test_one_leader_acts_followers_stay_ready(cluster: simserver.SimServer,
+                                                    replicas: Callable[..., Replica]) -> None:
+    a, b = replicas("a"), replicas("b")
+    await _until(lambda: a.controller.is_leader() or b.controller.is_leader(), 5.0)
+    await _until(lambda: a.ready() and b.ready(), 5.0)
+    leader, follower = (a, b) if a.controller.is_leader() else (b, a)
+    assert not follower.controller.is_leader()
+    assert await _holder(cluster) == leader.controller.identity
+    assert leader.metrics.is_leader._value.get() == 1
+    assert follower.metrics.is_leader._value.get() == 0
+    assert leader.health.readiness()[1]["cache"].endswith("synced")
+
+    await leader.controller.bus.publish(_event("p1"))
+    await follower.controller.bus.publish(_event("p1"))
+    await _until(lambda: bool(leader.engine.batches), 2.0)
+    await _until(lambda: follower.controller.discarded == 1, 2.0)
+    assert [e.target.name for batch in leader.engine.batches for e in batch] == ["p1"]
+    assert follower.engine.batches == []
+
+
+async def test_stopped_leader_hands_over_and_the_successor_acts(cluster: simserver.SimServer,
+                                                                replicas: Callable[..., Replica]) -> None:
+    # client-go's default timings: the handover comes from the release, not from waiting out the Lease
+    a = replicas("a", lease_duration_seconds=15.0, renew_deadline_seconds=10.0, retry_period_seconds=2.0)
+    await _until(a.controller.is_leader, 5.0)
+    b = replicas("b", lease_duration_seconds=15.0, renew_deadline_seconds=10.0, retry_period_seconds=2.0)
+    await _until(b.ready, 5.0)
+    await asyncio.sleep(0.5)  # b's campaign is under way and its watch open
+    started = time.monotonic()
+    await a.shutdown()
+    await _until(b.controller.is_leader, 2.0)
+    print(f"controller handover: {time.monotonic() - started:.3f} s")
+    assert await _holder(cluster) == "b"
+    await b.controller.bus.publish(_event("p2"))
+    await _until(lambda: bool(b.engine.batches), 2.0)
+
+
+async def test_reconfigure_applies_tunables_live_and_refuses_bad_detectors(
+        replicas: Callable[..., Replica]) -> None:
+    a = replicas("a")
+    await _until(a.controller.is_leader, 5.0)
+    new = a.controller.settings.model_copy(deep=True)
+    new.bus.dedupe_window_seconds = 0.0
+    new.lease.retry_period_seconds = 0.3
+    new.recovery.dry_run = True
+    await a.controller.reconfigure(new, {"bus.dedupe_window_seconds", "lease.retry_period_seconds",
+                                         "recovery.dry_run"})
+    assert a.controller.elector is not None
+    assert a.controller.elector.settings.retry_period_seconds == 0.3
+    assert a.engine.reconfigured[-1].dry_run is True
+    # dedupe off: the same event twice reaches the engine twice
+    await a.controller.bus.publish(_event("p3"))
+    await a.controller.bus.publish(_event("p3"))
+    await _until(lambda: sum(len(b) for b in a.engine.batches) == 2, 2.0)
+
+    bad = new.model_copy(deep=True)
+    bad.detectors.entries = {"no-such-detector": settings.DetectorEntry()}
+    bad.recovery.dry_run = False
+    with pytest.raises(errors.ConfigError):
+        await a.controller.reconfigure(bad, {"detectors.entries.no-such-detector"})
+    assert a.engine.reconfigured[-1].dry_run is True
+    assert a.controller.settings.recovery.dry_run is True
+
+
+async def test_lost_leadership_cancels_the_batch_in_flight(cluster: simserver.SimServer,
+                                                           replicas: Callable[..., Replica]) -> None:
+    a = replicas("a")
+    await _until(a.controller.is_leader, 5.0)
+    entered = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def slow(events: Sequence[model.CollectorEvent]) -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    a.engine.handle = slow  # type: ignore[method-assign]
+    await a.controller.bus.publish(_event("p4"))
+    await asyncio.wait_for(entered.wait(), 2.0)
+    # another holder writes the Lease (split brain, or an operator forcing a handover)
+    async with client_.from_configuration(cluster.kube_configuration()) as kube:
+        path = leasing.lease_path(NS, "kcover-controller")
+        for _ in range(20):  # the leader renews every 0.2 s: retry on conflicts
+            lease = await kube.request("GET", path)
+            lease["spec"]["holderIdentity"] = "intruder"
+            try:
+                await kube.request("PUT", path, body=lease)
+                break
+            except errors.ConflictError:
+                continue
+    await asyncio.wait_for(cancelled.wait(), 2.0)
+    assert not a.controller.is_leader()
+    assert a.metrics.is_leader._value.get() == 0
