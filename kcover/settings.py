@@ -109,6 +109,8 @@ class KubeSettings(_Group):
         json_schema_extra=_RESTART)
     watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` are kept.",
                                json_schema_extra=_RESTART)
+    gc_freeze_after_sync: bool = Field(True, description="gc.freeze() once the controller cache first synced, so Python's cyclic GC never rescans the ~1.5 million cached objects of 150,000 pods (full collections otherwise stall watch delivery for about a second).",
+                                       json_schema_extra=_RESTART)
     missing_kind_retry_seconds: float = Field(300.0, gt=0, description="Seconds between lists of a workload kind whose CRD is not installed: slow, since installing an operator is rare.")
 
 

@@ -88,6 +88,9 @@ async def main() -> None:
     parser.add_argument("--pods", type=int, default=150_000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after seeding (the simulated server's objects live in another process in a real cluster) "
+                             "and let the cache freeze after its sync (kube.gc_freeze_after_sync)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
@@ -113,8 +116,11 @@ async def main() -> None:
 
         kube = client.from_configuration(srv.kube_configuration(), request_timeout=300)
         gc.collect()
+        if args.gc_freeze:
+            gc.freeze()
         rss0 = rss_bytes()
-        cache = caching.ClusterCache(kube, options=watching.ReflectorOptions(page_size=500, request_timeout_seconds=300))
+        cache = caching.ClusterCache(kube, options=watching.ReflectorOptions(page_size=500, request_timeout_seconds=300),
+                                     freeze_gc=args.gc_freeze)
         bus = bus_.Bus(dedupe_window_seconds=0)
         sub = bus.subscribe("probe", capacity=100_000)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cache=cache)
