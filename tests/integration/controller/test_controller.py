@@ -16,6 +16,7 @@ import pytest
 
 from kcover import errors, model, serving, settings
 from kcover import metrics as metrics_
+from kcover.aio import clock as clock_
 from kcover.controller import recovering, running
 from kcover.detectors import registry
 from kcover.kube import client as client_
@@ -218,3 +219,78 @@ async def test_lost_leadership_cancels_the_batch_in_flight(cluster: simserver.Si
     await asyncio.wait_for(cancelled.wait(), 2.0)
     assert not a.controller.is_leader()
     assert a.metrics.is_leader._value.get() == 0
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+ML = "ml"
+
+
+async def _seed_job(kube: client_.KubeClient) -> dict[str, Any]:
+    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                            "metadata": {"name": ML}})
+    job: dict[str, Any] = await kube.request(
+        "POST", f"/apis/kubeflow.org/v1/namespaces/{ML}/pytorchjobs",
+        body={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+              "metadata": {"name": "train", "namespace": ML, "labels": {"kcover.io/cascading-recovery": "true"}},
+              "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "restartPolicy": "OnFailure"}}}})
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train",
+             "uid": job["metadata"]["uid"], "controller": True}
+    for i in range(2):
+        await kube.request("POST", f"/api/v1/namespaces/{ML}/pods", body={
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"train-worker-{i}", "namespace": ML, "ownerReferences": [owner],
+                         "labels": {"training.kubeflow.org/job-name": "train",
+                                    "training.kubeflow.org/operator-name": "pytorchjob-controller"}},
+            "spec": {"nodeName": f"gpu-{i}", "restartPolicy": "OnFailure",
+                     "containers": [{"name": "pytorch", "image": "trainer"}]}})
+    return job
+
+
+async def test_only_the_leader_restarts_a_failed_job_and_saves_its_logs(
+        cluster: simserver.SimServer, tmp_path: Any) -> None:
+    async with client_.from_configuration(cluster.kube_configuration()) as kube:
+        await _seed_job(kube)
+        cluster.append_log(ML, "train-worker-1", "pytorch", "step 41\nNCCL watchdog timeout\n")
+        base = _settings("x").model_dump()
+        base["detectors"]["entries"]["pod-status"]["enabled"] = True
+        base["recovery"]["save_logs"]["directory"] = str(tmp_path)
+        stops, tasks, controllers = [], [], []
+        for identity in ("a", "b"):
+            cfg = settings.Settings.model_validate({**base, "lease": {**base["lease"], "identity": identity}})
+            ctl = running.Controller(cfg, client=kube, metrics=metrics_.Metrics(), health=serving.Health())
+            stop = asyncio.Event()
+            stops.append(stop)
+            controllers.append(ctl)
+            tasks.append(asyncio.create_task(ctl.run(stop), name=f"controller:{identity}"))
+        try:
+            await _until(lambda: any(c.is_leader() for c in controllers) and all(c.cache.synced for c in controllers),
+                         5.0)
+            pod = await kube.request("GET", f"/api/v1/namespaces/{ML}/pods/train-worker-1")
+            now = clock_.rfc3339(clock_.utcnow())
+            pod["status"] = {"phase": "Running", "containerStatuses": [{
+                "name": "pytorch", "ready": False, "restartCount": 1, "image": "trainer", "imageID": "",
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}}}]}
+            await kube.request("PUT", f"/api/v1/namespaces/{ML}/pods/train-worker-1/status", body=pod)
+
+            async def pods_left() -> list[dict[str, Any]]:
+                listed = await kube.request("GET", f"/api/v1/namespaces/{ML}/pods")
+                return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+            async with asyncio.timeout(10):
+                while await pods_left():  # noqa: ASYNC110  (polling the API server)
+                    await asyncio.sleep(0.1)
+            events = await kube.request("GET", f"/api/v1/namespaces/{ML}/events")
+            reasons = [e.get("reason") for e in events["items"]]
+            assert reasons.count("KcoverRestartedWorkload") == 1
+            saved = [p for p in tmp_path.iterdir() if p.is_dir()]
+            assert len(saved) == 1
+            assert (saved[0] / "train-worker-1" / "pytorch.log").read_text() == "step 41\nNCCL watchdog timeout\n"
+            follower = next(c for c in controllers if not c.is_leader())
+            assert follower.discarded >= 1
+        finally:
+            for stop in stops:
+                stop.set()
+            await asyncio.wait(tasks)
+            for task in tasks:
+                task.result()
