@@ -1,0 +1,84 @@
+"""Helpers shared by the chart tests: paths, `run_helm`, the representative values, `find`."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "kcover"
+CONTROLPLANE = ROOT / "tests" / "controlplane"
+RELEASE = "kcover"
+NAMESPACE = "kcover-system"
+
+Render = Callable[..., list[dict[str, Any]]]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KCOVER_CACHE", str(Path.home() / ".cache" / "kcover")))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [helm, *args]
+    if values is not None:
+        cmd += ["--values", "-"]
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/kcover-helm-cache", "HELM_CONFIG_HOME": "/tmp/kcover-helm-config",
+           "HELM_DATA_HOME": "/tmp/kcover-helm-data"}
+    proc = subprocess.run(cmd, input=json.dumps(values) if values is not None else None, capture_output=True,
+                          text=True, env=env, check=False, timeout=120)
+    if check:
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return proc
+
+
+# Representative values: each turns on one feature an operator would.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "dry-run": {"dryRun": True},
+    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "pvc": {"controller": {"logs": {"persistence": {"enabled": True, "size": "20Gi",
+                                                    "accessModes": ["ReadWriteMany"],
+                                                    "storageClassName": "nfs"}}}},
+    "plugins": {
+        "detectors": {"logscan": {"enabled": True, "config": {"tail_lines": 200}},
+                      "dcgm": {"config": {"exporter_interval_seconds": 30}},
+                      "pod-status": {"config": {"exit_codes": [137]}}},
+        "config": {"recovery": {"workload_cooldown_seconds": 120},
+                   "detectors": {"entries": {"nvml": {"config": {"health_interval_seconds": 5}}}}},
+        "agent": {"dcgmExporterUrl": "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"},
+        "xidPolicy": {"xids": {"79": {"class": "hardware", "severity": "Error", "action": "cordon-node"}}},
+    },
+    "node-selector": {
+        "agent": {"nodeSelector": {"gpu.example.com/class": "h100"},
+                  "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                      "nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": "gpu.example.com/pool", "operator": "In", "values": ["training"]}]}]}}},
+                  "runtimeClassName": ""},
+        "controller": {"nodeSelector": {"kubernetes.io/os": "linux"}, "replicas": 3},
+    },
+}
+
+
+def find(objs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    hits = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+    assert len(hits) == 1, f"expected one {kind} *{name_suffix}, found {[o['metadata']['name'] for o in hits]}"
+    return hits[0]
+
+
+def controlplane_available() -> bool:
+    env = os.environ.get("KCOVER_CONTROLPLANE_BIN")
+    if env and (Path(env) / "kube-apiserver").is_file():
+        return True
+    return bool(glob.glob(str(cache_dir() / "controlplane" / "k8s-*" / "kube-apiserver")))
+
+

@@ -1,0 +1,226 @@
+"""The chart lints and renders for representative values, and what it renders keeps kcover's invariants.
+
+Invariants checked against kcover's own code, not restated constants: the config mount matches
+`settings.DEFAULT_CONFIG_PATH`, the probes hit `server.port`'s default, the logs mount is
+`recovery.save_logs.directory`, the rendered config.yaml and XID policy validate with kcover's models.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import yaml
+from chartkit import CHART, NAMESPACE, SCENARIOS, Render, find, run_helm
+
+from kcover import settings
+from kcover.detectors import registry
+from kcover.nvml import xid_policy
+
+CONFIG_DIR = os.path.dirname(settings.DEFAULT_CONFIG_PATH)
+CONFIG_KEY = os.path.basename(settings.DEFAULT_CONFIG_PATH)
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def resolved_env(c: dict[str, Any], *, pod: str, namespace: str, node: str) -> dict[str, str]:
+    """The KCOVER_ environment the kubelet would give the container (downward API resolved)."""
+    fields = {"metadata.name": pod, "metadata.namespace": namespace, "spec.nodeName": node}
+    out = {}
+    for e in c.get("env", []):
+        if not e["name"].startswith(settings.ENV_PREFIX):
+            continue
+        out[e["name"]] = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    return out
+
+
+def rendered_config(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    cm = find(objs, "ConfigMap", "-config")
+    return yaml.safe_load(cm["data"][CONFIG_KEY]) or {}, yaml.safe_load(cm["data"]["xid-policy.yaml"]) or {}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_helm_lint_passes(helm_bin: str, scenario: str) -> None:
+    proc = run_helm(helm_bin, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, values=SCENARIOS[scenario])
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_values_schema_refuses_bad_values(helm_bin: str) -> None:
+    for bad in ({"metrics": {"port": "http"}}, {"controller": {"replica": 2}}, {"dryRun": "yes"},
+                {"image": {"controller": {"repository": "x", "digest": "latest"}}},
+                {"xidPolicy": {"xids": {"seventy-nine": {}}}}):
+        proc = run_helm(helm_bin, "template", "kcover", str(CHART), values=bad, check=False)
+        assert proc.returncode != 0, f"accepted {bad}"
+        assert "values don't meet the specifications of the schema" in proc.stderr
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_config_and_environment_validate_with_kcover_settings(render: Render, scenario: str) -> None:
+    objs = render(SCENARIOS[scenario])
+    config, policy = rendered_config(objs)
+    reg = registry.discover()
+    for kind, suffix, role in (("Deployment", "-controller", "controller"), ("DaemonSet", "-agent", "agent")):
+        c = container(find(objs, kind, suffix))
+        env = resolved_env(c, pod=f"kcover-{role}-abc", namespace=NAMESPACE, node="gpu-1")
+        layered = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env)
+        s = layered.settings
+        assert s.server.port == int(c["ports"][0]["containerPort"])
+        assert reg.check_entries({n: e for n, e in s.detectors.entries.items() if n in reg.names()}) == []
+        if role == "controller":
+            assert s.lease.namespace == NAMESPACE
+            assert s.recovery.ledger_namespace == NAMESPACE
+            assert s.lease.identity == "kcover-controller-abc"
+        else:
+            assert s.agent.node_name == "gpu-1"
+    xid_policy.XidPolicy.from_mapping(policy, base=xid_policy.load())
+
+
+def test_default_config_is_empty_so_shipped_defaults_apply(render: Render) -> None:
+    config, policy = rendered_config(render({}))
+    assert config == {}
+    assert policy == {}
+
+
+def test_values_reach_the_config(render: Render) -> None:
+    config, _ = rendered_config(render(SCENARIOS["dry-run"]))
+    assert config == {"recovery": {"dry_run": True}}
+    config, policy = rendered_config(render(SCENARIOS["plugins"]))
+    entries = config["detectors"]["entries"]
+    assert entries["logscan"] == {"enabled": True, "config": {"tail_lines": 200}}
+    assert entries["dcgm"]["config"] == {"exporter_interval_seconds": 30,
+                                         "exporter_url": "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"}
+    assert entries["nvml"] == {"config": {"health_interval_seconds": 5}}  # from .Values.config, kept
+    assert config["recovery"] == {"workload_cooldown_seconds": 120}
+    assert policy["xids"]["79"]["action"] == "cordon-node"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_controller_deployment(render: Render, scenario: str) -> None:
+    objs = render(SCENARIOS[scenario])
+    dep = find(objs, "Deployment", "-controller")
+    spec, c = pod_spec(dep), container(dep)
+    assert dep["spec"]["replicas"] == SCENARIOS[scenario].get("controller", {}).get("replicas", 2)
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["securityContext"]["runAsUser"] == 65532
+    port = settings.ServerSettings().port
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["args"][0] == f"--config={settings.DEFAULT_CONFIG_PATH}"
+    env = env_of(c)
+    assert env["KCOVER_LEASE__IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["KCOVER_LEASE__NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert c["resources"]["requests"]
+    assert c["resources"]["limits"]["memory"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    config_mount = mounts[CONFIG_DIR]
+    assert "subPath" not in config_mount  # a subPath mount never sees ConfigMap updates
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[config_mount["name"]]["configMap"]["name"] == find(objs, "ConfigMap", "-config")["metadata"]["name"]
+    logs = volumes[mounts[settings.SaveLogsSettings().directory]["name"]]
+    if scenario == "pvc":
+        claim = find(objs, "PersistentVolumeClaim")
+        assert logs["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    else:
+        assert "emptyDir" in logs
+        assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    assert "/tmp" in mounts  # the root file system is read-only
+    if scenario == "node-selector":
+        assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+
+
+def test_pod_disruption_budget_keeps_one_controller(render: Render) -> None:
+    objs = render({})
+    pdb = find(objs, "PodDisruptionBudget")
+    dep = find(objs, "Deployment", "-controller")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_agent_daemonset(render: Render, scenario: str) -> None:
+    objs = render(SCENARIOS[scenario])
+    ds = find(objs, "DaemonSet", "-agent")
+    spec, c = pod_spec(ds), container(ds)
+    # every taint, kcover's own included, so the agent keeps reporting on a node kcover cordoned
+    assert {"operator": "Exists"} in spec["tolerations"]
+    if scenario == "node-selector":
+        assert spec["nodeSelector"] == {"gpu.example.com/class": "h100"}
+        assert spec["affinity"]["nodeAffinity"]
+        assert "runtimeClassName" not in spec
+    else:
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert spec["runtimeClassName"] == "nvidia"
+    for forbidden in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(forbidden)
+    sc = c["securityContext"]
+    assert not sc.get("privileged")
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    env = env_of(c)
+    assert env["KCOVER_AGENT__NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    socket_dir = os.path.dirname(settings.AgentSettings().pod_resources_socket)
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {socket_dir}  # nothing else of the host
+    assert mounts[socket_dir]["readOnly"] is True
+    assert "subPath" not in mounts[CONFIG_DIR]
+    assert volumes[mounts[CONFIG_DIR]["name"]]["configMap"]
+    assert env["KCOVER_AGENT__XID_POLICY_FILE"] == f"{CONFIG_DIR}/xid-policy.yaml"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_rbac_grants_no_secrets_and_no_wildcards(render: Render, scenario: str) -> None:
+    rules = [r for o in render(SCENARIOS[scenario]) if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+    assert rules
+    for rule in rules:
+        assert "secrets" not in rule["resources"]
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(field, [])
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_separate_service_accounts(render: Render) -> None:
+    objs = render({})
+    accounts = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    dep_sa = pod_spec(find(objs, "Deployment", "-controller"))["serviceAccountName"]
+    ds_sa = pod_spec(find(objs, "DaemonSet", "-agent"))["serviceAccountName"]
+    assert dep_sa != ds_sa
+    assert {dep_sa, ds_sa} <= accounts
+
+
+def test_service_monitor_only_when_enabled(render: Render) -> None:
+    assert not [o for o in render({}) if o["kind"] == "ServiceMonitor"]
+    objs = render(SCENARIOS["service-monitor"])
+    sm = find(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    services = [o for o in objs if o["kind"] == "Service"]
+    assert len(services) == 2
+    for svc in services:  # the monitor's selector picks both metrics Services
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        assert svc["spec"]["ports"][0]["name"] == "metrics"
