@@ -28,7 +28,7 @@ from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import recovering
 from kcover.detectors import contract, registry, supervising
-from kcover.kube import caching, leasing
+from kcover.kube import caching, leasing, podlogs
 from kcover.kube import client as client_
 
 log = structlog.get_logger()
@@ -73,7 +73,8 @@ class Controller:
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
-                                           cache=self.cache)
+                                           cache=self.cache,
+                                           extras={"log_reader": podlogs.KubeLogReader(client)})
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
         self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
