@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kcover"
 CONTROLPLANE = ROOT / "tests" / "controlplane"
 RELEASE = "kcover"
+
+
+def _target_kube_version() -> str:
+    """The Kubernetes version the real control plane is built at (tests/controlplane/build.sh's pin)."""
+    text = (CONTROLPLANE / "build.sh").read_text(encoding="utf-8")
+    match = re.search(r'K8S_VERSION="\$\{KCOVER_K8S_VERSION:-([0-9.]+)\}"', text)
+    return os.environ.get("KCOVER_K8S_VERSION") or (match.group(1) if match else "1.36.0")
+
+
+# helm built from its Go module reports Kubernetes v1.20 unless told: render for the version tested.
+KUBE_VERSION = _target_kube_version()
 NAMESPACE = "kcover-system"
 
 Render = Callable[..., list[dict[str, Any]]]
@@ -59,7 +71,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "xidPolicy": {"xids": {"79": {"class": "hardware", "severity": "Error", "action": "cordon-node"}}},
     },
     "node-selector": {
-        "agent": {"nodeSelector": {"gpu.example.com/class": "h100"},
+        # null drops the chart's default GPU label: Helm merges maps, it does not replace them
+        "agent": {"nodeSelector": {"gpu.example.com/class": "h100", "nvidia.com/gpu.present": None},
                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                       "nodeSelectorTerms": [{"matchExpressions": [
                           {"key": "gpu.example.com/pool", "operator": "In", "values": ["training"]}]}]}}},

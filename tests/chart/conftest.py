@@ -21,6 +21,7 @@ import yaml
 from chartkit import (
     CHART,
     CONTROLPLANE,
+    KUBE_VERSION,
     NAMESPACE,
     RELEASE,
     Render,
@@ -59,6 +60,7 @@ def render(helm_bin: str) -> Render:
         key = json.dumps([values, namespace], sort_keys=True)
         if key not in memo:
             proc = run_helm(helm_bin, "template", RELEASE, str(CHART), "--namespace", namespace,
+                            "--kube-version", KUBE_VERSION,
                             values=values or {})
             memo[key] = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
         return memo[key]

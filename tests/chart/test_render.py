@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import CHART, NAMESPACE, SCENARIOS, Render, find, run_helm
+from chartkit import CHART, KUBE_VERSION, NAMESPACE, SCENARIOS, Render, find, run_helm
 
 from kcover import settings
 from kcover.detectors import registry
@@ -54,7 +54,8 @@ def rendered_config(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_helm_lint_passes(helm_bin: str, scenario: str) -> None:
-    proc = run_helm(helm_bin, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, values=SCENARIOS[scenario])
+    proc = run_helm(helm_bin, "lint", "--strict", str(CHART), "--namespace", NAMESPACE,
+                    "--kube-version", KUBE_VERSION, values=SCENARIOS[scenario])
     assert "0 chart(s) failed" in proc.stdout
 
 
@@ -62,7 +63,8 @@ def test_values_schema_refuses_bad_values(helm_bin: str) -> None:
     for bad in ({"metrics": {"port": "http"}}, {"controller": {"replica": 2}}, {"dryRun": "yes"},
                 {"image": {"controller": {"repository": "x", "digest": "latest"}}},
                 {"xidPolicy": {"xids": {"seventy-nine": {}}}}):
-        proc = run_helm(helm_bin, "template", "kcover", str(CHART), values=bad, check=False)
+        proc = run_helm(helm_bin, "template", "kcover", str(CHART), "--kube-version", KUBE_VERSION, values=bad,
+                        check=False)
         assert proc.returncode != 0, f"accepted {bad}"
         assert "values don't meet the specifications of the schema" in proc.stderr
 
