@@ -33,7 +33,17 @@ MEMBERSHIP_LABELS: Mapping[str, tuple[str, str]] = {
 }
 """Workload membership label -> (API group, kind) of the workload it names (kind "" = any Kubeflow v1 kind)."""
 
-KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, OPT_IN_LABEL))
+NARROWING_LABELS = frozenset({
+    "training.kubeflow.org/operator-name",  # Kubeflow v1: which operator, to tell same-named jobs apart
+    "jobset.sigs.k8s.io/jobset-uid",  # JobSet: uid-bearing
+    "volcano.sh/job-namespace",
+    "leaderworkerset.sigs.k8s.io/group-index",  # LWS: restart one group, not all of them
+    "batch.kubernetes.io/controller-uid",  # batch/v1 Job: uid-bearing
+    "controller-uid",  # batch/v1 Job before 1.27
+})
+"""Labels the restart selectors use besides membership: kept so selectors can be built from the cache."""
+
+KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, *NARROWING_LABELS, OPT_IN_LABEL))
 GPU_RESOURCES = ("nvidia.com/gpu", "metax-tech.com/gpu")
 
 _intern = sys.intern

@@ -103,3 +103,9 @@ def test_ledger_ignores_unreadable_entries() -> None:
     state = ledger.State.decode({"w.a": "{not json", "n.x": '{"c": "soon"}', "w.b": '{"t": [1, "x", 2]}'})
     assert state.restarts == {"w.b": [1.0, 2.0]}
     assert state.cordons == {}
+
+
+def test_the_cache_keeps_every_label_the_restart_selectors_use() -> None:
+    from kcover.kube import projections
+
+    assert adapters.SELECTOR_LABELS <= projections.KEPT_POD_LABELS
