@@ -66,6 +66,11 @@ def cluster(controlplane: Api) -> Api:
     create_namespace(controlplane, NAMESPACE)
     create_namespace(controlplane, "restricted-ns", {"pod-security.kubernetes.io/enforce": "restricted"})
     create_namespace(controlplane, "team-a")
+    # the GPU operator creates this RuntimeClass; the RuntimeClass admission plugin refuses pods without it
+    status, body = controlplane.request("POST", "/apis/node.k8s.io/v1/runtimeclasses",
+                                        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                         "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    assert status in (201, 409), body
     return controlplane
 
 
@@ -100,6 +105,8 @@ def test_agent_pod_needs_a_namespace_that_allows_host_path(cluster: Api, render:
     status, body = cluster.request("POST", "/api/v1/namespaces/restricted-ns/pods?dryRun=All", pod)
     assert status == 403
     assert "hostPath" in json.dumps(body)
+    status, body = cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods?dryRun=All", pod)
+    assert status == 201, body
 
 
 # ------------------------------------------------------------------------------------------------ RBAC
