@@ -19,7 +19,8 @@ RELEASE = "kcover"
 
 def _target_kube_version() -> str:
     """The Kubernetes version the real control plane is built at (tests/controlplane/build.sh's pin)."""
-    text = (CONTROLPLANE / "build.sh").read_text(encoding="utf-8")
+    build = CONTROLPLANE / "build.sh"
+    text = build.read_text(encoding="utf-8") if build.exists() else ""
     match = re.search(r'K8S_VERSION="\$\{KCOVER_K8S_VERSION:-([0-9.]+)\}"', text)
     return os.environ.get("KCOVER_K8S_VERSION") or (match.group(1) if match else "1.36.0")
 
