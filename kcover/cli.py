@@ -25,6 +25,7 @@ from pydantic import ValidationError
 import kcover
 from kcover import errors, logs, metrics, reloading, serving, settings, wiring
 from kcover.detectors import registry
+from kcover.sim import running as sim_running
 
 log = structlog.get_logger()
 
@@ -255,6 +256,11 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     _add_common(c)
     c.add_argument("-o", "--output", choices=["table", "json"], default="table")
 
+    p = sub.add_parser("sim", help="run kcover on a simulated GPU cluster and play a fault scenario",
+                       description="Start a simulated cluster (API server, kubelets, Kubeflow operator, GPU nodes, "
+                                   "PyTorchJobs) with two real controller replicas and one real agent per node, "
+                                   "play a fault scenario and report what kcover did. Exit 0 when it passed.")
+    sim_running.add_arguments(p)
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -267,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until a role has read its settings, log warnings and errors to stderr only.
     logs.configure(settings.LoggingSettings(level="warning"))
     args.config_given = "--config" in (argv if argv is not None else sys.argv)
+    if args.command == "sim":
+        return sim_running.main(args)
     if args.command == "version":
         return cmd_version(args)
     if args.command == "detectors":

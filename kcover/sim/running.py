@@ -1,0 +1,227 @@
+"""`kcover sim`: play a named scenario on the simulated cluster and report what happened.
+
+Owns the command's arguments, running one scenario (`run_scenario`) under its timeout, the report
+(a readable timeline with millisecond offsets plus a summary, or one JSON document with
+`--report json`) and `--serve` (keep the cluster up for kubectl until Ctrl-C). Exit code 0 exactly
+when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
+
+How it fails: a scenario step that times out is a failed check, not a crash; a scenario whose plugin
+is missing is reported as skipped (and passes); errors starting the cluster propagate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import datetime as dt
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import structlog
+
+from kcover import logs, settings
+from kcover.detectors import registry
+from kcover.sim import cluster as cluster_
+from kcover.sim import scenarios as scenarios_
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Report:
+    scenario: str
+    passed: bool
+    started: dt.datetime
+    faults: list[scenarios_.FaultRecord] = field(default_factory=list)
+    checks: list[scenarios_.Check] = field(default_factory=list)
+    timeline: list[tuple[dt.datetime, str, str]] = field(default_factory=list)
+    api_requests: dict[str, int] = field(default_factory=dict)
+    skipped: str = ""
+    size: cluster_.Size = field(default_factory=cluster_.Size)
+
+    def ms(self, at: dt.datetime | None) -> float | None:
+        return None if at is None else round((at - self.started).total_seconds() * 1000, 1)
+
+    def latencies(self) -> dict[str, float | None]:
+        detect = [(f.detected_at - f.injected_at).total_seconds() * 1000 for f in self.faults if f.detected_at]
+        act = [(f.acted_at - f.injected_at).total_seconds() * 1000 for f in self.faults if f.acted_at]
+        return {"detect_p50": percentile(detect, 50), "detect_p99": percentile(detect, 99),
+                "act_p50": percentile(act, 50), "act_p99": percentile(act, 99)}
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--report json` document; times are milliseconds from the scenario's start."""
+        doc: dict[str, Any] = {
+            "scenario": self.scenario, "passed": self.passed,
+            "faults": [{"kind": f.kind, "target": f.target, "injected_at": self.ms(f.injected_at),
+                        "detected_at": self.ms(f.detected_at), "acted_at": self.ms(f.acted_at),
+                        "recovered_at": self.ms(f.recovered_at), "action": f.action or None} for f in self.faults],
+            "latency_ms": self.latencies(),
+            "api_requests": dict(sorted(self.api_requests.items())),
+            "checks": [{"check": c.text, "ok": c.ok, **({"detail": c.detail} if c.detail else {})}
+                       for c in self.checks],
+            "cluster": {"nodes": self.size.nodes, "gpus_per_node": self.size.gpus_per_node, "jobs": self.size.jobs,
+                        "seed": self.size.seed},
+        }
+        if self.skipped:
+            doc["skipped"] = self.skipped
+        return doc
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile, rounded to 0.1 ms; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return round(ordered[rank - 1], 1)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
+    """Scenario notes, first detections (per detector, reason and target) and every API Event since the start."""
+    entries = list(run.notes)
+    seen: set[tuple[str, str, str]] = set()
+    for d in run.cluster.detections:
+        ev = d.event
+        key = (ev.detector, ev.reason, ev.target.describe())
+        if ev.observed_at < run.started or key in seen:
+            continue
+        seen.add(key)
+        extra = f" [class {ev.attributes['class']}]" if "class" in ev.attributes else ""
+        entries.append((ev.observed_at, "detect", f"{ev.detector} {ev.reason} ({ev.severity.value}) on "
+                        f"{ev.target.describe()}{extra}, seen by the {d.where}"))
+    for e in run.cluster.api_events:
+        if e.at < run.started:
+            continue
+        tag = "act" if e.reason.startswith("Kcover") else "event"
+        about = f"{e.kind} {e.namespace + '/' if e.namespace else ''}{e.name}"
+        who = e.instance or e.reporter
+        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {e.message[:140]}"))
+    return sorted(entries, key=lambda item: item[0])
+
+
+async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size = cluster_.Size(), *,
+                       serve: bool = False, kubeconfig_out: str = "", out: TextIO | None = None) -> Report:
+    """Start a cluster, play `scenario`, check its expectations, stop the cluster (or serve until cancelled)."""
+    if scenario.plugin and scenario.plugin not in registry.discover().names():
+        return Report(scenario.name, True, dt.datetime.now(dt.UTC),
+                      skipped=f"detector plugin {scenario.plugin!r} is not installed "
+                              f"(pip install -e plugins/kcover-{scenario.plugin}); scenario skipped", size=size)
+    async with cluster_.SimCluster(size, overrides=scenario.overrides) as cluster:
+        if kubeconfig_out:
+            cluster.srv.write_kubeconfig(kubeconfig_out)
+        run = scenarios_.Run(cluster)
+        before = dict(cluster.srv.request_counts)
+        try:
+            async with asyncio.timeout(scenario.timeout):
+                await scenario.play(run)
+        except cluster_.WaitTimeout as exc:
+            run.check(str(exc), False)
+        except TimeoutError:
+            run.check(f"scenario finished within {scenario.timeout:g}s", False)
+        requests = {k: v - before.get(k, 0) for k, v in cluster.srv.request_counts.items() if v - before.get(k, 0)}
+        report = Report(scenario.name, bool(run.checks) and all(c.ok for c in run.checks), run.started,
+                        run.faults, run.checks, timeline(run), requests, size=size)
+        if serve:
+            if out is not None:
+                print(render(report), file=out, flush=True)
+                print(f"\nserving the simulated cluster at {cluster.srv.url}"
+                      + (f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out else "") + "; Ctrl-C stops it",
+                      file=out, flush=True)
+            await asyncio.Event().wait()
+    return report
+
+
+def render(report: Report) -> str:
+    lines = [f"scenario {report.scenario}: {scenarios_.SCENARIOS[report.scenario].summary}",
+             f"cluster: {report.size.nodes} nodes x {report.size.gpus_per_node} GPUs, {report.size.jobs} PyTorchJobs, "
+             "2 controller replicas, 1 agent per node", ""]
+    if report.skipped:
+        return "\n".join([*lines, f"SKIPPED: {report.skipped}"])
+    for at, tag, text in report.timeline:
+        lines.append(f"  +{report.ms(at) or 0.0:9.1f} ms  {tag:<8} {text}")
+    lines.append("")
+    for c in report.checks:
+        lines.append(f"  [{'ok' if c.ok else 'FAILED'}] {c.text}" + (f" ({c.detail})" if c.detail and not c.ok else ""))
+    lat = report.latencies()
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    lines.append("")
+    lines.append(f"latency: detect p50 {fmt(lat['detect_p50'])}, p99 {fmt(lat['detect_p99'])}; "
+                 f"act p50 {fmt(lat['act_p50'])}, p99 {fmt(lat['act_p99'])}")
+    writes = {k: v for k, v in report.api_requests.items() if not k.startswith(("GET", "LIST", "WATCH"))}
+    lines.append(f"API requests: {sum(report.api_requests.values())} in all; writes: "
+                 + (", ".join(f"{k} x{v}" for k, v in sorted(writes.items())) or "none"))
+    lines.append(f"result: {'PASSED' if report.passed else 'FAILED'}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", nargs="?", default=scenarios_.DEFAULT,
+                   help=f"scenario to play (default {scenarios_.DEFAULT}; see --list)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--nodes", type=int, default=4, help="GPU nodes (default 4)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--jobs", type=int, default=2, help="opted-in PyTorchJobs (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster's randomness")
+    p.add_argument("--report", choices=["text", "json"], default="text",
+                   help="text: timeline and summary; json: one JSON document")
+    p.add_argument("--serve", action="store_true", help="keep the cluster running after the scenario (Ctrl-C ends)")
+    p.add_argument("--kubeconfig-out", metavar="PATH", default="", help="write a kubeconfig for kubectl here")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="error",
+                   help="kcover's own logs, on stderr (default error)")
+
+
+def _usage_problems(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.scenario not in scenarios_.SCENARIOS:
+        problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join(scenarios_.SCENARIOS)}")
+    if args.nodes < 2:
+        problems.append("--nodes must be at least 2 (a cordoned node's pods need somewhere to go)")
+    if args.gpus_per_node < 1 or args.jobs < 1:
+        problems.append("--gpus-per-node and --jobs must be at least 1")
+    return problems
+
+
+def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    if args.list:
+        width = max(len(n) for n in scenarios_.SCENARIOS)
+        for name, scenario in scenarios_.SCENARIOS.items():
+            default = " (default)" if name == scenarios_.DEFAULT else ""
+            print(f"{name.ljust(width)}  {scenario.summary}{default}", file=out)
+        return 0
+    problems = _usage_problems(args)
+    if problems:
+        for line in problems:
+            print(f"kcover sim: {line}", file=sys.stderr)
+        return 2
+    logs.configure(settings.LoggingSettings(level=args.log_level))
+    size = cluster_.Size(nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, seed=args.seed)
+    scenario = scenarios_.SCENARIOS[args.scenario]
+    try:
+        report = asyncio.run(_main(scenario, size, args, out))
+    except KeyboardInterrupt:
+        return 0 if args.serve else 130
+    if args.report == "json":
+        print(json.dumps(report.to_json(), indent=2), file=out)
+    else:
+        print(render(report), file=out)
+    return 0 if report.passed else 1
+
+
+async def _main(scenario: scenarios_.Scenario, size: cluster_.Size, args: argparse.Namespace,
+                out: TextIO) -> Report:
+    # every agent's NVML detector parks one worker thread in its event wait
+    workers = 2 * size.nodes + 16
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(workers))
+    return await run_scenario(scenario, size, serve=args.serve, kubeconfig_out=args.kubeconfig_out,
+                              out=out if args.serve else None)

@@ -1,0 +1,383 @@
+"""The named fault scenarios `kcover sim` plays, each with the expectations it checks at the end.
+
+Owns, per scenario: the settings it needs (short cooldowns, a small restart budget), how it injects
+its fault(s) into a running `cluster.SimCluster`, what it waits for (detected on a bus, acted on in
+an API Event, the job Running again with new pod uids) and the explicit checks that decide whether it
+passed. It records into a `Run`: fault records, checks and timeline notes; rendering and JSON are
+`running`'s business.
+
+How it fails: a wait that times out raises `cluster.WaitTimeout`, which the runner turns into a
+failed check; a scenario never raises anything else on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcover import model
+from kcover.aio import clock as clock_
+from kcover.kube import client as client_
+from kcover.sim import cluster as cluster_
+
+NS = cluster_.NAMESPACE
+RESTARTED = "KcoverRestartedWorkload"
+CORDONED = "KcoverCordonedNode"
+SKIPPED = "KcoverRecoverySkipped"
+ACTION_NAMES = {RESTARTED: "restart-workload", CORDONED: "cordon-node", SKIPPED: "skip"}
+WAIT = 10.0
+"""Seconds any one expected step may take before the scenario fails."""
+SETTLE = 1.0
+"""Seconds watched after recovery for actions that should not happen (duplicates)."""
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    injected_at: dt.datetime
+    detected_at: dt.datetime | None = None
+    acted_at: dt.datetime | None = None
+    recovered_at: dt.datetime | None = None
+    action: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    text: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    """What one scenario run records."""
+
+    cluster: cluster_.SimCluster
+    started: dt.datetime = field(default_factory=clock_.utcnow)
+    faults: list[FaultRecord] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[tuple[dt.datetime, str, str]] = field(default_factory=list)
+    skipped: str = ""
+
+    def note(self, tag: str, text: str, at: dt.datetime | None = None) -> None:
+        self.notes.append((at or clock_.utcnow(), tag, text))
+
+    def check(self, text: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(text, bool(ok), detail))
+        return bool(ok)
+
+    def fault(self, kind: str, target: str, how: str) -> FaultRecord:
+        record = FaultRecord(kind, target, clock_.utcnow())
+        self.faults.append(record)
+        self.note("inject", f"{kind} on {target}: {how}", record.injected_at)
+        return record
+
+    async def detected(self, f: FaultRecord, match: Callable[[model.CollectorEvent], bool], what: str) -> None:
+        c = self.cluster
+        found = await c.until(lambda: c.detection(match, f.injected_at), WAIT, what)
+        f.detected_at = f.detected_at or found.event.observed_at
+
+    async def acted(self, f: FaultRecord, match: Callable[[cluster_.ApiEvent], bool],
+                    what: str) -> cluster_.ApiEvent:
+        c = self.cluster
+        found: cluster_.ApiEvent = await c.until(lambda: c.api_event(match, f.injected_at), WAIT, what)
+        f.acted_at = f.acted_at or found.at
+        name = ACTION_NAMES.get(found.reason, found.reason)
+        f.action = f"{f.action},{name}" if f.action and name not in f.action.split(",") else (f.action or name)
+        return found
+
+    async def recovered(self, f: FaultRecord, job: str, old_uids: set[str], within: float = WAIT) -> None:
+        c = self.cluster
+        await c.until(lambda: c.recovered(job, old_uids), within, f"PyTorchJob {NS}/{job} to run again")
+        f.recovered_at = clock_.utcnow()
+        self.note("recover", f"PyTorchJob {NS}/{job}: {c.size.pods_per_job}/{c.size.pods_per_job} pods Running "
+                             "with new uids", f.recovered_at)
+
+    def api_events(self, reason: str, name: str = "") -> list[cluster_.ApiEvent]:
+        return [e for e in self.cluster.api_events
+                if e.at >= self.started and e.reason == reason and (not name or e.name == name)]
+
+
+Play = Callable[[Run], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    play: Play
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float = 45.0
+    plugin: str = ""
+    """A detector plugin the scenario needs; skipped (with a message) when it is not installed."""
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def _is_restart_of(job: str) -> Callable[[cluster_.ApiEvent], bool]:
+    return lambda e: e.reason == RESTARTED and e.kind == "PyTorchJob" and e.name == job
+
+
+def _about_pod(detector: str, pod: str) -> Callable[[model.CollectorEvent], bool]:
+    return lambda e: e.detector == detector and e.target.kind is model.TargetKind.POD and e.target.name == pod
+
+
+def _worker(c: cluster_.SimCluster, job: str) -> str:
+    return str(c.running_pods(job)[1]["metadata"]["name"])
+
+
+def _fail(c: cluster_.SimCluster, pod: str, message: str) -> None:
+    c.kubelets.fail_container(NS, pod, cluster_.CONTAINER, exit_code=1, reason="Error", message=message)
+
+
+async def _restart_flow(run: Run, f: FaultRecord, job: str, old: set[str], detector: str, pod: str) -> None:
+    await run.detected(f, _about_pod(detector, pod), f"{detector} to report Pod {NS}/{pod}")
+    await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(f, job, old)
+
+
+def _once(run: Run, job: str, *, deletes: int = 1) -> None:
+    c = run.cluster
+    got = len(run.api_events(RESTARTED, job))
+    run.check(f"PyTorchJob {NS}/{job} restarted exactly once ({RESTARTED} Events: {got})", got == 1)
+    calls = c.srv.request_counts.get("DELETECOLLECTION pods", 0)
+    run.check(f"{deletes} DeleteCollection of pods (made {calls})", calls == deletes)
+
+
+def _others_untouched(run: Run, before: Mapping[str, set[str]]) -> None:
+    c = run.cluster
+    moved = [job for job, uids in before.items() if c.pod_uids(job) != uids]
+    run.check("the other jobs were left alone", not moved, ", ".join(moved))
+
+
+async def _post_event(c: cluster_.SimCluster, namespace: str, involved: dict[str, Any], *, reason: str,
+                      message: str, controller: str) -> None:
+    now = clock_.utcnow()
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace,
+                         "annotations": {"kcover.io/need-recovery": "true"}},
+            "involvedObject": involved, "reason": reason, "message": message, "type": "Warning",
+            "action": "HealthCheck", "eventTime": clock_.micro_time(now),
+            "reportingComponent": controller, "reportingInstance": f"{controller.split('/')[0]}-0"}
+    async with client_.from_configuration(c.srv.kube_configuration()) as kube:
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+
+
+# ---------------------------------------------------------------------------------------------- scenarios
+
+async def pod_error(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    pod = _worker(c, job)
+    old = c.pod_uids(job)
+    others = {j: c.pod_uids(j) for j in c.jobs if j != job}
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
+    await _restart_flow(run, f, job, old, "pod-status", pod)
+    await asyncio.sleep(SETTLE)
+    _once(run, job)
+    _others_untouched(run, others)
+
+
+async def gpu_xid(run: Run) -> None:
+    c = run.cluster
+    node = str(c.running_pods(c.jobs[0])[1]["spec"]["nodeName"])
+    jobs = c.jobs_on_node(node)
+    old = {job: c.pod_uids(job) for job in jobs}
+    gpu = 3 % c.size.gpus_per_node
+    f = run.fault("gpu-xid-79", f"Node {node}", f"NVML reports XID 79 (GPU fallen off the bus) on GPU "
+                  f"{c.gpu_uuids[node][gpu]}")
+    c.agents[node].nvml.xid(79, gpu)
+    await run.detected(f, lambda e: e.reason == "XID79" and node in (e.target.node, e.target.name),
+                       f"the agent on {node} to report XID 79")
+
+    def condition() -> dict[str, Any] | None:
+        found = next((cond for cond in c.srv.store.get("nodes", "", node)["status"].get("conditions", [])
+                      if cond["type"] == "KcoverGPUHealthy" and cond["status"] == "False"), None)
+        return dict(found) if found else None
+
+    cond = await c.until(condition, WAIT, f"KcoverGPUHealthy=False on Node {node}")
+    run.note("agent", f"Node {node}: condition KcoverGPUHealthy=False ({cond.get('reason')})")
+    await run.acted(f, lambda e: e.reason == CORDONED and e.name == node, f"a {CORDONED} Event for {node}")
+    for job in jobs:
+        await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    for job in jobs:
+        await run.recovered(f, job, old[job])
+    await asyncio.sleep(SETTLE)
+    spec = c.srv.store.get("nodes", "", node)["spec"]
+    taints = [t.get("key") for t in spec.get("taints") or []]
+    run.check(f"Node {node} is cordoned (spec.unschedulable)", spec.get("unschedulable") is True)
+    run.check(f"Node {node} carries the kcover.io/unhealthy taint", "kcover.io/unhealthy" in taints, str(taints))
+    agent_events = [e for e in run.api_events("XID79") if e.name == node and e.reporter == "kcover.io/agent"]
+    run.check("the agent posted an XID79 Event about the Node", bool(agent_events))
+    cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
+    run.check("only that node was cordoned", cordoned == [node], ", ".join(cordoned))
+    for job in jobs:
+        got = len(run.api_events(RESTARTED, job))
+        run.check(f"PyTorchJob {NS}/{job} (pods on {node}) restarted exactly once ({got})", got == 1)
+        stuck = [p["metadata"]["name"] for p in c.job_pods(job) if p["spec"].get("nodeName") == node]
+        run.check(f"PyTorchJob {NS}/{job} came back on other nodes", not stuck, ", ".join(stuck))
+
+
+async def dra_unhealthy(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    pod = _worker(c, job)
+    node = str(c.srv.store.get("pods", NS, pod)["spec"]["nodeName"])
+    old = c.pod_uids(job)
+    device = f"gpu.nvidia.com/{node}/gpu-2"
+    f = run.fault("dra-device-unhealthy", f"Pod {NS}/{pod}", f"allocatedResourcesStatus: {device} turns Unhealthy")
+    c.kubelets.set_device_health(NS, pod, cluster_.CONTAINER, resource_name="claim:gpu-claim/gpu",
+                                 resource_id=device, health="Unhealthy",
+                                 message="XID 79: GPU has fallen off the bus")
+    await _restart_flow(run, f, job, old, "dra-health", pod)
+    await asyncio.sleep(SETTLE)
+    _once(run, job)
+
+
+async def event_annotation(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    pod = c.srv.store.get("pods", NS, _worker(c, job))
+    name = str(pod["metadata"]["name"])
+    old = c.pod_uids(job)
+    f = run.fault("recovery-event", f"Pod {NS}/{name}",
+                  "an external health checker posts an Event annotated kcover.io/need-recovery=true")
+    await _post_event(c, NS, {"kind": "Pod", "apiVersion": "v1", "namespace": NS, "name": name,
+                              "uid": pod["metadata"]["uid"]},
+                      reason="NCCLAllReduceHang", message="all-reduce stalled for 300s on rank 1",
+                      controller="healthcheck.example.com/checker")
+    await _restart_flow(run, f, job, old, "event-watcher", name)
+    await asyncio.sleep(SETTLE)
+    _once(run, job)
+
+
+async def restart_storm(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    budget = int(RESTART_STORM.overrides["recovery"]["max_restarts_per_window"])
+    for attempt in range(1, budget + 2):
+        await asyncio.sleep(0.8)  # longer than the 0.5 s cooldown: only the budget may stop kcover
+        pod = _worker(c, job)
+        old = c.pod_uids(job)
+        f = run.fault("container-error", f"Pod {NS}/{pod}", f"the job fails on start (failure {attempt})")
+        _fail(c, pod, "RuntimeError: CUDA out of memory while loading the checkpoint")
+        await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+        found = await run.acted(f, lambda e: e.reason in (RESTARTED, SKIPPED) and e.name == job,
+                                f"kcover to restart or refuse PyTorchJob {NS}/{job}")
+        if found.reason == SKIPPED:
+            run.note("refused", found.message[:160], found.at)
+            break
+        await run.recovered(f, job, old)
+    await asyncio.sleep(SETTLE)
+    restarts = len(run.api_events(RESTARTED, job))
+    run.check(f"restarts stopped at the budget of {budget} ({restarts})", restarts == budget)
+    why = [e.message for e in run.api_events(SKIPPED, job)]
+    run.check(f"a {SKIPPED} Event says the budget is exhausted",
+              any("budget exhausted" in m for m in why), why[0][:120] if why else "none")
+    calls = c.srv.request_counts.get("DELETECOLLECTION pods", 0)
+    run.check(f"{budget} DeleteCollections of pods ({calls})", calls == budget)
+    run.check("the job's pods were left in place after the refusal",
+              len(c.running_pods(job)) == c.size.pods_per_job)
+
+
+async def leader_failover(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    leader = c.leader()
+    assert leader is not None
+    pod = _worker(c, job)
+    old = c.pod_uids(job)
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
+    c.kill(leader)
+    run.note("kill", f"leader {leader.identity} killed mid-recovery; its Lease is not released")
+    successor = await c.until(c.leader, WAIT, "a successor to take the Lease")
+    run.note("lease", f"{successor.identity} acquired the Lease")
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+    found = await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(f, job, old)
+    await asyncio.sleep(SETTLE)
+    run.check(f"the successor acted ({found.instance})", found.instance == successor.identity)
+    _once(run, job)
+
+
+async def forged_event(run: Run) -> None:
+    c = run.cluster
+    node = c.nodes[0]
+    before = c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"})
+    f = run.fault("forged-event", f"Node {node}",
+                  "an untrusted reporter posts an Event annotated kcover.io/need-recovery=true about the Node")
+    await _post_event(c, "default", {"kind": "Node", "apiVersion": "v1", "name": node},
+                      reason="GPUFailure", message="all GPUs failed, cordon now",
+                      controller="totally-legit.example.com/agent")
+    await c.until(lambda: c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"}) > before,
+                  WAIT, "the event watcher to refuse the Event")
+    f.detected_at = clock_.utcnow()
+    f.action = "refused"
+    run.note("refused", "event-watcher refused the Event: untrusted_reporter "
+                        "(kcover_events_rejected_total{reason=\"untrusted_reporter\"} +1)", f.detected_at)
+    await asyncio.sleep(SETTLE * 1.5)
+    cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
+    run.check("no node was cordoned", not cordoned, ", ".join(cordoned))
+    acted = [e.reason for e in c.api_events if e.at >= run.started and e.reason in (RESTARTED, CORDONED)]
+    run.check("no recovery action was taken", not acted, ", ".join(acted))
+    leader = c.leader()
+    counted = (leader.metrics.registry.get_sample_value("kcover_events_rejected_total",
+                                                        {"reason": "untrusted_reporter"}) or 0.0) if leader else 0.0
+    run.check(f"the leader counted the refusal in kcover_events_rejected_total ({counted:g})", counted >= 1)
+
+
+LOG_TAIL = """[rank1]:[W] ProcessGroupNCCL.cpp:1250] NCCL WARN Net : Connection closed by remote peer 10.1.0.7<52344>
+[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, NCCL version 2.20.5
+[rank1]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED"""
+
+
+async def log_classified(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    pod = _worker(c, job)
+    old = c.pod_uids(job)
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with an NCCL error in its log")
+    c.srv.append_log(NS, pod, cluster_.CONTAINER, LOG_TAIL)
+    _fail(c, pod, "exit status 1")
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+    classified = await c.until(lambda: c.detection(_about_pod("logscan", pod), f.injected_at), WAIT,
+                               "logscan to classify the log")
+    run.check("logscan classified the failure as communication",
+              classified.event.attributes.get("class") == "communication",
+              str(classified.event.attributes.get("class")))
+    await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(f, job, old)
+    await asyncio.sleep(SETTLE)
+    _once(run, job)
+
+
+RESTART_STORM = Scenario("restart-storm", "a job that fails on every start: restarts stop at the budget (3), "
+                         "a KcoverRecoverySkipped Event says why", restart_storm,
+                         overrides={"recovery": {"max_restarts_per_window": 3, "workload_cooldown_seconds": 0.5}})
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("pod-error", "a worker exits with Error: its job is restarted exactly once and runs again",
+             pod_error),
+    Scenario("gpu-xid", "XID 79 on one GPU: the agent marks the node, kcover cordons and taints it and restarts "
+             "the jobs with pods there, which come back on other nodes", gpu_xid),
+    Scenario("dra-unhealthy", "a pod's allocated DRA device turns Unhealthy: its job is restarted", dra_unhealthy),
+    Scenario("event-annotation", "an external system posts an Event annotated kcover.io/need-recovery=true "
+             "about a pod: its job is restarted", event_annotation),
+    RESTART_STORM,
+    Scenario("leader-failover", "the leader is killed right after a fault (Lease not released): the successor "
+             "restarts the job exactly once", leader_failover),
+    Scenario("forged-event", "an untrusted reporter posts an annotated Event about a Node: nothing is cordoned, "
+             "the refusal is counted", forged_event),
+    Scenario("log-classified", "a worker exits with an NCCL error in its log: pod-status reports it, the logscan "
+             "plugin classifies it as communication, the job is restarted", log_classified,
+             overrides={"detectors": {"entries": {"logscan": {}}}}, plugin="logscan"),
+)}
+DEFAULT = "pod-error"
