@@ -453,7 +453,7 @@ class ApiServer:
             container = names[0]
         if container not in names + init_names:
             raise status.bad_request(f"container {container} is not valid for pod {t.name}")
-        if not spec.get("nodeName"):
-            return web.Response(text="", content_type="text/plain")
+        if not spec.get("nodeName"):  # no kubelet to ask: a real server answers 204 No Content
+            return web.Response(status=204)
         text = self.logs.read(t.namespace or "", t.name, container, options)
         return web.Response(text=text, content_type="text/plain")

@@ -180,18 +180,46 @@ def _merge_list(field: str, orig: list[Any], patch: list[Any]) -> list[Any]:
     key = MERGE_KEYS.get(field)
     if key is None or not all(isinstance(v, dict) for v in patch):
         return [_strip_directives(v) for v in patch]
-    out = [copy.deepcopy(v) for v in orig]
+    server_keys = [v.get(key) if isinstance(v, dict) else None for v in orig]
+    by_key = {k: copy.deepcopy(v) for k, v in zip(server_keys, orig, strict=True) if k is not None}
+    patched: list[Any] = []  # merged items of the patch, in patch order
+    touched: set[Any] = set()
     for item in patch:
         if key not in item:
             raise status.bad_request(f"map: {item!r} does not contain declared merge key: {key}")
-        idx = next((i for i, v in enumerate(out) if isinstance(v, dict) and v.get(key) == item[key]), None)
+        touched.add(item[key])
         if item.get("$patch") == "delete":
-            if idx is not None:
-                del out[idx]
-        elif idx is None:
-            out.append(_strip_directives(item))
+            continue
+        patched.append(_merge_map(by_key[item[key]], item) if item[key] in by_key else _strip_directives(item))
+    server_only = [copy.deepcopy(v) for k, v in zip(server_keys, orig, strict=True) if k not in touched]
+    return _merge_sorted(server_only, patched, server_keys, key)
+
+
+def _merge_sorted(left: list[Any], right: list[Any], server_keys: list[Any], key: str) -> list[Any]:
+    """apimachinery's mergeSortedSlice: interleave server-only items (left) into the patch's items
+    (right), keeping each list's order; a server-only item goes first only when both it and the
+    patch item it is compared with were in the live list and it came earlier there."""
+    def index(item: Any) -> int:
+        k = item.get(key) if isinstance(item, dict) else None
+        return server_keys.index(k) if k in server_keys else -1
+
+    out: list[Any] = []
+    i = j = 0
+    while i < len(left) or j < len(right):
+        if j >= len(right):
+            out.append(left[i])
+            i += 1
+        elif i >= len(left):
+            out.append(right[j])
+            j += 1
         else:
-            out[idx] = _merge_map(out[idx], item)
+            li, ri = index(left[i]), index(right[j])
+            if li >= 0 and ri >= 0 and li < ri:
+                out.append(left[i])
+                i += 1
+            else:
+                out.append(right[j])
+                j += 1
     return out
 
 

@@ -90,8 +90,14 @@ POD_FIELDS: Mapping[str, FieldGetter] = {
     **_META_FIELDS,
     "spec.nodeName": _path("spec", "nodeName"),
     "spec.restartPolicy": _path("spec", "restartPolicy"),
+    "spec.schedulerName": _path("spec", "schedulerName"),
+    "spec.serviceAccountName": _path("spec", "serviceAccountName"),
+    "spec.hostNetwork": lambda obj: "true" if (obj.get("spec") or {}).get("hostNetwork") else "false",
     "status.phase": _path("status", "phase"),
+    "status.podIP": _path("status", "podIP"),
+    "status.nominatedNodeName": _path("status", "nominatedNodeName"),
 }
+"""The pod field labels kube-apiserver supports (PodToSelectableFields), checked against a real server."""
 NODE_FIELDS: Mapping[str, FieldGetter] = {
     "metadata.name": _path("metadata", "name"),
     "spec.unschedulable": lambda obj: "true" if (obj.get("spec") or {}).get("unschedulable") else "false",

@@ -195,8 +195,9 @@ class Store:
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                        "status": {"phase": "Active"}})
-        for table in self._tables.values():  # like a watch cache started now: older RVs are 410
-            table.compacted_rv = self._rv
+        # Like kube-apiserver's watch cache before it has evicted anything: a watch from an older
+        # resourceVersion gets every change since start, not 410 (seen on a real server). 410 comes
+        # once history is evicted (`history` bound) or compacted (`compact()`).
 
     # --- reading ------------------------------------------------------------------------------
 

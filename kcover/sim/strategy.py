@@ -175,22 +175,24 @@ def _pod_create_errors(obj: Obj) -> list[Cause]:
 
 
 def _taint_errors(obj: Obj) -> list[Cause]:
+    # kube-apiserver reports taint errors under "metadata.taints" (its node validation starts from the
+    # metadata path), not "spec.taints": mimicked, as seen on a real server.
     out: list[Cause] = []
     seen: set[tuple[str, str]] = set()
     for i, taint in enumerate((obj.get("spec") or {}).get("taints") or []):
         key, effect = str(taint.get("key") or ""), str(taint.get("effect") or "")
         if not key:
-            out.append(("FieldValueRequired", f"spec.taints[{i}].key", "Required value"))
+            out.append(("FieldValueRequired", f"metadata.taints[{i}].key", "Required value"))
         else:
-            out += _qualified_name_errors(key, f"spec.taints[{i}].key")
+            out += _qualified_name_errors(key, f"metadata.taints[{i}].key")
         if not effect:
-            out.append(("FieldValueRequired", f"spec.taints[{i}].effect", "Required value"))
+            out.append(("FieldValueRequired", f"metadata.taints[{i}].effect", "Required value"))
         elif effect not in TAINT_EFFECTS:
-            out.append(("FieldValueNotSupported", f"spec.taints[{i}].effect",
+            out.append(("FieldValueNotSupported", f"metadata.taints[{i}].effect",
                         f'Unsupported value: "{effect}": supported values: "NoSchedule", "PreferNoSchedule", '
                         f'"NoExecute"'))
         if (key, effect) in seen:
-            out.append(("FieldValueDuplicate", f"spec.taints[{i}]",
+            out.append(("FieldValueDuplicate", f"metadata.taints[{i}]",
                         "Duplicate value: taints must be unique by key and effect pair"))
         seen.add((key, effect))
     return out

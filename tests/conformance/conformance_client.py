@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -12,9 +13,18 @@ from kubernetes_asyncio import client
 class Api:
     """Raw HTTP through kubernetes-asyncio's ApiClient (auth, TLS), answers parsed with orjson."""
 
-    def __init__(self, api_client: client.ApiClient, backend: str) -> None:
+    def __init__(self, api_client: client.ApiClient, backend: str,
+                 compact: Callable[[str], None] | None = None) -> None:
         self.client = api_client
         self.backend = backend
+        self._compact = compact
+
+    def compact(self, resource: str) -> None:
+        """Drop the server's watch history of `resource` (sim: its ring; real: an etcd compaction, with
+        that resource's watch cache disabled by the test control plane), so older RVs get 410."""
+        if self._compact is None:
+            raise RuntimeError(f"the {self.backend} backend cannot compact")
+        self._compact(resource)
 
     async def raw(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
                   content_type: str | None = None, request_timeout: float = 30) -> Any:

@@ -55,13 +55,13 @@ async def conformance_api(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
         from kcover.sim import server as simserver
 
         async with simserver.SimServer() as srv, client.ApiClient(srv.kube_configuration()) as api_client:
-            yield Api(api_client, "sim")
+            yield Api(api_client, "sim", compact=srv.store.compact)
     else:
         cp = request.getfixturevalue("_controlplane")
         cfg = client.Configuration()
         await config.load_kube_config(config_file=cp.kubeconfig_path, client_configuration=cfg)
         async with client.ApiClient(cfg) as api_client:
-            yield Api(api_client, "apiserver")
+            yield Api(api_client, "apiserver", compact=lambda _resource: cp.compact())
 
 
 @pytest.fixture

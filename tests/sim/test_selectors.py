@@ -42,7 +42,7 @@ def test_pod_field_selector(selector: str, expected: bool) -> None:
 
 
 @pytest.mark.parametrize(("fields", "selector"), [
-    (registry.POD_FIELDS, "spec.schedulerName=x"), (registry.NODE_FIELDS, "metadata.namespace=x"),
+    (registry.POD_FIELDS, "spec.containers=x"), (registry.NODE_FIELDS, "metadata.namespace=x"),
     (registry.CORE_EVENT_FIELDS, "regarding.name=x"), (registry.NEW_EVENT_FIELDS, "involvedObject.name=x"),
 ])
 def test_unsupported_field_label(fields: dict[str, selectors.FieldGetter], selector: str) -> None:
