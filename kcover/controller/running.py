@@ -15,6 +15,7 @@ Lease is released, the bus drained, and every task ends.
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -81,7 +82,7 @@ class Controller:
         self.elector: leasing.LeaderElector | None = None
         if cfg.lease.enabled:
             self.elector = leasing.LeaderElector(client, cfg.lease, identity=self.identity, metrics=metrics,
-                                                 clock=self.clock)
+                                                 clock=self.clock, on_change=self._on_leadership)
         else:
             metrics.is_leader.set(1)
         self.subscription = self.bus.subscribe("recovery", capacity=cfg.bus.subscriber_capacity,
@@ -93,7 +94,12 @@ class Controller:
                                                         metrics=metrics, clock=self.clock, is_leader=self.is_leader,
                                                         epoch=self._epoch, identity=self.identity))
         self.discarded = 0
-        """Events a follower dropped (the leader acts on its own observations)."""
+        """Events a follower did not act on (it holds recent ones, see `_held`)."""
+        self._held: collections.deque[tuple[float, model.CollectorEvent]] = collections.deque(
+            maxlen=cfg.bus.subscriber_capacity)
+        """(monotonic time, event) a follower observed: replayed when it becomes leader, because a leader
+        that died without acting (its Lease not released) leaves faults nobody else would act on."""
+        self._replay = asyncio.Event()
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
 
@@ -127,13 +133,49 @@ class Controller:
             log.info("cache_synced", reflectors=len(self.cache.reflectors))
             await self.supervisor.run(stop)
 
+    def _on_leadership(self, leading: bool) -> None:
+        if leading and self._held:
+            self._replay.set()
+
+    def _take_held(self) -> list[model.CollectorEvent]:
+        """Held events young enough that the old leader may have died before acting on them.
+
+        A dead leader keeps the Lease for up to `lease_duration_seconds` before a follower takes it, so
+        twice that is kept; older events were the old leader's to act on. The engine's ledger (cooldowns,
+        reloaded per epoch) and its preconditions make replaying what the old leader did act on harmless."""
+        horizon = self.clock.monotonic() - 2 * self.settings.lease.lease_duration_seconds
+        events = [ev for at, ev in self._held if at >= horizon]
+        self._held.clear()
+        return events
+
+    async def _next_batch(self) -> list[model.CollectorEvent] | None:
+        """The next bus batch, [] when leadership was just acquired with events held, None once the bus closed."""
+        getter = asyncio.ensure_future(self.subscription.get_batch())
+        replay = asyncio.ensure_future(self._replay.wait())
+        try:
+            await asyncio.wait({getter, replay}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            replay.cancel()
+            if not getter.done():
+                getter.cancel()  # no event is lost: get_batch takes from the queue only when it returns
+                await asyncio.wait({getter})
+        self._replay.clear()
+        if getter.cancelled():
+            return []
+        return getter.result() or None
+
     async def _consume(self) -> None:
-        """Hand batches to the engine while leading; drop them while following. Ends when the bus closes."""
-        while batch := await self.subscription.get_batch():
+        """Hand batches to the engine while leading; hold them while following. Ends when the bus closes."""
+        while (batch := await self._next_batch()) is not None:
             if self.engine is None or not self.is_leader():
+                if self.engine is not None:
+                    now = self.clock.monotonic()
+                    self._held.extend((now, ev) for ev in batch)
                 self.discarded += len(batch)
                 continue
-            await self._handle(self.engine, batch)
+            batch = self._take_held() + batch
+            if batch:
+                await self._handle(self.engine, batch)
 
     async def _handle(self, engine: Engine, batch: Sequence[model.CollectorEvent]) -> None:
         """Run one batch, cancelled at once if leadership is lost meanwhile."""
