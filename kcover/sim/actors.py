@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from kcover.aio import clock as clocks
-from kcover.sim import podlogs, status
+from kcover.sim import behaviour, podlogs, status
 from kcover.sim import store as stores
 
 Obj = dict[str, Any]
-REPLICA_SPECS = {
-    "pytorchjobs.kubeflow.org": ("PyTorchJob", "pytorchReplicaSpecs"),
-    "tfjobs.kubeflow.org": ("TFJob", "tfReplicaSpecs"),
-    "mpijobs.kubeflow.org": ("MPIJob", "mpiReplicaSpecs"),
-    "xgboostjobs.kubeflow.org": ("XGBoostJob", "xgbReplicaSpecs"),
-    "paddlejobs.kubeflow.org": ("PaddleJob", "paddleReplicaSpecs"),
-    "jaxjobs.kubeflow.org": ("JAXJob", "jaxReplicaSpecs"),
-}
+REPLICA_SPECS = behaviour.REPLICA_SPECS
 
 
 class Cluster(Protocol):
@@ -135,17 +127,11 @@ class Kubelets:
         now = self._now()
 
         def change(pod: Obj) -> None:
-            if pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
+            if pod["metadata"]["uid"] != uid:
                 return
-            st = pod.setdefault("status", {})
-            if st.get("phase", "Pending") != "Pending":
-                return
-            st.update(phase="Running", startTime=now, hostIP="10.0.0.1", podIP="10.1.0.1", conditions=[
-                {"type": t, "status": "True", "lastTransitionTime": now}
-                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")])
-            st["containerStatuses"] = [
-                {"name": c["name"], "image": c.get("image", ""), "ready": True, "restartCount": 0, "started": True,
-                 "state": {"running": {"startedAt": now}}} for c in pod["spec"].get("containers") or []]
+            st = behaviour.running_status(pod, now)
+            if st is not None:
+                pod["status"] = st
 
         pod = self.store.mutate("pods", ns, name, change)
         for c in pod["spec"].get("containers") or []:
@@ -162,19 +148,8 @@ class Kubelets:
         self.logs.append(namespace, pod, container, message or f"exited with code {exit_code}")
 
         def change(obj: Obj) -> None:
-            terminated = {"exitCode": exit_code, "reason": reason, "message": message, "startedAt": now,
-                          "finishedAt": now}
-            never = obj["spec"].get("restartPolicy") == "Never"
-            for cs in obj.setdefault("status", {}).get("containerStatuses") or []:
-                if cs["name"] != container:
-                    continue
-                if never:
-                    cs.update(state={"terminated": terminated}, ready=False)
-                else:
-                    cs.update(lastState={"terminated": terminated}, state={"running": {"startedAt": now}},
-                              restartCount=int(cs.get("restartCount", 0)) + 1)
-            if never:
-                obj["status"]["phase"] = "Failed"
+            obj["status"] = behaviour.failed_container_status(obj, container, now, exit_code=exit_code,
+                                                              reason=reason, message=message)
 
         updated = self.store.mutate("pods", namespace, pod, change)
         if updated["spec"].get("restartPolicy") != "Never":
@@ -185,18 +160,8 @@ class Kubelets:
                           resource_id: str, health: str = "Unhealthy", message: str = "") -> Obj:
         """Report KEP-4680 health of one allocated device in containerStatuses[].allocatedResourcesStatus."""
         def change(obj: Obj) -> None:
-            for cs in obj.setdefault("status", {}).get("containerStatuses") or []:
-                if cs["name"] != container:
-                    continue
-                statuses = cs.setdefault("allocatedResourcesStatus", [])
-                entry = next((s for s in statuses if s["name"] == resource_name), None)
-                if entry is None:
-                    entry = {"name": resource_name, "resources": []}
-                    statuses.append(entry)
-                resource: Obj = {"resourceID": resource_id, "health": health}
-                if message:
-                    resource["message"] = message
-                entry["resources"] = [r for r in entry["resources"] if r["resourceID"] != resource_id] + [resource]
+            obj["status"] = behaviour.device_health_status(obj, container, resource_name=resource_name,
+                                                           resource_id=resource_id, health=health, message=message)
 
         return self.store.mutate("pods", namespace, pod, change)
 
@@ -217,39 +182,21 @@ class KubeflowOperators:
     def reconcile(self) -> int:
         """Create every missing replica pod; returns how many were created."""
         created = 0
-        for key, (kind, specs_field) in REPLICA_SPECS.items():
+        for key in REPLICA_SPECS:
             for job in self.store.iter_objects(key):
-                if job["metadata"].get("deletionTimestamp"):
-                    continue
-                for rtype, rspec in ((job.get("spec") or {}).get(specs_field) or {}).items():
-                    for index in range(int(rspec.get("replicas", 1))):
-                        created += self._ensure(job, kind, rtype, index, rspec.get("template") or {})
+                for pod in behaviour.job_pods(job, key):
+                    created += self._ensure(pod)
         return created
 
-    def _ensure(self, job: Obj, kind: str, rtype: str, index: int, template: Obj) -> int:
-        meta = job["metadata"]
-        name = f"{meta['name']}-{rtype.lower()}-{index}"
+    def _ensure(self, pod: Obj) -> int:
+        meta = pod["metadata"]
         try:
-            self.store.entry("pods", meta["namespace"], name)
+            self.store.entry("pods", meta["namespace"], meta["name"])
             return 0
         except status.ApiError:
             pass
-        pod_meta = copy.deepcopy(template.get("metadata") or {})
-        pod_meta.update(name=name, namespace=meta["namespace"])
-        pod_meta["labels"] = {**(pod_meta.get("labels") or {}),
-                              "training.kubeflow.org/job-name": meta["name"],
-                              "training.kubeflow.org/operator-name": f"{kind.lower()}-controller",
-                              "training.kubeflow.org/replica-type": rtype.lower(),
-                              "training.kubeflow.org/replica-index": str(index)}
-        if rtype.lower() == "master" and index == 0:
-            pod_meta["labels"]["training.kubeflow.org/job-role"] = "master"
-        pod_meta["ownerReferences"] = [{"apiVersion": job["apiVersion"], "kind": kind, "name": meta["name"],
-                                        "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]
-        spec = copy.deepcopy(template.get("spec") or {"containers": [{"name": "main", "image": "trainer"}]})
-        spec.setdefault("restartPolicy", "OnFailure")
-        spec.setdefault("terminationGracePeriodSeconds", 30)
         try:
-            self.store.create("pods", {"metadata": pod_meta, "spec": spec, "status": {"phase": "Pending"}})
+            self.store.create("pods", {**pod, "status": {"phase": "Pending"}})
         except status.ApiError:
             return 0
         return 1
