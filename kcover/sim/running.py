@@ -105,9 +105,13 @@ def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
     return sorted(entries, key=lambda item: item[0])
 
 
-async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size = cluster_.Size(), *,
-                       serve: bool = False, kubeconfig_out: str = "", out: TextIO | None = None) -> Report:
-    """Start a cluster, play `scenario`, check its expectations, stop the cluster (or serve until cancelled)."""
+async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None = None, *,
+                       serve: bool = False, kubeconfig_out: str = "", out: TextIO | None = None,
+                       report_format: str = "text") -> Report:
+    """Start a cluster, play `scenario`, check its expectations, stop the cluster.
+
+    With `serve`, the report is printed to `out` and the cluster kept running until cancelled."""
+    size = size or cluster_.Size()
     if scenario.plugin and scenario.plugin not in registry.discover().names():
         return Report(scenario.name, True, dt.datetime.now(dt.UTC),
                       skipped=f"detector plugin {scenario.plugin!r} is not installed "
@@ -129,10 +133,11 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size = clus
                         run.faults, run.checks, timeline(run), requests, size=size)
         if serve:
             if out is not None:
-                print(render(report), file=out, flush=True)
+                print(json.dumps(report.to_json(), indent=2) if report_format == "json" else render(report),
+                      file=out, flush=True)
                 print(f"\nserving the simulated cluster at {cluster.srv.url}"
                       + (f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out else "") + "; Ctrl-C stops it",
-                      file=out, flush=True)
+                      file=sys.stderr, flush=True)
             await asyncio.Event().wait()
     return report
 
@@ -210,7 +215,7 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         report = asyncio.run(_main(scenario, size, args, out))
     except KeyboardInterrupt:
-        return 0 if args.serve else 130
+        return 0 if args.serve else 130  # --serve printed its report before serving
     if args.report == "json":
         print(json.dumps(report.to_json(), indent=2), file=out)
     else:
@@ -224,4 +229,4 @@ async def _main(scenario: scenarios_.Scenario, size: cluster_.Size, args: argpar
     workers = 2 * size.nodes + 16
     asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(workers))
     return await run_scenario(scenario, size, serve=args.serve, kubeconfig_out=args.kubeconfig_out,
-                              out=out if args.serve else None)
+                              out=out if args.serve else None, report_format=args.report)

@@ -1,0 +1,75 @@
+"""Every `kcover sim` scenario, end to end: the real controller replicas and agents on the simulated
+cluster, small sizes. What a user sees: the scenario passes, and `--report json` has the documented shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from kcover.sim import cluster, running, scenarios
+
+SMALL = cluster.Size(nodes=2, gpus_per_node=2, jobs=2, seed=7)
+LATENCY_KEYS = {"detect_p50", "detect_p99", "act_p50", "act_p99"}
+FAULT_KEYS = {"kind", "target", "injected_at", "detected_at", "acted_at", "recovered_at", "action"}
+
+
+def _shape(doc: dict[str, Any], name: str) -> None:
+    assert doc["scenario"] == name
+    assert isinstance(doc["passed"], bool)
+    assert set(doc["latency_ms"]) == LATENCY_KEYS
+    assert all(isinstance(k, str) and " " in k and isinstance(v, int) for k, v in doc["api_requests"].items())
+    for fault in doc["faults"]:
+        assert set(fault) == FAULT_KEYS
+        assert isinstance(fault["injected_at"], float)
+    json.dumps(doc)  # serialisable as it is
+
+
+@pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
+async def test_scenario_passes(name: str) -> None:
+    report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
+    failed = [c.text for c in report.checks if not c.ok]
+    assert report.passed, f"{name}: {failed}\n{running.render(report)}"
+    doc = report.to_json()
+    _shape(doc, name)
+    if report.skipped:
+        return
+    assert doc["faults"], "every scenario injects at least one fault"
+    first = doc["faults"][0]
+    assert first["detected_at"] is not None
+    assert first["detected_at"] >= first["injected_at"]
+    if first["acted_at"] is not None:
+        assert doc["latency_ms"]["act_p50"] is not None
+    if first["recovered_at"] is not None:
+        assert first["recovered_at"] >= first["acted_at"]
+
+
+async def test_pod_error_restarts_through_the_api() -> None:
+    report = await running.run_scenario(scenarios.SCENARIOS["pod-error"], SMALL)
+    doc = report.to_json()
+    assert doc["api_requests"]["DELETECOLLECTION pods"] == 1
+    assert doc["faults"][0]["action"] == "restart-workload"
+    assert any(tag == "act" and "KcoverRestartedWorkload" in text for _, tag, text in report.timeline)
+
+
+def test_cli_report_json_exits_zero() -> None:
+    done = subprocess.run([sys.executable, "-m", "kcover.cli", "sim", "--report", "json", "--nodes", "2",
+                           "--gpus-per-node", "2"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    _shape(doc, "pod-error")
+    assert doc["passed"] is True
+
+
+def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
+    listed = subprocess.run([sys.executable, "-m", "kcover.cli", "sim", "--list"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert listed.returncode == 0
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(scenarios.SCENARIOS)
+    unknown = subprocess.run([sys.executable, "-m", "kcover.cli", "sim", "no-such-scenario"], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert unknown.returncode == 2
+    assert "unknown scenario" in unknown.stderr
