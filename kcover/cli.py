@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 import kcover
 from kcover import errors, logs, metrics, reloading, serving, settings, wiring
+from kcover.bench import running as bench_running
 from kcover.detectors import registry
 from kcover.sim import running as sim_running
 
@@ -261,6 +262,9 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
                                    "PyTorchJobs) with two real controller replicas and one real agent per node, "
                                    "play a fault scenario and report what kcover did. Exit 0 when it passed.")
     sim_running.add_arguments(p)
+    p = sub.add_parser("bench", help="measure latency, scale, throughput and API cost against the targets")
+    bench_running.add_arguments(p)
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -275,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.config_given = "--config" in (argv if argv is not None else sys.argv)
     if args.command == "sim":
         return sim_running.main(args)
+    if args.command == "bench":
+        return bench_running.main(args)
     if args.command == "version":
         return cmd_version(args)
     if args.command == "detectors":

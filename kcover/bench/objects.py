@@ -1,0 +1,114 @@
+"""The objects `kcover bench` seeds, and the status writes that are its faults.
+
+Owns realistic object bodies (a GPU node, an opted-in PyTorchJob, its worker pods as a Kubeflow
+operator creates them, with an 8-GPU trainer container) and the status bodies that make a fault:
+a container terminated with `Error`, a DRA device `Unhealthy`. Pure functions over plain dicts: no
+I/O, so the same bodies go to the simulated cluster and to a real one through the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kcover.aio import clock
+
+Obj = dict[str, Any]
+
+KF = "kubeflow.org/v1"
+JOB_NAME = "training.kubeflow.org/job-name"
+OPERATOR = "training.kubeflow.org/operator-name"
+OPT_IN = "kcover.io/cascading-recovery"
+BENCH_LABEL = "kcover.io/bench"
+"""Every object the bench creates carries this label, so a real cluster can be cleaned up after it."""
+DRA_CLAIM = "claim:gpu-claim/gpu"
+CONTAINER = "pytorch"
+
+
+def namespace(name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}}}
+
+
+def node(name: str, *, gpus: int = 8) -> Obj:
+    now = "2026-01-01T00:00:00Z"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {BENCH_LABEL: "true", "kubernetes.io/hostname": name,
+                                                  "nvidia.com/gpu.present": "true",
+                                                  "nvidia.com/gpu.product": "NVIDIA-H200"}},
+            "spec": {},
+            "status": {"capacity": {"nvidia.com/gpu": str(gpus), "cpu": "192", "memory": "2Ti"},
+                       "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "190", "memory": "2000Gi"},
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+
+
+def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = True) -> Obj:
+    labels = {BENCH_LABEL: "true"}
+    if opted_in:
+        labels[OPT_IN] = "true"
+    return {"apiVersion": KF, "kind": "PyTorchJob",
+            "metadata": {"name": name, "namespace": namespace_, "labels": labels},
+            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": workers, "restartPolicy": "OnFailure"}}}}
+
+
+def owner_ref(job: Obj) -> Obj:
+    return {"apiVersion": KF, "kind": "PyTorchJob", "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | None, dra: bool = False) -> Obj:
+    """A worker pod as the training operator writes it: labels, owner, one 8-GPU trainer container."""
+    meta: Obj = {"name": f"{job}-worker-{index}", "namespace": namespace_,
+                 "labels": {BENCH_LABEL: "true", JOB_NAME: job, OPERATOR: "pytorchjob-controller",
+                            "training.kubeflow.org/replica-type": "worker",
+                            "training.kubeflow.org/replica-index": str(index)},
+                 "annotations": {"kubectl.kubernetes.io/default-container": CONTAINER}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    spec: Obj = {"nodeName": node_name, "restartPolicy": "OnFailure", "schedulerName": "default-scheduler",
+                 "containers": [{"name": CONTAINER, "image": "registry.example.com/ml/trainer:2026.01",
+                                 "command": ["torchrun", "--nproc-per-node=8", "train.py"],
+                                 "resources": {"limits": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"},
+                                               "requests": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"}},
+                                 "env": [{"name": "MASTER_ADDR", "value": f"{job}-master-0"},
+                                         {"name": "WORLD_SIZE", "value": "32"}]}],
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": running_status(index, dra=dra)}
+
+
+def running_status(index: int, *, dra: bool = False) -> Obj:
+    started = "2026-01-01T00:00:01Z"
+    cs: Obj = {"name": CONTAINER, "ready": True, "restartCount": 0, "started": True,
+               "image": "registry.example.com/ml/trainer:2026.01",
+               "imageID": "registry.example.com/ml/trainer@sha256:" + "0" * 64,
+               "containerID": f"containerd://{index:064x}", "state": {"running": {"startedAt": started}}}
+    if dra:
+        cs["allocatedResourcesStatus"] = [dra_entry(index, "Healthy")]
+    return {"phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.1", "qosClass": "Guaranteed",
+            "startTime": "2026-01-01T00:00:00Z",
+            "conditions": [{"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+            "containerStatuses": [cs]}
+
+
+def dra_entry(index: int, health: str) -> Obj:
+    resource: Obj = {"resourceID": f"gpu-{index % 8}", "health": health}
+    if health == "Unhealthy":
+        resource["message"] = "XID 79: GPU has fallen off the bus"
+    return {"name": DRA_CLAIM, "resources": [resource]}
+
+
+def failed_status(index: int, *, exit_code: int = 1) -> Obj:
+    """The container exited with reason Error (restartPolicy OnFailure: lastState, restarted)."""
+    now = clock.rfc3339(clock.utcnow())
+    status = running_status(index)
+    cs = status["containerStatuses"][0]
+    cs.update(ready=False, restartCount=1, state={"terminated": {
+        "exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}})
+    return status
+
+
+def unhealthy_status(index: int) -> Obj:
+    status = running_status(index, dra=True)
+    status["containerStatuses"][0]["allocatedResourcesStatus"] = [dra_entry(index, "Unhealthy")]
+    return status

@@ -1,0 +1,159 @@
+"""`kcover bench`: latency, scale, throughput and API cost in one run, reported against the targets.
+
+    kcover bench                      # the simulated cluster, full sizes (several minutes)
+    kcover bench --quick              # 1,000 nodes / 10,000 pods, fewer samples: under a minute
+    kcover bench --report json
+    kcover bench --kubeconfig PATH    # a real cluster: seeds through its API, cleans up after
+
+Owns the options, the order of the scenarios and the report. By default it starts the simulated API
+server in a child process (`simproc`); with `--kubeconfig` it uses that cluster, seeds only the
+latency objects (label `kcover.io/bench=true`, namespace `kcover-bench`), measures the sync of
+what the cluster already holds, skips throughput (it writes pod statuses), and deletes what it
+created. Exit code 0 with a report, 1 if the bench itself failed (never because a target was missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from kcover import errors
+from kcover.bench import latency, rawapi, reporting, scale, seeding, simproc
+
+log = structlog.get_logger()
+
+FULL_SIZES = (scale.Size(1000, 10_000), scale.Size(5000, 50_000), scale.Size(5000, 150_000))
+QUICK_SIZES = (scale.Size(1000, 10_000),)
+
+
+@dataclass
+class Options:
+    kubeconfig: str = ""
+    samples: int = 50
+    xid_samples: int = 20
+    sizes: list[scale.Size] = field(default_factory=lambda: list(FULL_SIZES))
+    throughput_rate: float = 1000.0
+    throughput_seconds: float = 5.0
+    seed_scale: bool = True
+    raw: bool = False
+    """Keep the raw samples (seconds) in the report, for plots."""
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> Options:
+        base: dict[str, Any] = {"samples": 10, "xid_samples": 4, "sizes": list(QUICK_SIZES),
+                                "throughput_seconds": 2.0}
+        return cls(**{**base, **overrides})
+
+
+def parse_sizes(text: str) -> list[scale.Size]:
+    """`1000x10000,5000x150000` -> sizes (nodes x pods)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        nodes, sep, pods = part.partition("x")
+        if not sep:
+            raise ValueError(f"size {part!r}: expected NODESxPODS")
+        out.append(scale.Size(int(nodes), int(pods)))
+    return out
+
+
+@asynccontextmanager
+async def _cluster(kubeconfig: str) -> AsyncIterator[str]:
+    if kubeconfig:
+        yield kubeconfig
+        return
+    async with simproc.running() as sim:
+        yield sim.kubeconfig
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run every scenario and return the report (JSON-able)."""
+    environment: dict[str, Any] = {"cluster": "real (kubeconfig)" if options.kubeconfig else "simulated (child process)",
+                                   "cpus": os.cpu_count(), "python": platform.python_version(),
+                                   "load_average_at_start": _load()}
+    started = time.perf_counter()
+    async with _cluster(options.kubeconfig) as kubeconfig:
+        try:
+            lat = await latency.measure(kubeconfig, samples=options.samples, xid_samples=options.xid_samples)
+            rows, throughput = await scale.measure(
+                kubeconfig, options.sizes if (options.seed_scale or not options.kubeconfig) else options.sizes[:1],
+                seed=options.seed_scale and not options.kubeconfig,
+                throughput_rate=options.throughput_rate if not options.kubeconfig else 0.0,
+                throughput_seconds=options.throughput_seconds)
+        finally:
+            if options.kubeconfig:
+                async with await rawapi.open_api(kubeconfig) as api:
+                    await seeding.cleanup(api, [latency.NS])
+    environment["load_average_at_end"] = _load()
+    environment["seconds"] = round(time.perf_counter() - started, 1)
+    kinds = {kind: {"detect": s.detect, **dict(s.extra), "act": s.act} for kind, s in lat.kinds.items()}
+    report: dict[str, Any] = {
+        "latency_ms": reporting.latency_section(kinds, lat.floor),
+        "floor_ms": reporting.summary_ms(lat.floor),
+        "scale": reporting.scale_rows(rows),
+        "throughput": reporting.throughput_section(throughput),
+        "api_requests_per_recovery": reporting.api_section(lat.api_requests),
+        "environment": environment,
+    }
+    if options.raw:
+        report["raw_seconds"] = {"latency": kinds, "floor": lat.floor,
+                                 "throughput_lag": throughput.get("lag_seconds", [])}
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default="", help="measure a real cluster (default: a simulated one in a child process)")
+    p.add_argument("--quick", action="store_true", help="1,000 nodes / 10,000 pods and fewer samples: under a minute")
+    p.add_argument("--report", choices=["markdown", "json"], default="markdown")
+    p.add_argument("--samples", type=int, help="pod-error, DRA and floor samples (default 50, quick 10)")
+    p.add_argument("--xid-samples", type=int, help="XID samples, one agent and node each (default 20, quick 4)")
+    p.add_argument("--sizes", help="scale sizes as NODESxPODS,... (default 1000x10000,5000x50000,5000x150000)")
+    p.add_argument("--rate", type=float, help="throughput: pod updates offered per second (default 1000)")
+    p.add_argument("--seconds", type=float, help="throughput: seconds of updates (default 5, quick 2)")
+    p.add_argument("--raw", action="store_true", help="include the raw samples in the JSON report")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    overrides: dict[str, Any] = {"kubeconfig": args.kubeconfig or "", "raw": bool(args.raw)}
+    for name, attr in (("samples", "samples"), ("xid_samples", "xid_samples"), ("throughput_rate", "rate"),
+                       ("throughput_seconds", "seconds")):
+        if getattr(args, attr, None) is not None:
+            overrides[name] = getattr(args, attr)
+    if args.sizes:
+        overrides["sizes"] = parse_sizes(args.sizes)
+    return Options.quick(**overrides) if args.quick else Options(**overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    """The `kcover bench` command: print the report; 1 if the bench failed."""
+    try:
+        options = options_from(args)
+        report = asyncio.run(run(options))
+    except (errors.KcoverError, ValueError, OSError) as exc:
+        print(f"kcover bench: failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.report == "json" else reporting.markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m kcover.bench.running", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,90 @@
+"""`kcover bench`: the report's shape and arithmetic (numbers are compared as ratios, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from kcover import cli
+from kcover.bench import reporting, running, scale
+
+
+@pytest.mark.parametrize(("values", "q", "expected"), [
+    ([5.0], 0.99, 5.0),
+    ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
+    ([4.0, 3.0, 2.0, 1.0], 0.99, 4.0),
+    ([float(i) for i in range(1, 101)], 0.99, 99.0),
+    ([float(i) for i in range(1, 101)], 0.90, 90.0),
+])
+def test_percentile_is_nearest_rank(values: list[float], q: float, expected: float) -> None:
+    assert reporting.percentile(values, q) == expected
+
+
+def test_latency_targets_are_one_second_and_twice_the_floor_plus_100_ms() -> None:
+    section = reporting.latency_section({"pod_error": {"detect": [0.01, 0.02], "act": [0.05, 0.2]}},
+                                        floor=[0.01, 0.05])
+    entry = section["pod_error"]
+    assert entry["act"]["p99"] == 200.0
+    assert entry["ratio_to_target"] == 0.2
+    assert entry["floor_target_p99_ms"] == 200.0  # 2 x 50 ms + 100 ms
+    assert entry["ratio_to_floor_target"] == 1.0
+
+
+def test_scale_and_throughput_ratios() -> None:
+    (row,) = reporting.scale_rows([{"nodes": 1, "pods": 10, "sync_seconds": 6.0, "bytes_per_pod": 1536,
+                                    "rss_delta_bytes": 15360}])
+    assert (row["ratio_bytes_per_pod"], row["ratio_sync"]) == (0.5, 0.1)
+    tp = reporting.throughput_section({"absorbed_per_second": 2000.0, "lag_seconds": [0.1, 0.5]})
+    assert (tp["ratio_to_target"], tp["lag_ms"]["p99"], tp["ratio_lag_p99"]) == (2.0, 500.0, 0.5)
+    assert reporting.throughput_section({}) == {}
+
+
+def test_sizes_parse_and_reject_garbage() -> None:
+    assert running.parse_sizes("1000x10000, 5000x150000") == [scale.Size(1000, 10_000), scale.Size(5000, 150_000)]
+    with pytest.raises(ValueError, match="NODESxPODS"):
+        running.parse_sizes("1000")
+
+
+def _positive_numbers(obj: Any, path: str = "") -> list[str]:
+    """Paths of numbers in a report that are not positive and finite (counts may be zero nowhere)."""
+    bad = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            bad += _positive_numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            bad += _positive_numbers(v, f"{path}[{i}]")
+    elif isinstance(obj, bool):
+        pass
+    elif isinstance(obj, int | float) and not (obj > 0 and math.isfinite(obj)):
+        bad.append(path)
+    return bad
+
+
+def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    # the whole bench, with tiny sizes: simulated API server in a child process, controller worker process
+    code = cli.main(["bench", "--report", "json", "--samples", "2", "--xid-samples", "1", "--sizes", "20x96",
+                     "--rate", "200", "--seconds", "0.5"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(out)
+    assert set(report) >= {"latency_ms", "floor_ms", "scale", "throughput", "api_requests_per_recovery"}
+    assert set(report["latency_ms"]) == {"pod_error", "dra_unhealthy", "xid"}
+    for kind in report["latency_ms"].values():
+        assert kind["detect"]["n"] >= 1
+        assert {"p50", "p99"} <= set(kind["act"])
+        assert {"ratio_to_target", "ratio_to_floor_target"} <= set(kind)
+    assert report["floor_ms"]["n"] == 2
+    (row,) = report["scale"]
+    assert (row["nodes"], row["pods"]) == (20 + 16 + 1, 96 + 9)  # plus the latency scenario's own objects
+    assert {"sync_seconds", "bytes_per_pod", "ratio_bytes_per_pod", "ratio_sync"} <= set(row)
+    assert report["throughput"]["delivered"] == report["throughput"]["updates"]
+    assert {"ratio_to_target", "ratio_lag_p99"} <= set(report["throughput"])
+    restart = report["api_requests_per_recovery"]["pod_error_restart"]
+    assert restart["requests"]["controller"]["DELETECOLLECTION pods"] == 1
+    cordon = report["api_requests_per_recovery"]["xid_cordon"]
+    assert set(cordon["requests"]) == {"agent", "controller"}
+    assert _positive_numbers({k: v for k, v in report.items() if k != "environment"}) == []
