@@ -73,3 +73,12 @@ def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
                              text=True, timeout=60, check=False)
     assert unknown.returncode == 2
     assert "unknown scenario" in unknown.stderr
+
+
+async def test_a_scenario_whose_plugin_is_missing_is_skipped_with_a_message() -> None:
+    needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
+                               plugin="no-such-plugin")
+    report = await running.run_scenario(needs, SMALL)
+    assert report.passed
+    assert "'no-such-plugin' is not installed" in report.to_json()["skipped"]
+    assert report.faults == []
