@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: a leak check that fails a test which leaves asyncio tasks running."""
+"""Suite-wide fixtures: a leak check that fails a test which leaves asyncio tasks running, and the
+cluster backends plugin (tests/backends.py: `cluster`, `controlplane`, per-backend summary)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+
+pytest_plugins = ["backends"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,322 @@
+"""Cluster backends for kcover's tests: the `cluster` fixture, the session control plane, per-backend counts.
+
+A pytest plugin (loaded from tests/conftest.py). Owns:
+
+* Backend selection. ``KCOVER_TEST_BACKENDS`` is a comma list of ``sim`` (the simulated API server,
+  `kcover.sim.server.SimServer`, one per test), ``apiserver`` (etcd + kube-apiserver from
+  tests/controlplane/server.py, one per session) and ``k3s`` (a k3s container through testcontainers,
+  one per session). Unset: sim and apiserver, plus k3s when a Docker engine answers.
+* ``cluster``: every test requesting it is parametrised over the selected backends (test ids
+  ``[sim]``, ``[apiserver]``, ``[k3s]``). A test marked ``@pytest.mark.sim_only("why")`` runs on sim only.
+  The `Cluster` gives ``backend``, ``client`` (a `kcover.kube.client.KubeClient`), ``kubeconfig_path``,
+  ``namespace`` (fresh per test), ``harness`` (`tests/harness/playing.py`: kubelet and job operator
+  played over HTTP), ``request_counts`` (server-side, sim only, else None) and ``sim`` (the SimServer
+  or None).
+* ``controlplane``: the session's one real control plane (also used by tests/conformance and
+  tests/chart).
+* A terminal summary line per backend: tests passed, failed and skipped (``cluster`` and
+  ``conformance_api`` parameters both count).
+
+How it fails: a backend whose prerequisites are missing is skipped with the reason, except that with
+``CI=true`` a missing or failing ``apiserver`` backend fails the tests that need it (never skips).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import glob
+import importlib.util
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcover import errors
+from kcover.kube import client
+
+TESTS = Path(__file__).resolve().parent
+CONTROLPLANE_DIR = TESTS / "controlplane"
+BACKENDS = ("sim", "apiserver", "k3s")
+K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
+PARAMS = ("cluster", "conformance_api")  # fixtures whose parameter is a backend name
+OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
+STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def docker_answers(timeout: float = 5.0) -> bool:
+    try:
+        return subprocess.run(["docker", "info"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def controlplane_binaries() -> Path | None:
+    """The directory holding kube-apiserver and etcd, without building anything."""
+    env = os.environ.get("KCOVER_CONTROLPLANE_BIN")
+    if env:
+        return Path(env) if (Path(env) / "kube-apiserver").is_file() and (Path(env) / "etcd").is_file() else None
+    cache = os.environ.get("KCOVER_CACHE", str(Path.home() / ".cache" / "kcover"))
+    found = sorted(glob.glob(os.path.join(cache, "controlplane", "k8s-*", "kube-apiserver")))
+    return Path(found[-1]).parent if found else None
+
+
+def selected_backends() -> list[str]:
+    raw = os.environ.get("KCOVER_TEST_BACKENDS", "").strip()
+    if not raw:
+        return ["sim", "apiserver", *(["k3s"] if docker_answers() else [])]
+    chosen = [b.strip() for b in raw.split(",") if b.strip()]
+    unknown = sorted(set(chosen) - set(BACKENDS))
+    if unknown:
+        raise pytest.UsageError(f"KCOVER_TEST_BACKENDS: unknown backend(s) {unknown}; known: {list(BACKENDS)}")
+    return chosen
+
+
+def _controlplane_module() -> Any:
+    spec = importlib.util.spec_from_file_location("kcover_test_controlplane", CONTROLPLANE_DIR / "server.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------------ hooks
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sim_only(reason): runs on the sim backend only (uses a sim-only feature)")
+    config.stash[OUTCOMES] = {}
+    config.stash[STARTUP] = {}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cluster" not in metafunc.fixturenames:
+        return
+    backends = selected_backends()
+    if metafunc.definition.get_closest_marker("sim_only") is not None:
+        backends = [b for b in backends if b == "sim"]
+    if not backends:
+        metafunc.parametrize("cluster", [pytest.param("sim", marks=pytest.mark.skip(
+            reason="sim-only test and the sim backend is not selected (KCOVER_TEST_BACKENDS)"))],
+                             indirect=True, ids=["sim"])
+        return
+    metafunc.parametrize("cluster", backends, indirect=True, ids=backends)
+
+
+def _backend_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    for name in PARAMS:
+        if name in callspec.params:
+            return str(callspec.params[name])
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    backend = _backend_of(item)
+    if backend is None:
+        return
+    seen = item.config.stash[OUTCOMES]
+    previous = seen.get(item.nodeid, (backend, ""))[1]
+    if report.failed:
+        result = "failed"
+    elif report.skipped:
+        result = "skipped"
+    elif report.when == "call":
+        result = "passed"
+    else:
+        return
+    rank = {"": 0, "passed": 1, "skipped": 2, "failed": 3}
+    if rank[result] > rank[previous]:
+        seen[item.nodeid] = (backend, result)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    seen = config.stash[OUTCOMES]
+    if not seen:
+        return
+    terminalreporter.section("cluster backends")
+    for backend in sorted({b for b, _ in seen.values()}):
+        results = [r for b, r in seen.values() if b == backend]
+        counts = {k: results.count(k) for k in ("passed", "failed", "skipped")}
+        line = (f"backend {backend}: {len(results)} ran, {counts['passed']} passed, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped")
+        started = config.stash[STARTUP].get(backend)
+        if started is not None:
+            line += f" (started in {started:.1f} s)"
+        terminalreporter.write_line(line)
+
+
+# ------------------------------------------------------------------------------------------------ servers
+
+@pytest.fixture(scope="session")
+def controlplane(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The session's real control plane (etcd + kube-apiserver with the test CRDs)."""
+    bin_dir = controlplane_binaries()
+    if bin_dir is None:
+        why = ("real kube-apiserver backend: binaries not built (set KCOVER_CONTROLPLANE_BIN or run "
+               "tests/controlplane/build.sh)")
+        if in_ci():
+            pytest.fail(f"{why}; CI=true requires the apiserver backend")
+        pytest.skip(f"{why}; CI=true makes this a failure")
+    module = _controlplane_module()
+    cp = module.ControlPlane(bin_dir=bin_dir)
+    try:
+        cp.start()
+    except module.ControlPlaneError as exc:
+        pytest.fail(f"the real kube-apiserver did not start: {exc}")
+    pytestconfig.stash[STARTUP]["apiserver"] = cp.startup_seconds
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@dataclasses.dataclass
+class K3s:
+    kubeconfig_path: str
+
+
+@pytest.fixture(scope="session")
+def k3s(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[K3s]:
+    """A k3s server in a container (testcontainers), with the test CRDs installed."""
+    if not docker_answers():
+        pytest.skip("k3s backend: no Docker engine answers (`docker info` failed)")
+    from testcontainers.community.k3s import K3SContainer  # type: ignore[import-not-found]
+
+    started = time.monotonic()
+    with K3SContainer(image=K3S_IMAGE) as container:
+        path = tmp_path_factory.mktemp("k3s") / "kubeconfig"
+        path.write_text(container.config_yaml())
+        asyncio.run(_install_crds(str(path)))
+        pytestconfig.stash[STARTUP]["k3s"] = time.monotonic() - started
+        yield K3s(str(path))
+
+
+async def _install_crds(kubeconfig: str, timeout: float = 120.0) -> None:
+    import yaml
+
+    async with await client.connect(kubeconfig) as kube:
+        names = []
+        for crd_file in sorted((CONTROLPLANE_DIR / "crds").glob("*.yaml")):
+            crd = yaml.safe_load(crd_file.read_text())
+            with contextlib.suppress(errors.ConflictError):
+                await kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd)
+            names.append(crd["metadata"]["name"])
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                crd = await kube.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                if any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or []):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not established within {timeout} s")
+                await asyncio.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------------ cluster
+
+@dataclasses.dataclass
+class Cluster:
+    """One test's view of a backend: a client, a fresh namespace and the harness."""
+
+    backend: str
+    client: client.KubeClient
+    kubeconfig_path: str
+    namespace: str
+    harness: Any  # harness.playing.Harness
+    configuration: Any  # kubernetes_asyncio Configuration, for more clients
+    sim: Any = None  # kcover.sim.server.SimServer on the sim backend
+    namespaces: list[str] = dataclasses.field(default_factory=list)  # created, removed at teardown
+
+    @property
+    def request_counts(self) -> dict[str, int] | None:
+        """Requests the server served, by "<VERB> <resource>" (sim only; None elsewhere)."""
+        return None if self.sim is None else self.sim.request_counts
+
+    def new_client(self) -> client.KubeClient:
+        """Another client for the same server (close it)."""
+        return client.from_configuration(self.configuration)
+
+    async def create_namespace(self, name: str) -> str:
+        await self.client.request("POST", "/api/v1/namespaces", body={
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.namespaces.append(name)
+        return name
+
+
+# Namespaced resources a test may leave behind: a real server without a namespace controller never
+# empties a deleted namespace, and cluster-wide watches (the controller's cache) would see them.
+CLEANUP = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/events", "/api/v1/namespaces/{ns}/configmaps",
+           "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", "/apis/batch/v1/namespaces/{ns}/jobs",
+           "/apis/apps/v1/namespaces/{ns}/replicasets",
+           *(f"/apis/kubeflow.org/v1/namespaces/{{ns}}/{plural}" for plural in
+             ("pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "jaxjobs")))
+
+
+async def _cleanup(kube: client.KubeClient, namespaces: list[str], nodes_before: set[str]) -> None:
+    for ns in [*namespaces, "default"]:
+        for template in CLEANUP if ns != "default" else ("/api/v1/namespaces/{ns}/events",):
+            with contextlib.suppress(errors.NotFoundError):
+                await kube.request("DELETE", template.format(ns=ns), query={"gracePeriodSeconds": 0})
+    nodes = await kube.request("GET", "/api/v1/nodes")
+    for node in nodes.get("items") or []:
+        if node["metadata"]["name"] not in nodes_before:
+            with contextlib.suppress(errors.NotFoundError):
+                await kube.request("DELETE", f"/api/v1/nodes/{node['metadata']['name']}")
+    for ns in namespaces:
+        with contextlib.suppress(errors.NotFoundError):
+            await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+@pytest.fixture
+async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cluster]:
+    from harness import playing
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio import config as k8s_config
+
+    backend = str(request.param)
+    namespace = "t-" + secrets.token_hex(4)
+    async with contextlib.AsyncExitStack() as stack:
+        sim = None
+        if backend == "sim":
+            from kcover.sim import server as simserver
+
+            sim = await stack.enter_async_context(simserver.SimServer())
+            kubeconfig = str(sim.write_kubeconfig(tmp_path / "kubeconfig"))
+            configuration = sim.kube_configuration()
+        else:
+            kubeconfig = (request.getfixturevalue("controlplane").kubeconfig_path if backend == "apiserver"
+                          else request.getfixturevalue("k3s").kubeconfig_path)
+            configuration = k8s_client.Configuration()
+            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        kube = client.from_configuration(configuration)
+        stack.push_async_callback(kube.close)
+        played = client.from_configuration(configuration)  # its own client: tests count the product's requests
+        stack.push_async_callback(played.close)
+        nodes_before = {n["metadata"]["name"] for n in (await played.request("GET", "/api/v1/nodes"))["items"]}
+        made = Cluster(backend=backend, client=kube, kubeconfig_path=kubeconfig, namespace=namespace,
+                       harness=playing.Harness(played, namespace=namespace), configuration=configuration, sim=sim)
+        await made.create_namespace(namespace)
+        kube.request_counts.clear()
+        try:
+            yield made
+        finally:
+            if sim is None:
+                await _cleanup(played, made.namespaces, nodes_before)
