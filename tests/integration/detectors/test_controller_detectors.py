@@ -1,4 +1,4 @@
-"""The four controller detectors on a ClusterCache fed by the simulated API server.
+"""The four controller detectors on a ClusterCache fed by a real HTTP API server (every backend).
 
 Each injected fault gives exactly the expected events; healthy churn (1,000 pod updates), a forced
 re-list and a restart (a new cache and new detector instances) give none.
@@ -14,58 +14,51 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from kcover import bus as bus_
-from kcover import metrics, model
+from kcover import errors, metrics, model
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, dra_health, event_watcher, node_condition, pod_status
 from kcover.kube import caching, client, watching
 
-simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
-
 OPTIONS = watching.ReflectorOptions(page_size=100, backoff_initial_seconds=0.05, backoff_max_seconds=0.2,
                                     missing_retry_seconds=1.0)
-NS = "ml"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[tuple[Any, client.KubeClient]]:
-    async with simserver.SimServer() as srv:
-        kube = client.from_configuration(srv.kube_configuration())
-        try:
-            yield srv, kube
-        finally:
-            await kube.close()
+Cluster = Any  # tests/backends.py's Cluster
+CLAIM = "claim:gpu/gpu"
 
 
 def now_text(seconds_ago: float = 0) -> str:
     return clock_.rfc3339(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds_ago))
 
 
-def seed(srv: Any) -> dict[str, Any]:
-    srv.store.create("namespaces", {"metadata": {"name": NS}})
+async def seed(cluster: Cluster) -> dict[str, Any]:
+    kube, ns = cluster.harness.kube, cluster.namespace
     for i in range(3):
-        srv.store.create("nodes", {"metadata": {"name": f"gpu-{i}"}, "spec": {},
-                                   "status": {"capacity": {"nvidia.com/gpu": "8"},
-                                              "conditions": [{"type": "KcoverGPUHealthy", "status": "True",
-                                                              "lastTransitionTime": now_text(3600)}]}})
-    job = srv.store.create("pytorchjobs.kubeflow.org", {"metadata": {
-        "name": "bert", "namespace": NS, "labels": {"kcover.io/cascading-recovery": "true"}}, "spec": {}})
-    other = srv.store.create("pytorchjobs.kubeflow.org", {"metadata": {"name": "other", "namespace": NS}, "spec": {}})
+        await kube.request("POST", "/api/v1/nodes", body={
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-{i}"}, "spec": {}})
+        await set_condition(cluster, f"gpu-{i}", "True", 3600, why=False, capacity={"nvidia.com/gpu": "8"})
+    jobs = f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
+    job = await kube.request("POST", jobs, body={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {
+        "name": "bert", "namespace": ns, "labels": {"kcover.io/cascading-recovery": "true"}}, "spec": {}})
+    other = await kube.request("POST", jobs, body={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                                   "metadata": {"name": "other", "namespace": ns}, "spec": {}})
     for owner, count in ((job, 4), (other, 1)):
         ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": owner["metadata"]["name"],
                "uid": owner["metadata"]["uid"], "controller": True}
         for i in range(count):
-            srv.store.create("pods", {"metadata": {
-                "name": f"{owner['metadata']['name']}-{i}", "namespace": NS, "ownerReferences": [ref],
-                "labels": {"training.kubeflow.org/job-name": owner["metadata"]["name"]}},
-                "spec": {"nodeName": f"gpu-{i % 3}", "containers": [{"name": "trainer"}]},
-                "status": {"phase": "Running", "containerStatuses": [{
-                    "name": "trainer", "restartCount": 0, "state": {"running": {"startedAt": now_text(60)}},
-                    "allocatedResourcesStatus": [{"name": "claim:gpu/gpu", "resources": [
-                        {"resourceID": f"gpu.nvidia.com/pool/gpu-{i}", "health": "Healthy"}]}]}]}})
-    return job
+            name = f"{owner['metadata']['name']}-{i}"
+            # the device a KEP-4680 status names must be one of the container's claims (a real server checks)
+            await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "ownerReferences": [ref],
+                             "labels": {"training.kubeflow.org/job-name": owner["metadata"]["name"]}},
+                "spec": {"nodeName": f"gpu-{i % 3}",
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}],
+                         "containers": [{"name": "trainer", "image": "trainer",
+                                         "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]}})
+            await cluster.harness.run_pod(ns, name)
+            await cluster.harness.set_device_health(ns, name, "trainer", resource_name=CLAIM,
+                                                    resource_id=f"gpu.nvidia.com/pool/gpu-{i}", health="Healthy")
+    return dict(job)
 
 
 class Controller:
@@ -117,36 +110,50 @@ def shape(events: list[model.CollectorEvent]) -> list[tuple[str, str, str, str]]
     return sorted((e.detector, e.reason, e.severity.value, e.target.name) for e in events)
 
 
-def set_container(srv: Any, pod: str, **changes: Any) -> None:
-    def change(obj: dict[str, Any]) -> None:
+async def set_container(cluster: Cluster, pod: str, **changes: Any) -> None:
+    def change(obj: dict[str, Any]) -> dict[str, Any]:
         obj["status"]["containerStatuses"][0].update(changes)
-    srv.store.mutate("pods", NS, pod, change)
+        return dict(obj["status"])
+    await cluster.harness.set_status(cluster.namespace, pod, change)
 
 
-def set_health(srv: Any, pod: str, health: str, message: str = "") -> None:
-    def change(obj: dict[str, Any]) -> None:
-        res = obj["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0]
-        res["health"] = health
-        if message:
-            res["message"] = message
-    srv.store.mutate("pods", NS, pod, change)
+async def set_health(cluster: Cluster, pod: str, health: str, message: str = "") -> None:
+    index = int(pod.rsplit("-", 1)[1])
+    await cluster.harness.set_device_health(cluster.namespace, pod, "trainer", resource_name=CLAIM,
+                                            resource_id=f"gpu.nvidia.com/pool/gpu-{index}", health=health,
+                                            message=message)
 
 
-def set_condition(srv: Any, node: str, status: str, seconds_ago: float) -> None:
-    def change(obj: dict[str, Any]) -> None:
-        obj["status"]["conditions"] = [{"type": "KcoverGPUHealthy", "status": status, "reason": "XID79",
-                                        "message": "GPU fell off the bus", "lastTransitionTime": now_text(seconds_ago)}]
-    srv.store.mutate("nodes", "", node, change)
+async def set_condition(cluster: Cluster, node: str, status: str, seconds_ago: float, *, why: bool = True,
+                        **extra: Any) -> None:
+    kube = cluster.harness.kube
+    condition = {"type": "KcoverGPUHealthy", "status": status, "lastTransitionTime": now_text(seconds_ago)}
+    if why:
+        condition.update(reason="XID79", message="GPU fell off the bus")
+    for _ in range(10):
+        obj = await kube.request("GET", f"/api/v1/nodes/{node}")
+        obj["status"] = {**(obj.get("status") or {}), **extra, "conditions": [condition]}
+        try:
+            await kube.request("PUT", f"/api/v1/nodes/{node}/status", body=obj)
+            return
+        except errors.ConflictError:
+            continue
 
 
-def annotated_event(srv: Any, name: str, *, kind: str, target: str, namespace: str, uid: str = "",
-                    component: str = "someone", target_namespace: str | None = None) -> None:
-    srv.store.create("events", {
+async def annotated_event(cluster: Cluster, name: str, *, kind: str, target: str, namespace: str, uid: str = "",
+                          component: str = "someone", target_namespace: str | None = None) -> None:
+    inv_ns = target_namespace if target_namespace is not None else namespace if kind == "Pod" else ""
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": name, "namespace": namespace, "annotations": {"kcover.io/need-recovery": "true"}},
-        "involvedObject": {"kind": kind, "name": target, "uid": uid,
-                           "namespace": target_namespace if target_namespace is not None else namespace if kind == "Pod" else ""},
+        "involvedObject": {"kind": kind, "name": target, "uid": uid, "namespace": inv_ns},
         "reason": "TrainerHung", "message": "please restart", "type": "Warning", "count": 1,
-        "source": {"component": component}, "firstTimestamp": now_text(), "lastTimestamp": now_text()})
+        "source": {"component": component}, "firstTimestamp": now_text(), "lastTimestamp": now_text()}
+    if inv_ns and inv_ns != namespace:
+        # core/v1 refuses a namespace mismatch unless the event is in the new (eventTime) shape
+        body.update(eventTime=clock_.micro_time(dt.datetime.now(dt.UTC)), reportingComponent=component,
+                    reportingInstance="somewhere", action="Restart")
+    await cluster.harness.kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
 
 async def until(predicate: Any, within: float = 10.0) -> None:
@@ -157,21 +164,25 @@ async def until(predicate: Any, within: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def churn(srv: Any, cache: caching.ClusterCache, updates: int = 1000) -> None:
+async def churn(cluster: Cluster, cache: caching.ClusterCache, updates: int = 1000) -> None:
     pods = [f"bert-{i}" for i in range(4)] + ["other-0"]
-    for i in range(updates):
-        srv.store.mutate("pods", NS, pods[i % len(pods)],
-                         lambda o, i=i: o["metadata"].setdefault("annotations", {}).update(tick=str(i)))
-        if i % 100 == 99:
-            await asyncio.sleep(0)
-    last = str(srv.store.resource_version)
-    await until(lambda: cache.pod_reflector.resource_version == last, 20)
+    kube, ns = cluster.harness.kube, cluster.namespace
+
+    async def touch(i: int) -> int:
+        out = await kube.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pods[i % len(pods)]}",
+                                 body={"metadata": {"annotations": {"tick": str(i)}}}, content_type=client.MERGE_PATCH)
+        return int(out["metadata"]["resourceVersion"])
+
+    last = 0
+    for start in range(0, updates, 10):
+        last = max(last, *await asyncio.gather(*(touch(i) for i in range(start, min(start + 10, updates)))))
+    await until(lambda: int(cache.pod_reflector.resource_version or 0) >= last, 20)
 
 
 async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_none(
-        cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
-    job = seed(srv)
+        cluster: Cluster) -> None:
+    kube, NS = cluster.client, cluster.namespace
+    job = await seed(cluster)
     bus = bus_.Bus(dedupe_window_seconds=0)  # no dedupe: a repeat must show
     sub = bus.subscribe("test")
     context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics())
@@ -181,15 +192,15 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         bert0 = ctl.cache.pod_by_name(NS, "bert-0")
         assert bert0 is not None
         # -- faults
-        set_container(srv, "bert-0", state={"terminated": {"reason": "Error", "exitCode": 3, "finishedAt": now_text()}})
-        set_container(srv, "other-0", state={"terminated": {"reason": "Error", "exitCode": 3, "finishedAt": now_text()}})
-        set_health(srv, "bert-1", "Unhealthy", "XID 79: GPU has fallen off the bus")
-        set_health(srv, "bert-2", "Unknown")
-        set_condition(srv, "gpu-2", "False", seconds_ago=60)
-        annotated_event(srv, "ev-pod", kind="Pod", target="bert-3", namespace=NS)
-        annotated_event(srv, "ev-pod-other-ns", kind="Pod", target="bert-3", namespace="default", target_namespace=NS)
-        annotated_event(srv, "ev-node-untrusted", kind="Node", target="gpu-1", namespace="default")
-        annotated_event(srv, "ev-node", kind="Node", target="gpu-1", namespace="default", component="kcover.io/agent")
+        await set_container(cluster, "bert-0", state={"terminated": {"reason": "Error", "exitCode": 3, "finishedAt": now_text()}})
+        await set_container(cluster, "other-0", state={"terminated": {"reason": "Error", "exitCode": 3, "finishedAt": now_text()}})
+        await set_health(cluster, "bert-1", "Unhealthy", "XID 79: GPU has fallen off the bus")
+        await set_health(cluster, "bert-2", "Unknown")
+        await set_condition(cluster, "gpu-2", "False", seconds_ago=60)
+        await annotated_event(cluster, "ev-pod", kind="Pod", target="bert-3", namespace=NS)
+        await annotated_event(cluster, "ev-pod-other-ns", kind="Pod", target="bert-3", namespace="default", target_namespace=NS)
+        await annotated_event(cluster, "ev-node-untrusted", kind="Node", target="gpu-1", namespace="default")
+        await annotated_event(cluster, "ev-node", kind="Node", target="gpu-1", namespace="default", component="kcover.io/agent")
         got = await collect(sub, 6)
         assert shape(got) == [
             ("dra-health", "DeviceHealthUnknown", "Warning", "bert-2"),
@@ -217,29 +228,30 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         assert rejected == {"namespace_mismatch": 1.0, "untrusted_reporter": 1.0}
 
         # -- the same termination after an in-place restart is not new
-        ended = srv.store.get("pods", NS, "bert-0")["status"]["containerStatuses"][0]["state"]
-        set_container(srv, "bert-0", restartCount=1, state={"running": {"startedAt": now_text()}}, lastState=ended)
+        ended = (await kube.request("GET", f"/api/v1/namespaces/{NS}/pods/bert-0"))["status"]["containerStatuses"][0]["state"]
+        await set_container(cluster, "bert-0", restartCount=1, state={"running": {"startedAt": now_text()}}, lastState=ended)
         assert await quiet(sub) == []
 
         # -- healthy churn and a forced re-list: nothing
-        await churn(srv, ctl.cache)
+        await churn(cluster, ctl.cache)
         assert await quiet(sub) == []
-        lists = ctl.cache.pod_reflector.lists
-        for key in ("pods", "nodes", "events", "pytorchjobs.kubeflow.org"):
-            srv.faults.expire_next_watch(key)
-        srv.faults.drop_watches()
-        await until(lambda: ctl.cache.pod_reflector.lists == lists + 1)
-        assert await quiet(sub) == []
+        if cluster.sim is not None:  # forcing a re-list needs the sim's fault injection
+            lists = ctl.cache.pod_reflector.lists
+            for key in ("pods", "nodes", "events", "pytorchjobs.kubeflow.org"):
+                cluster.sim.faults.expire_next_watch(key)
+            cluster.sim.faults.drop_watches()
+            await until(lambda: ctl.cache.pod_reflector.lists == lists + 1)
+            assert await quiet(sub) == []
 
     # -- restart: a new cache and new detector instances, the same process state
     second = Controller(kube, context, bus)
     async with second.running() as ctl2:
         assert await quiet(sub) == []
-        await churn(srv, ctl2.cache, 200)
+        await churn(cluster, ctl2.cache, 200)
         assert await quiet(sub) == []
         # -- recoveries are Info, once
-        set_health(srv, "bert-1", "Healthy")
-        set_condition(srv, "gpu-2", "True", seconds_ago=0)
+        await set_health(cluster, "bert-1", "Healthy")
+        await set_condition(cluster, "gpu-2", "True", seconds_ago=0)
         got = await collect(sub, 2)
         assert shape(got) == [("dra-health", "DeviceRecovered", "Info", "bert-1"),
                               ("node-condition", "NodeConditionRecovered", "Info", "gpu-2")]
