@@ -1,4 +1,4 @@
-"""Controller replicas against a real HTTP API server (the simulated cluster).
+"""Controller replicas against a real HTTP API server (every cluster backend: sim, a real kube-apiserver).
 
 What a user sees: one replica leads (the Lease says which), every replica becomes ready once its
 caches synced, only the leader's engine gets events, a stopped leader hands over at once, and a
@@ -21,9 +21,8 @@ from kcover.controller import recovering, running
 from kcover.detectors import registry
 from kcover.kube import client as client_
 from kcover.kube import leasing
-from kcover.sim import server as simserver
 
-NS = "kcover-system"
+Cluster = Any  # tests/backends.py's Cluster
 
 
 class RecordingEngine:
@@ -42,9 +41,10 @@ class RecordingEngine:
         self.reconfigured.append(recovery)
 
 
-def _settings(identity: str, **lease: Any) -> settings.Settings:
+def _settings(identity: str, namespace: str, **lease: Any) -> settings.Settings:
     return settings.Settings.model_validate({
-        "lease": {"identity": identity, "namespace": NS, "lease_duration_seconds": 2.0,
+        "recovery": {"ledger_namespace": namespace},
+        "lease": {"identity": identity, "namespace": namespace, "lease_duration_seconds": 2.0,
                   "renew_deadline_seconds": 1.5, "retry_period_seconds": 0.2, **lease},
         "detectors": {"entries": {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"], "watch_events": False},
@@ -52,12 +52,12 @@ def _settings(identity: str, **lease: Any) -> settings.Settings:
 
 
 class Replica:
-    def __init__(self, srv: simserver.SimServer, identity: str, **lease: Any) -> None:
-        self.kube = client_.from_configuration(srv.kube_configuration())
+    def __init__(self, cluster: Cluster, identity: str, **lease: Any) -> None:
+        self.kube = cluster.new_client()
         self.health = serving.Health()
         self.metrics = metrics_.Metrics()
         self.engines: list[RecordingEngine] = []
-        self.controller = running.Controller(_settings(identity, **lease), client=self.kube, metrics=self.metrics,
+        self.controller = running.Controller(_settings(identity, cluster.namespace, **lease), client=self.kube, metrics=self.metrics,
                                              health=self.health, detector_registry=registry.discover(),
                                              engine_factory=self._engine)
         self.stop = asyncio.Event()
@@ -84,13 +84,7 @@ class Replica:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[simserver.SimServer]:
-    async with simserver.SimServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def replicas(cluster: simserver.SimServer) -> AsyncIterator[Callable[..., Replica]]:
+async def replicas(cluster: Cluster) -> AsyncIterator[Callable[..., Replica]]:
     started: list[Replica] = []
 
     def start(identity: str, **lease: Any) -> Replica:
@@ -117,13 +111,13 @@ def _event(name: str) -> model.CollectorEvent:
                                 target=model.Target(kind=model.TargetKind.POD, namespace="team-a", name=name))
 
 
-async def _holder(cluster: simserver.SimServer) -> str:
-    async with client_.from_configuration(cluster.kube_configuration()) as kube:
-        lease = await kube.request("GET", leasing.lease_path(NS, "kcover-controller"))
+async def _holder(cluster: Cluster) -> str:
+    async with cluster.new_client() as kube:
+        lease = await kube.request("GET", leasing.lease_path(cluster.namespace, "kcover-controller"))
     return str(lease["spec"]["holderIdentity"])
 
 
-async def test_one_leader_acts_followers_stay_ready(cluster: simserver.SimServer,
+async def test_one_leader_acts_followers_stay_ready(cluster: Cluster,
                                                     replicas: Callable[..., Replica]) -> None:
     a, b = replicas("a"), replicas("b")
     await _until(lambda: a.controller.is_leader() or b.controller.is_leader(), 5.0)
@@ -143,7 +137,7 @@ async def test_one_leader_acts_followers_stay_ready(cluster: simserver.SimServer
     assert follower.engine.batches == []
 
 
-async def test_stopped_leader_hands_over_and_the_successor_acts(cluster: simserver.SimServer,
+async def test_stopped_leader_hands_over_and_the_successor_acts(cluster: Cluster,
                                                                 replicas: Callable[..., Replica]) -> None:
     # client-go's default timings: the handover comes from the release, not from waiting out the Lease
     a = replicas("a", lease_duration_seconds=15.0, renew_deadline_seconds=10.0, retry_period_seconds=2.0)
@@ -161,7 +155,7 @@ async def test_stopped_leader_hands_over_and_the_successor_acts(cluster: simserv
 
 
 async def test_reconfigure_applies_tunables_live_and_refuses_bad_detectors(
-        replicas: Callable[..., Replica]) -> None:
+        cluster: Cluster, replicas: Callable[..., Replica]) -> None:
     a = replicas("a")
     await _until(a.controller.is_leader, 5.0)
     new = a.controller.settings.model_copy(deep=True)
@@ -187,7 +181,7 @@ async def test_reconfigure_applies_tunables_live_and_refuses_bad_detectors(
     assert a.controller.settings.recovery.dry_run is True
 
 
-async def test_lost_leadership_cancels_the_batch_in_flight(cluster: simserver.SimServer,
+async def test_lost_leadership_cancels_the_batch_in_flight(cluster: Cluster,
                                                            replicas: Callable[..., Replica]) -> None:
     a = replicas("a")
     await _until(a.controller.is_leader, 5.0)
@@ -206,8 +200,8 @@ async def test_lost_leadership_cancels_the_batch_in_flight(cluster: simserver.Si
     await a.controller.bus.publish(_event("p4"))
     await asyncio.wait_for(entered.wait(), 2.0)
     # another holder writes the Lease (split brain, or an operator forcing a handover)
-    async with client_.from_configuration(cluster.kube_configuration()) as kube:
-        path = leasing.lease_path(NS, "kcover-controller")
+    async with cluster.new_client() as kube:
+        path = leasing.lease_path(cluster.namespace, "kcover-controller")
         for _ in range(20):  # the leader renews every 0.2 s: retry on conflicts
             lease = await kube.request("GET", path)
             lease["spec"]["holderIdentity"] = "intruder"
@@ -223,12 +217,7 @@ async def test_lost_leadership_cancels_the_batch_in_flight(cluster: simserver.Si
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-ML = "ml"
-
-
-async def _seed_job(kube: client_.KubeClient) -> dict[str, Any]:
-    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
-                                                            "metadata": {"name": ML}})
+async def _seed_job(kube: client_.KubeClient, ML: str) -> dict[str, Any]:
     job: dict[str, Any] = await kube.request(
         "POST", f"/apis/kubeflow.org/v1/namespaces/{ML}/pytorchjobs",
         body={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
@@ -248,11 +237,15 @@ async def _seed_job(kube: client_.KubeClient) -> dict[str, Any]:
 
 
 async def test_only_the_leader_restarts_a_failed_job_and_saves_its_logs(
-        cluster: simserver.SimServer, tmp_path: Any) -> None:
-    async with client_.from_configuration(cluster.kube_configuration()) as kube:
-        await _seed_job(kube)
-        cluster.append_log(ML, "train-worker-1", "pytorch", "step 41\nNCCL watchdog timeout\n")
-        base = _settings("x").model_dump()
+        cluster: Cluster, tmp_path: Any) -> None:
+    """Logs are served on the sim only: a real kube-apiserver proxies pods/log to a kubelet, and none runs,
+    so there the restart must go ahead without them."""
+    ML = cluster.namespace
+    async with cluster.new_client() as kube:
+        await _seed_job(kube, ML)
+        if cluster.sim is not None:
+            cluster.sim.append_log(ML, "train-worker-1", "pytorch", "step 41\nNCCL watchdog timeout\n")
+        base = _settings("x", ML).model_dump()
         base["detectors"]["entries"]["pod-status"]["enabled"] = True
         base["recovery"]["save_logs"]["directory"] = str(tmp_path)
         stops, tasks, controllers = [], [], []
@@ -283,9 +276,10 @@ async def test_only_the_leader_restarts_a_failed_job_and_saves_its_logs(
             events = await kube.request("GET", f"/api/v1/namespaces/{ML}/events")
             reasons = [e.get("reason") for e in events["items"]]
             assert reasons.count("KcoverRestartedWorkload") == 1
-            saved = [p for p in tmp_path.iterdir() if p.is_dir()]
-            assert len(saved) == 1
-            assert (saved[0] / "train-worker-1" / "pytorch.log").read_text() == "step 41\nNCCL watchdog timeout\n"
+            if cluster.sim is not None:
+                saved = [p for p in tmp_path.iterdir() if p.is_dir()]
+                assert len(saved) == 1
+                assert (saved[0] / "train-worker-1" / "pytorch.log").read_text() == "step 41\nNCCL watchdog timeout\n"
             follower = next(c for c in controllers if not c.is_leader())
             assert follower.discarded >= 1
         finally:
