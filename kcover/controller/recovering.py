@@ -3,7 +3,9 @@
 Owns the default `EngineFactory` of `running.Controller`: it builds `recovery.engine.RecoveryEngine`
 over the cluster cache, the ledger ConfigMap and the executor, hands the executor a log-saving hook
 (`recovery.logsaving.save`), and re-reads the ledger at the start of every leadership epoch so a new
-leader never plans with what it remembered from an earlier term. It decides nothing itself.
+leader never plans with what it remembered from an earlier term. `resume()` (called by the controller
+when a term starts) waits for the cache, reloads the ledger and has the executor finish restarts an
+earlier leader recorded but did not carry out. It decides nothing itself.
 
 How it fails: as the engine does (errors per event are logged and counted there). A log save that
 fails raises from the hook, and the executor applies `save_logs.proceed_on_failure`.
@@ -11,7 +13,7 @@ fails raises from the hook, and the executor applies `save_logs.proceed_on_failu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from kcover import errors, model, settings
@@ -42,18 +44,29 @@ class LeaderEngine:
     """`RecoveryEngine` plus a ledger reload whenever leadership (its epoch) changed since the last batch."""
 
     def __init__(self, inner: engine.RecoveryEngine, ledger_: ledger.Ledger, epoch: Callable[[], int],
-                 live: _Live) -> None:
+                 live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.inner = inner
         self.ledger = ledger_
         self._epoch = epoch
         self._live = live
+        self._synced = synced
         self._loaded_epoch = -1
 
-    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+    async def _reload(self) -> None:
         epoch = self._epoch()
         if epoch != self._loaded_epoch:
             await self.ledger.load()
             self._loaded_epoch = epoch
+
+    async def resume(self) -> None:
+        """Start of a term: once the cache is synced, finish what an earlier leader recorded but did not do."""
+        if self._synced is not None and not await self._synced():
+            return
+        await self._reload()
+        await self.inner.resume()
+
+    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+        await self._reload()
         await self.inner.handle(events)
 
     def reconfigure(self, recovery: settings.RecoverySettings) -> None:
@@ -79,10 +92,10 @@ def build(deps: EngineDeps) -> LeaderEngine:
 
     executor = executing.Executor(deps.client, snap, ledger_, recovery=live.recovery, metrics_=deps.metrics,
                                   clock=deps.clock, identity=deps.identity, is_leader=deps.is_leader,
-                                  save_logs=save_logs)
+                                  save_logs=save_logs, epoch=deps.epoch)
     inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
                                   is_leader=deps.is_leader)
-    return LeaderEngine(inner, ledger_, deps.epoch, live)
+    return LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced)
 
 
 class _Live:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import socket
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 import structlog
 
@@ -42,7 +43,11 @@ class Health(Protocol):
 
 
 class Engine(Protocol):
-    """What the controller needs of the recovery engine."""
+    """What the controller needs of the recovery engine.
+
+    An engine may also define `async resume()`: called once at the start of each leadership term (and
+    at start without leader election), before any batch, fenced like `handle`; the default engine
+    finishes there the restarts a dead leader recorded in the ledger but did not carry out."""
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
         """Plan and execute for a batch of events; called only while leading, cancelled on a loss."""
@@ -100,6 +105,9 @@ class Controller:
         """(monotonic time, event) a follower observed: replayed when it becomes leader, because a leader
         that died without acting (its Lease not released) leaves faults nobody else would act on."""
         self._replay = asyncio.Event()
+        self._resumed_epoch = -1
+        if self.elector is None:
+            self._replay.set()  # no term starts: resume once, at start
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
 
@@ -120,7 +128,7 @@ class Controller:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.cache.run(stop), name="cache")
             tg.create_task(self._detectors(stop), name="detectors")
-            tg.create_task(self._consume(), name="recovery")
+            tg.create_task(self._consume(stop), name="recovery")
             if self.elector is not None:
                 tg.create_task(self.elector.run(inner), name="leader-election")
             await stop.wait()
@@ -134,8 +142,8 @@ class Controller:
             await self.supervisor.run(stop)
 
     def _on_leadership(self, leading: bool) -> None:
-        if leading and self._held:
-            self._replay.set()
+        if leading:
+            self._replay.set()  # wake the consumer: resume the engine, replay held events
 
     def _take_held(self) -> list[model.CollectorEvent]:
         """Held events young enough that the old leader may have died before acting on them.
@@ -164,7 +172,7 @@ class Controller:
             return []
         return getter.result() or None
 
-    async def _consume(self) -> None:
+    async def _consume(self, stop: asyncio.Event) -> None:
         """Hand batches to the engine while leading; hold them while following. Ends when the bus closes."""
         while (batch := await self._next_batch()) is not None:
             if self.engine is None or not self.is_leader():
@@ -173,25 +181,32 @@ class Controller:
                     self._held.extend((now, ev) for ev in batch)
                 self.discarded += len(batch)
                 continue
+            if self._resumed_epoch != self._epoch():
+                self._resumed_epoch = self._epoch()
+                resume: Callable[[], Coroutine[Any, Any, None]] | None = getattr(self.engine, "resume", None)
+                if resume is not None:
+                    await self._fenced(resume, "recovery-resume", 0, stop=stop)
             batch = self._take_held() + batch
             if batch:
-                await self._handle(self.engine, batch)
+                await self._fenced(functools.partial(self.engine.handle, batch), "recovery-batch", len(batch))
 
-    async def _handle(self, engine: Engine, batch: Sequence[model.CollectorEvent]) -> None:
-        """Run one batch, cancelled at once if leadership is lost meanwhile."""
-        if self.elector is None:
-            await engine.handle(batch)
+    async def _fenced(self, work_of: Callable[[], Coroutine[Any, Any, None]], name: str, events: int, *,
+                      stop: asyncio.Event | None = None) -> None:
+        """Run engine work, cancelled at once if leadership is lost (or `stop` is set) meanwhile."""
+        if self.elector is None and stop is None:
+            await work_of()
             return
-        work = asyncio.create_task(engine.handle(batch), name="recovery-batch")
-        lost = asyncio.create_task(self.elector.following.wait(), name="recovery-fence")
+        work = asyncio.create_task(work_of(), name=name)
+        ends = {asyncio.create_task(e.wait(), name="recovery-fence")
+                for e in (self.elector.following if self.elector is not None else None, stop) if e is not None}
         try:
-            await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work, *ends}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (work, lost):
+            for task in (work, *ends):
                 task.cancel()
-            await asyncio.wait({work, lost})
+            await asyncio.wait({work, *ends})
         if work.cancelled():
-            log.warning("recovery_cancelled_on_leadership_loss", events=len(batch))
+            log.warning("recovery_cancelled_on_leadership_loss", work=name, events=events)
             return
         error = work.exception()
         if isinstance(error, errors.NotLeaderError):

@@ -4,7 +4,8 @@ Owns the loop over a bus `Subscription`: for each event it plans with the cache 
 ledger's history (`policy.plan`), then executes the actions in order through the `Executor`. Events
 are handled concurrently up to `recovery.max_concurrent_restarts`; restarts in flight are handed to
 the policy (the breaker's concurrency half). A follower drops events (they are re-observed when the
-fault persists, and the ledger carries what the old leader did).
+fault persists, and the ledger carries what the old leader did). `resume()`, called by the controller
+when a term starts, lets the executor finish restarts an earlier leader recorded but did not carry out.
 
 Failures: an API error while handling one event is logged and counted (`counts["errors"]`); losing
 the Lease mid-action (`NotLeaderError`) stops that event's remaining actions. Neither ends the loop.
@@ -94,11 +95,30 @@ class RecoveryEngine:
                 self.counts["errors"] += 1
                 log.exception("recovery_event_crashed", cause=event.id)
 
+    async def resume(self) -> list[executing.Result]:
+        """At the start of a leadership term: finish the restarts an earlier leader recorded but did not carry out."""
+        if not self._is_leader():
+            return []
+        try:
+            await self._ledger.ensure_loaded()
+            results = await self._executor.resume()
+        except errors.NotLeaderError:
+            self.counts["not_leader"] += 1
+            return []
+        except errors.KubeError as exc:
+            self.counts["errors"] += 1
+            log.warning("recovery_resume_failed", error=str(exc))
+            return []
+        for result in results:
+            self.counts[f"resume:{result.outcome.value}"] += 1
+            self.results.append(result)
+        return results
+
     async def handle_event(self, event: model.CollectorEvent) -> list[executing.Result]:
         """Plan and execute one event; raises what the executor raises."""
         self.counts["events"] += 1
         await self._ledger.ensure_loaded()
-        history = self._ledger.history(self.in_flight_restarts)
+        history = self._ledger.history(self.in_flight_restarts, dry_run=self._settings.dry_run)
         planned = policy.plan(event, self._snapshot, history, self._settings, self._clock.now(), rules=self._rules)
         results: list[executing.Result] = []
         for action in planned:

@@ -8,8 +8,17 @@ A cordon is: ledger record -> read the Node -> set `spec.unschedulable`, add kco
 annotations, never touching other taints -> PUT with the resourceVersion (retried on 409) -> an Event.
 An un-cordon reverses only what kcover's annotation says kcover did.
 
+The ledger record of a restart is a pending intent (`ledger.Intent`: leader, epoch, fault, selector,
+faulting pod, pod uids); it is dropped by the next ledger write once the delete succeeded, so a restart
+costs three writes (ledger, DeleteCollection, Event) and no LIST. `resume()`, run by a new leader, finishes
+the intents an earlier leader recorded within the cooldown but did not carry out: when a recorded pod is
+still in the cache (same uid, not terminating) it claims the intent (one fenced ledger write), checks the
+preconditions again, deletes and writes the Event (three writes, as the leader would have); when the
+pods are gone or replaced it only forgets the intent (no write).
+
 Every write is preceded by `is_leader()`; a replica that lost the Lease raises `errors.NotLeaderError`.
-Dry run writes only the audit Events. Every action and audited refusal leaves a core/v1 Event on the
+Dry run writes only the audit Events; it honours cooldowns and budgets through the ledger's in-memory
+dry-run records, so a repeating fault gives one dry-run Event per cooldown, as the real run would act once. Every action and audited refusal leaves a core/v1 Event on the
 object concerned and is counted in `kcover_actions{action,result}`.
 
 Failures: API errors other than the ones handled (404 on pods already gone, 409 on nodes) propagate
@@ -20,6 +29,8 @@ never fails the action it records.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime as dt
 import enum
 import re
 import uuid
@@ -41,6 +52,8 @@ SaveLogs = Callable[[actions.WorkloadRef, Sequence[views.PodView]], Awaitable[st
 """`save_logs(workload, pods)` returns where the logs went (or None); see `recovery.logsaving`."""
 
 NODE_WRITE_ATTEMPTS = 5
+RESUMED_DETECTOR = "kcover-ledger"
+"""`CollectorEvent.detector` of the cause a successor gives a restart it finishes from the ledger."""
 
 
 class Outcome(enum.StrEnum):
@@ -62,7 +75,8 @@ class Executor:
 
     def __init__(self, kube: kube_client.KubeClient, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger, *,
                  recovery: settings.RecoverySettings, metrics_: metrics.Metrics, clock: clock_.Clock,
-                 identity: str, is_leader: Callable[[], bool], save_logs: SaveLogs | None = None) -> None:
+                 identity: str, is_leader: Callable[[], bool], save_logs: SaveLogs | None = None,
+                 epoch: Callable[[], int] = lambda: 1) -> None:
         self._kube = kube
         self._snapshot = snapshot
         self._ledger = ledger_
@@ -72,6 +86,7 @@ class Executor:
         self.identity = identity
         self._is_leader = is_leader
         self._save_logs = save_logs
+        self._epoch = epoch
 
     # ---------------------------------------------------------------------------------------- plumbing
 
@@ -173,12 +188,40 @@ class Executor:
             return [p for p in found if p is not None]
         return list(adapters.members(self._snapshot, action.selector, w.namespace, w.uid).verified)
 
+    def _intent(self, action: actions.RestartWorkload, now: float, message: str) -> ledger.Intent:
+        w = action.workload
+        uids: list[str] = [action.pod.uid] if action.pod is not None else []
+        if action.selector.pods is not None:
+            uids += [ref.uid for ref in action.selector.pods]
+        else:
+            uids += [p.uid for p in self._snapshot.pods_of_workload(w.uid)
+                     if not p.deleting and action.selector.matches(p.labels)]
+        uids = list(dict.fromkeys(uids))[:ledger.MAX_INTENT_UIDS]
+        pods = (None if action.selector.pods is None
+                else tuple((r.namespace, r.name, r.uid) for r in action.selector.pods))
+        pod = (action.pod.namespace, action.pod.name, action.pod.uid) if action.pod is not None else None
+        return ledger.Intent(id=uuid.uuid4().hex[:12], fault=action.cause.id, leader=self.identity,
+                             epoch=self._epoch(), at=now, workload=(w.kind, w.api_version, w.namespace, w.name, w.uid),
+                             selector=action.selector.render(), pods=pods, pod=pod, uids=tuple(uids),
+                             message=message[:300], unit=action.unit)
+
     async def restart(self, action: actions.RestartWorkload) -> Result:
         rs = self.settings
         w = action.workload
         what = w.describe() + (f" {action.unit}" if action.unit else "")
         fault = f"{action.cause.reason} from {action.cause.detector} on {action.cause.target.describe()}"
+        now = self._clock.now().timestamp()
         if rs.dry_run:
+            def remember(state: ledger.State) -> tuple[actions.SkipCode, str, bool] | None:
+                refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
+                if refusal is None:
+                    state.restarts.setdefault(action.ledger_key, []).append(now)
+                return refusal
+
+            dry_refusal = self._ledger.dry_update(remember, now=now)
+            if dry_refusal is not None:
+                code, text, audit = dry_refusal
+                return await self._refuse(action, code, f"dry run: {text}", w, audit=audit)
             self._count(action, "dry_run")
             await self.emit(w, reason="KcoverRestartedWorkload", action="DryRunRestart",
                             message=f"dry run: would restart {what} (pods {action.selector.render()}) after {fault}")
@@ -186,21 +229,31 @@ class Executor:
         problem = self._precondition(action)
         if problem:
             return await self._refuse(action, actions.SkipCode.PRECONDITION_FAILED, problem, w)
-        now = self._clock.now().timestamp()
+        intent = self._intent(action, now, f"{what} after {fault}: {action.cause.message}")
 
         def record(state: ledger.State) -> tuple[actions.SkipCode, str, bool] | None:
             refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
             if refusal is None:
                 state.restarts.setdefault(action.ledger_key, []).append(now)
                 state.notes[action.ledger_key] = what[:120]
+                state.intents[action.ledger_key] = intent
             return refusal
 
         refusal = await self._ledger.update(record, now=now)
         if refusal is not None:
             code, text, audit = refusal
             return await self._refuse(action, code, text, w, audit=audit)
+        return await self._carry_out(action, intent, what=what,
+                                     why=f"after {fault}: {action.cause.message}")
+
+    async def _carry_out(self, action: actions.RestartWorkload, intent: ledger.Intent, *, what: str,
+                         why: str) -> Result:
+        """Preconditions again, logs, the delete, the Event; the intent is then complete."""
+        rs = self.settings
+        w = action.workload
         problem = self._precondition(action)
         if problem:
+            self._ledger.complete(action.ledger_key, intent.id)
             return await self._refuse(action, actions.SkipCode.PRECONDITION_FAILED, problem, w)
         where = ""
         if self._save_logs is not None and rs.save_logs.enabled:
@@ -210,19 +263,81 @@ class Executor:
             except (Exception, TimeoutError) as exc:  # the hook is foreign code; CancelledError passes
                 log.warning("recovery_save_logs_failed", workload=what, error=repr(exc))
                 if not rs.save_logs.proceed_on_failure:
+                    self._ledger.complete(action.ledger_key, intent.id)
                     return await self._refuse(action, actions.SkipCode.SAVE_LOGS_FAILED,
                                               f"saving logs of {what} failed ({exc!r}); not restarting", w)
         deleted = await self._delete(action)
+        self._ledger.complete(action.ledger_key, intent.id)
         self._count(action, "done")
         self._observe(action.cause)
         self._metrics.breaker_open.set(0)
         log.info("job_restarted", workload=what, uid=w.uid, deleted=deleted, selector=action.selector.render(),
-                 cause=action.cause.id)
+                 cause=action.cause.id, intent=intent.id)
         saved = f"; logs saved to {where}" if where else ""
         await self.emit(w, reason="KcoverRestartedWorkload", action="RestartWorkload", warning=True,
-                        message=f"restarted {what}: deleted {deleted} pods ({action.selector.render()}) after "
-                                f"{fault}: {action.cause.message}{saved}")
+                        message=f"restarted {what}: deleted {deleted} pods ({action.selector.render()}) {why}{saved}")
         return Result(Outcome.DONE, action, deleted=deleted)
+
+    # ---------------------------------------------------------------------------------------- failover
+
+    def _live(self, intent: ledger.Intent) -> list[str]:
+        """Uids the intent names that are still in the cache and not terminating: the delete did not happen."""
+        out = []
+        for uid in intent.uids:
+            pod = self._snapshot.pod(uid)
+            if pod is not None and not pod.deleting:
+                out.append(uid)
+        return out
+
+    async def resume(self) -> list[Result]:
+        """Finish the restarts an earlier leader recorded (pending, within the cooldown) but did not carry out.
+
+        Run by a new leader before it handles events, with the ledger loaded and the cache synced."""
+        if self.settings.dry_run:
+            return []
+        now = self._clock.now().timestamp()
+        mine = (self.identity, self._epoch())
+        out: list[Result] = []
+        for key, intent in sorted(self._ledger.pending().items(), key=lambda item: item[1].at):
+            if (intent.leader, intent.epoch) == mine or now - intent.at >= self.settings.workload_cooldown_seconds:
+                continue
+            try:
+                out.append(await self._finish(key, intent, now))
+            except errors.NotLeaderError:
+                raise
+            except errors.KubeError as exc:  # one intent's failure must not keep the others from finishing
+                log.warning("restart_intent_resume_failed", key=key, intent=intent.id, error=str(exc))
+        return out
+
+    async def _finish(self, key: str, intent: ledger.Intent, now: float) -> Result:
+        action = intent_action(key, intent)
+        what = action.workload.describe() + (f" {intent.unit}" if intent.unit else "")
+        if not self._live(intent):
+            self._ledger.complete(key, intent.id)
+            log.info("restart_intent_done", workload=what, intent=intent.id, leader=intent.leader)
+            return Result(Outcome.SKIPPED, action, "already carried out: its pods are gone or replaced")
+        claimed = dataclasses.replace(intent, leader=self.identity, epoch=self._epoch())
+
+        def claim(state: ledger.State) -> str | None:
+            current = state.intents.get(key)
+            if current is None or current.id != intent.id or current.leader != intent.leader:
+                return "another replica took it over"
+            state.intents[key] = claimed
+            return None
+
+        taken = await self._ledger.update(claim, now=now)
+        if taken is not None:
+            log.info("restart_intent_taken", workload=what, intent=intent.id)
+            return Result(Outcome.SKIPPED, action, taken)
+        if not self._live(intent):
+            self._ledger.complete(key, intent.id)
+            return Result(Outcome.SKIPPED, action, "already carried out: its pods are gone or replaced")
+        log.warning("restart_intent_resumed", workload=what, intent=intent.id, leader=intent.leader,
+                    epoch=intent.epoch, age_seconds=round(now - intent.at, 3), cause=intent.fault)
+        recorded = dt.datetime.fromtimestamp(intent.at, dt.UTC)
+        return await self._carry_out(action, claimed, what=what,
+                                     why=f"(finishing the restart {intent.leader} recorded at "
+                                         f"{recorded:%H:%M:%S}Z and did not carry out) after {intent.message}")
 
     async def _delete(self, action: actions.RestartWorkload) -> int:
         ns = action.workload.namespace
@@ -258,11 +373,6 @@ class Executor:
         rs = self.settings
         about = policy.node_ref(action.node)
         fault = f"{action.cause.reason} from {action.cause.detector}"
-        if rs.dry_run:
-            self._count(action, "dry_run")
-            await self.emit(about, reason="KcoverCordonedNode", action="DryRunCordon",
-                            message=f"dry run: would cordon Node {action.node} after {fault}: {action.reason}")
-            return Result(Outcome.DRY_RUN, action)
         now = self._clock.now().timestamp()
 
         def record(state: ledger.State) -> tuple[actions.SkipCode, str] | None:
@@ -273,6 +383,14 @@ class Executor:
             state.cordon_reasons[action.node] = action.reason[:120]
             return None
 
+        if rs.dry_run:
+            dry_refusal = self._ledger.dry_update(record, now=now)
+            if dry_refusal is not None:
+                return await self._refuse(action, dry_refusal[0], f"dry run: {dry_refusal[1]}", about, audit=False)
+            self._count(action, "dry_run")
+            await self.emit(about, reason="KcoverCordonedNode", action="DryRunCordon",
+                            message=f"dry run: would cordon Node {action.node} after {fault}: {action.reason}")
+            return Result(Outcome.DRY_RUN, action)
         refusal = await self._ledger.update(record, now=now)
         if refusal is not None:
             return await self._refuse(action, refusal[0], refusal[1], about, audit=False)
@@ -358,3 +476,20 @@ def _label_value(text: str) -> str:
     value = _NOT_LABEL.sub("-", text)[:63].strip("-._")
     return value or "fault"
 
+
+
+def intent_action(key: str, intent: ledger.Intent) -> actions.RestartWorkload:
+    """The restart a pending intent stands for, with a cause naming the ledger (for a successor to finish it)."""
+    kind, api_version, namespace, name, uid = intent.workload
+    labels = tuple((k, v) for k, _, v in (part.partition("=") for part in intent.selector.split(",") if part))
+    pods = None if intent.pods is None else tuple(actions.PodRef(*p) for p in intent.pods)
+    cause = model.CollectorEvent(
+        id=intent.fault or intent.id, detector=RESUMED_DETECTOR, severity=model.Severity.ERROR,
+        reason="RestartIntentPending", message=intent.message,
+        target=model.Target(kind=model.TargetKind.WORKLOAD, namespace=namespace, name=name, uid=uid,
+                            workload_kind=kind),
+        observed_at=dt.datetime.fromtimestamp(intent.at, dt.UTC))
+    return actions.RestartWorkload(
+        workload=actions.WorkloadRef(kind, api_version, name, namespace, uid),
+        selector=actions.MemberSelector(labels=labels, pods=pods), ledger_key=key,
+        pod=actions.PodRef(*intent.pod) if intent.pod is not None else None, cause=cause, unit=intent.unit)

@@ -1,8 +1,20 @@
-"""The recovery ledger: restart times and cordons, kept in one ConfigMap so a new leader honours them.
+"""The recovery ledger: restart times, restart intents and cordons, kept in one ConfigMap so a new leader honours them.
 
 Owns the ConfigMap `recovery.ledger_namespace/ledger_name`: one data key per restart unit
 (`w.<workload uid>` or `w.<uid>.g<group>` for a LeaderWorkerSet group) holding compact JSON
-`{"t": [epoch seconds...], "d": "<what>"}`, and one per node (`n.<node>`) holding `{"c": epoch, "r": reason}`.
+`{"t": [epoch seconds...], "d": "<what>", "p": {<intent>}}`, and one per node (`n.<node>`) holding
+`{"c": epoch, "r": reason}`.
+
+Intents: a restart is written as a *pending* `Intent` (who leads, its epoch, the fault, the selector,
+the faulting pod and a sample of the pod uids to delete) in the same write that records its time.
+Its completion is not a write of its own: once the DeleteCollection succeeded the executor calls
+`complete()`, and the next write of this ledger (by anyone holding this object) drops the intent. So a
+restart costs one ledger write, and a leader killed between that write and the delete leaves an
+intent a successor can finish (`executing.Executor.resume`) instead of a cooldown that blocks it.
+An intent left pending by a leader that did delete is recognised by its pods being gone.
+
+Dry run: `dry_update()` records in memory only (`history(dry_run=True)` sees it), so a dry run
+honours cooldowns and budgets as the real run would, without writing anything.
 
 Why a ConfigMap rather than annotations on each workload: one object to read at start (no LIST of
 every workload kind), no write permission on users' custom resources, node and workload state in one
@@ -11,9 +23,10 @@ also the fencing: a restart or cordon is recorded here *before* the delete or no
 replicas both believe they lead, only one record succeeds; the other gets 409, re-reads, re-checks
 cooldown and budget against what the winner wrote, and refuses.
 
-Reads happen once (`load()`) and after each 409; a steady-state restart costs one write here.
+Reads happen once (`load()`) and after each 409; a steady-state restart costs one write here (its
+intent; the completion rides on the next write).
 Size: entries older than the longest window are pruned on every write; with the default budget of
-five restarts an entry is under 150 bytes, so the 1 MiB ConfigMap limit holds about 7,000 workloads
+five restarts an entry is under 150 bytes (a pending intent adds under 1 KiB until the next write), so the 1 MiB ConfigMap limit holds about 7,000 workloads
 restarted within one window. Past ~900 KiB the oldest entries are dropped and `ledger_full` is logged.
 
 Fails with `errors.NotLeaderError` when asked to write while not leading, `errors.KubeError` when the
@@ -36,12 +49,77 @@ from kcover.recovery import policy
 
 log = structlog.get_logger()
 
+MAX_INTENT_UIDS = 16
+"""Pod uids an intent keeps (the faulting pod first): enough to tell whether the delete happened."""
 MAX_ATTEMPTS = 5
 """Read-modify-write attempts before giving up on a contended ledger."""
 SIZE_LIMIT = 900 * 1024
 """Bytes of data kept; the API server refuses ConfigMaps past 1 MiB in all."""
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A restart recorded before its delete: what a successor needs to tell whether it happened, and finish it."""
+
+    id: str
+    fault: str
+    """The `CollectorEvent.id` that caused it."""
+    leader: str
+    """Identity of the replica that recorded it."""
+    epoch: int
+    """That replica's leadership epoch when it recorded it."""
+    at: float
+    """Epoch seconds it was recorded (the restart time in `State.restarts`)."""
+    workload: tuple[str, str, str, str, str]
+    """(kind, apiVersion, namespace, name, uid) of the workload."""
+    selector: str = ""
+    """The label selector of the DeleteCollection; empty when `pods` is used instead."""
+    pods: tuple[tuple[str, str, str], ...] | None = None
+    """(namespace, name, uid) of the pods to delete one by one when the labels were not safe."""
+    pod: tuple[str, str, str] | None = None
+    """(namespace, name, uid) of the faulting pod, re-checked before the delete."""
+    uids: tuple[str, ...] = ()
+    """Uids of pods the delete removes (the faulting pod first, at most `MAX_INTENT_UIDS`)."""
+    message: str = ""
+    """What and why, for the Event of a successor that finishes it."""
+    unit: str = ""
+
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"i": self.id, "f": self.fault, "l": self.leader, "e": self.epoch,
+                               "t": round(self.at, 3), "w": list(self.workload), "u": list(self.uids),
+                               "m": self.message}
+        if self.selector:
+            out["s"] = self.selector
+        if self.pods is not None:
+            out["sp"] = [list(p) for p in self.pods]
+        if self.pod is not None:
+            out["p"] = list(self.pod)
+        if self.unit:
+            out["n"] = self.unit
+        return out
+
+    @classmethod
+    def decode(cls, raw: Any) -> Intent | None:
+        """None for anything malformed (an unreadable intent is treated as absent, and logged)."""
+        if not isinstance(raw, dict):
+            return None
+        try:
+            workload = tuple(str(x) for x in raw["w"])
+            pods = raw.get("sp")
+            pod = raw.get("p")
+            if len(workload) != 5 or (pod is not None and len(pod) != 3):
+                return None
+            return cls(id=str(raw["i"]), fault=str(raw.get("f", "")), leader=str(raw["l"]), epoch=int(raw["e"]),
+                       at=float(raw["t"]), workload=(workload[0], workload[1], workload[2], workload[3], workload[4]),
+                       selector=str(raw.get("s", "")),
+                       pods=None if pods is None else tuple((str(p[0]), str(p[1]), str(p[2])) for p in pods),
+                       pod=None if pod is None else (str(pod[0]), str(pod[1]), str(pod[2])),
+                       uids=tuple(str(u) for u in raw.get("u") or ())[:MAX_INTENT_UIDS],
+                       message=str(raw.get("m", "")), unit=str(raw.get("n", "")))
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
 
 
 @dataclass
@@ -52,10 +130,31 @@ class State:
     notes: dict[str, str] = field(default_factory=dict)
     cordons: dict[str, float] = field(default_factory=dict)
     cordon_reasons: dict[str, str] = field(default_factory=dict)
+    intents: dict[str, Intent] = field(default_factory=dict)
+    """Ledger key -> the restart of that unit recorded but not known to be done."""
 
     def copy(self) -> State:
         return State({k: list(v) for k, v in self.restarts.items()}, dict(self.notes), dict(self.cordons),
-                     dict(self.cordon_reasons))
+                     dict(self.cordon_reasons), dict(self.intents))
+
+    def merged(self, other: State) -> State:
+        """A copy holding both states' restart times and cordons (for the dry-run overlay); intents of self."""
+        out = self.copy()
+        for key, times in other.restarts.items():
+            out.restarts[key] = sorted(set(out.restarts.get(key, [])) | set(times))
+            out.notes.setdefault(key, other.notes.get(key, ""))
+        for node, at in other.cordons.items():
+            if at > out.cordons.get(node, float("-inf")):
+                out.cordons[node] = at
+                out.cordon_reasons[node] = other.cordon_reasons.get(node, "")
+        return out
+
+    def finish(self, completed: dict[str, str]) -> list[str]:
+        """Drop the intents `completed` names (key -> intent id, ids must match); returns the keys dropped."""
+        dropped = [k for k, i in completed.items() if k in self.intents and self.intents[k].id == i]
+        for key in dropped:
+            del self.intents[key]
+        return dropped
 
     def history(self, in_flight_restarts: int = 0) -> policy.History:
         return policy.History(restarts={k: tuple(v) for k, v in self.restarts.items()},
@@ -69,6 +168,8 @@ class State:
             else:
                 del self.restarts[key]
                 self.notes.pop(key, None)
+        for key in [k for k, i in self.intents.items() if i.at < before or k not in self.restarts]:
+            del self.intents[key]
         for node in [n for n, t in self.cordons.items() if t < before]:
             del self.cordons[node]
             self.cordon_reasons.pop(node, None)
@@ -76,7 +177,10 @@ class State:
     def encode(self) -> dict[str, str]:
         data: dict[str, str] = {}
         for key, times in self.restarts.items():
-            data[key] = orjson.dumps({"t": [round(t, 3) for t in times], "d": self.notes.get(key, "")}).decode()
+            entry: dict[str, Any] = {"t": [round(t, 3) for t in times], "d": self.notes.get(key, "")}
+            if key in self.intents:
+                entry["p"] = self.intents[key].encode()
+            data[key] = orjson.dumps(entry).decode()
         for node, at in self.cordons.items():
             data[f"n.{node}"] = orjson.dumps({"c": round(at, 3), "r": self.cordon_reasons.get(node, "")}).decode()
         return data
@@ -98,6 +202,12 @@ class State:
             elif key.startswith("w.") and isinstance(entry.get("t"), list):
                 state.restarts[key] = sorted(float(t) for t in entry["t"] if isinstance(t, int | float))
                 state.notes[key] = str(entry.get("d", ""))
+                if "p" in entry:
+                    intent = Intent.decode(entry["p"])
+                    if intent is None:
+                        log.warning("ledger_intent_unreadable", key=key)
+                    else:
+                        state.intents[key] = intent
         return state
 
 
@@ -116,7 +226,12 @@ class Ledger:
         self._exists = False
         self._loaded = False
         self._lock = asyncio.Lock()
+        self._completed: dict[str, str] = {}
+        """Ledger key -> id of an intent carried out here; dropped from the ConfigMap by the next write."""
+        self._dry = State()
+        """What a dry run would have recorded (never written)."""
         self.conflicts = 0
+        self.writes = 0
 
     @property
     def path(self) -> str:
@@ -126,8 +241,28 @@ class Ledger:
     def loaded(self) -> bool:
         return self._loaded
 
-    def history(self, in_flight_restarts: int = 0) -> policy.History:
-        return self._state.history(in_flight_restarts)
+    def history(self, in_flight_restarts: int = 0, *, dry_run: bool = False) -> policy.History:
+        """Restarts and cordons the ledger holds; with `dry_run`, plus what dry runs recorded in memory."""
+        state = self._state.merged(self._dry) if dry_run else self._state
+        return state.history(in_flight_restarts)
+
+    def pending(self) -> dict[str, Intent]:
+        """Intents the ConfigMap holds as pending, less those completed here (ledger key -> intent)."""
+        return {k: i for k, i in self._state.intents.items() if self._completed.get(k) != i.id}
+
+    def complete(self, key: str, intent_id: str) -> None:
+        """Mark an intent carried out; the next write drops it from the ConfigMap (no write of its own)."""
+        self._completed[key] = intent_id
+
+    def dry_update(self, mutate: Callable[[State], T | None], *, now: float) -> T | None:
+        """`update()` for a dry run: `mutate` sees the ledger plus earlier dry records; kept in memory only."""
+        state = self._state.merged(self._dry)
+        refusal = mutate(state)
+        if refusal is None:
+            state.intents.clear()
+            state.prune(now - self._retention())
+            self._dry = state
+        return refusal
 
     async def load(self) -> None:
         """Read the ConfigMap (absent means empty)."""
@@ -159,6 +294,7 @@ class Ledger:
                 await self.load()
             for _attempt in range(MAX_ATTEMPTS):
                 state = self._state.copy()
+                finished = state.finish(self._completed)
                 refusal = mutate(state)
                 if refusal is not None:
                     return refusal
@@ -178,6 +314,8 @@ class Ledger:
                     self._rv = None
                     continue
                 self._state = state
+                for key in finished:
+                    self._completed.pop(key, None)
                 return None
             raise errors.KubeError(f"ledger {self.namespace}/{self.name}: still conflicting after "
                                    f"{MAX_ATTEMPTS} attempts", status=409)
@@ -194,6 +332,7 @@ class Ledger:
             size -= len(key) + len(data.pop(key))
             del state.restarts[key]
             state.notes.pop(key, None)
+            state.intents.pop(key, None)
         return data
 
     async def _write(self, data: dict[str, str]) -> None:
@@ -209,5 +348,6 @@ class Ledger:
         else:
             result = await self._kube.request("POST", f"/api/v1/namespaces/{self.namespace}/configmaps",
                                               body=body)
+        self.writes += 1
         self._rv = str(result["metadata"]["resourceVersion"])
         self._exists = True
