@@ -32,14 +32,14 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kcover import errors
-from kcover.kube import client
+from kcover.kube import client as kubeclient
 
 TESTS = Path(__file__).resolve().parent
 CONTROLPLANE_DIR = TESTS / "controlplane"
@@ -103,6 +103,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cluster" not in metafunc.fixturenames:
         return
+    defs = metafunc.definition._fixtureinfo.name2fixturedefs.get("cluster") or ()
+    if not defs or defs[-1].func is not cluster.__wrapped__:  # type: ignore[attr-defined]
+        return  # a directory's own `cluster` fixture (tests/chart) overrides this one
     backends = selected_backends()
     if metafunc.definition.get_closest_marker("sim_only") is not None:
         backends = [b for b in backends if b == "sim"]
@@ -124,13 +127,17 @@ def _backend_of(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     backend = _backend_of(item)
-    if backend is None:
-        return
+    if backend is not None:
+        _record(item, backend, report)
+    return report
+
+
+def _record(item: pytest.Item, backend: str, report: pytest.TestReport) -> None:
     seen = item.config.stash[OUTCOMES]
     previous = seen.get(item.nodeid, (backend, ""))[1]
     if report.failed:
@@ -168,13 +175,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def controlplane(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The session's real control plane (etcd + kube-apiserver with the test CRDs)."""
     bin_dir = controlplane_binaries()
+    module = _controlplane_module()
     if bin_dir is None:
         why = ("real kube-apiserver backend: binaries not built (set KCOVER_CONTROLPLANE_BIN or run "
                "tests/controlplane/build.sh)")
-        if in_ci():
-            pytest.fail(f"{why}; CI=true requires the apiserver backend")
-        pytest.skip(f"{why}; CI=true makes this a failure")
-    module = _controlplane_module()
+        if not in_ci():
+            pytest.skip(f"{why}; CI=true makes this a failure")
+        try:  # CI: build them (tests/controlplane/build.sh), and fail the run if that fails
+            bin_dir = module.find_binaries()
+        except module.ControlPlaneError as exc:
+            pytest.fail(f"{why}, and building them failed; CI=true requires the apiserver backend:\n{exc}")
     cp = module.ControlPlane(bin_dir=bin_dir)
     try:
         cp.start()
@@ -197,7 +207,7 @@ def k3s(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -
     """A k3s server in a container (testcontainers), with the test CRDs installed."""
     if not docker_answers():
         pytest.skip("k3s backend: no Docker engine answers (`docker info` failed)")
-    from testcontainers.community.k3s import K3SContainer  # type: ignore[import-not-found]
+    from testcontainers.community.k3s import K3SContainer
 
     started = time.monotonic()
     with K3SContainer(image=K3S_IMAGE) as container:
@@ -211,7 +221,7 @@ def k3s(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -
 async def _install_crds(kubeconfig: str, timeout: float = 120.0) -> None:
     import yaml
 
-    async with await client.connect(kubeconfig) as kube:
+    async with await kubeclient.connect(kubeconfig) as kube:
         names = []
         for crd_file in sorted((CONTROLPLANE_DIR / "crds").glob("*.yaml")):
             crd = yaml.safe_load(crd_file.read_text())
@@ -237,7 +247,7 @@ class Cluster:
     """One test's view of a backend: a client, a fresh namespace and the harness."""
 
     backend: str
-    client: client.KubeClient
+    client: kubeclient.KubeClient
     kubeconfig_path: str
     namespace: str
     harness: Any  # harness.playing.Harness
@@ -250,9 +260,9 @@ class Cluster:
         """Requests the server served, by "<VERB> <resource>" (sim only; None elsewhere)."""
         return None if self.sim is None else self.sim.request_counts
 
-    def new_client(self) -> client.KubeClient:
+    def new_client(self) -> kubeclient.KubeClient:
         """Another client for the same server (close it)."""
-        return client.from_configuration(self.configuration)
+        return kubeclient.from_configuration(self.configuration)
 
     async def create_namespace(self, name: str) -> str:
         await self.client.request("POST", "/api/v1/namespaces", body={
@@ -270,7 +280,7 @@ CLEANUP = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/events", "/a
              ("pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "jaxjobs")))
 
 
-async def _cleanup(kube: client.KubeClient, namespaces: list[str], nodes_before: set[str]) -> None:
+async def _cleanup(kube: kubeclient.KubeClient, namespaces: list[str], nodes_before: set[str]) -> None:
     for ns in [*namespaces, "default"]:
         for template in CLEANUP if ns != "default" else ("/api/v1/namespaces/{ns}/events",):
             with contextlib.suppress(errors.NotFoundError):
@@ -306,9 +316,9 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
                           else request.getfixturevalue("k3s").kubeconfig_path)
             configuration = k8s_client.Configuration()
             await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        kube = client.from_configuration(configuration)
+        kube = kubeclient.from_configuration(configuration)
         stack.push_async_callback(kube.close)
-        played = client.from_configuration(configuration)  # its own client: tests count the product's requests
+        played = kubeclient.from_configuration(configuration)  # its own client: tests count the product's requests
         stack.push_async_callback(played.close)
         nodes_before = {n["metadata"]["name"] for n in (await played.request("GET", "/api/v1/nodes"))["items"]}
         made = Cluster(backend=backend, client=kube, kubeconfig_path=kubeconfig, namespace=namespace,

@@ -12,8 +12,6 @@ import glob
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +24,6 @@ from chartkit import (
     RELEASE,
     Render,
     cache_dir,
-    controlplane_available,
     in_ci,
     run_helm,
 )
@@ -70,19 +67,4 @@ def render(helm_bin: str) -> Render:
 
 # ------------------------------------------------------------------------------------------ control plane
 
-@pytest.fixture(scope="session")
-def controlplane() -> Iterator[Any]:
-    if not controlplane_available() and not in_ci():
-        pytest.skip("real kube-apiserver: binaries not built (set KCOVER_CONTROLPLANE_BIN or run "
-                    "tests/controlplane/build.sh); CI=true makes this a failure")
-    sys.path.insert(0, str(CONTROLPLANE))
-    try:
-        import server as controlplane_server  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(CONTROLPLANE))
-    cp = controlplane_server.ControlPlane(install_crds=True)
-    cp.start()
-    try:
-        yield cp
-    finally:
-        cp.stop()
+# `controlplane` (the session's one real control plane) comes from tests/backends.py.
