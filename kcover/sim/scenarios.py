@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -155,8 +156,10 @@ def _others_untouched(run: Run, before: Mapping[str, set[str]]) -> None:
     run.check("the other jobs were left alone", not moved, ", ".join(moved))
 
 
-async def _post_event(c: cluster_.SimCluster, namespace: str, involved: dict[str, Any], *, reason: str,
+async def _post_event(kube: client_.KubeClient, namespace: str, involved: dict[str, Any], *, reason: str,
                       message: str, controller: str) -> None:
+    """POST an annotated Event. The client is made before the fault is recorded: building one loads the CA
+    bundle (about 60 ms, blocking), which used to be counted as the event watcher's detection latency."""
     now = clock_.utcnow()
     body = {"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace,
@@ -164,8 +167,7 @@ async def _post_event(c: cluster_.SimCluster, namespace: str, involved: dict[str
             "involvedObject": involved, "reason": reason, "message": message, "type": "Warning",
             "action": "HealthCheck", "eventTime": clock_.micro_time(now),
             "reportingComponent": controller, "reportingInstance": f"{controller.split('/')[0]}-0"}
-    async with client_.from_configuration(c.srv.kube_configuration()) as kube:
-        await kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+    await kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
 
 # ---------------------------------------------------------------------------------------------- scenarios
@@ -246,12 +248,13 @@ async def event_annotation(run: Run) -> None:
     pod = c.srv.store.get("pods", NS, _worker(c, job))
     name = str(pod["metadata"]["name"])
     old = c.pod_uids(job)
-    f = run.fault("recovery-event", f"Pod {NS}/{name}",
-                  "an external health checker posts an Event annotated kcover.io/need-recovery=true")
-    await _post_event(c, NS, {"kind": "Pod", "apiVersion": "v1", "namespace": NS, "name": name,
-                              "uid": pod["metadata"]["uid"]},
-                      reason="NCCLAllReduceHang", message="all-reduce stalled for 300s on rank 1",
-                      controller="healthcheck.example.com/checker")
+    async with client_.from_configuration(c.srv.kube_configuration()) as kube:
+        f = run.fault("recovery-event", f"Pod {NS}/{name}",
+                      "an external health checker posts an Event annotated kcover.io/need-recovery=true")
+        await _post_event(kube, NS, {"kind": "Pod", "apiVersion": "v1", "namespace": NS, "name": name,
+                                     "uid": pod["metadata"]["uid"]},
+                          reason="NCCLAllReduceHang", message="all-reduce stalled for 300s on rank 1",
+                          controller="healthcheck.example.com/checker")
     await _restart_flow(run, f, job, old, "event-watcher", name)
     await asyncio.sleep(SETTLE)
     _once(run, job)
@@ -307,15 +310,63 @@ async def leader_failover(run: Run) -> None:
     _once(run, job)
 
 
+async def leader_crash_after_intent(run: Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    leader = c.leader()
+    assert leader is not None
+    pod = _worker(c, job)
+    old = c.pod_uids(job)
+    request = leader.kube.request
+
+    async def dies_at_the_delete(method: str, path: str, **kwargs: Any) -> Any:
+        if method == "DELETE" and path.endswith("/pods"):  # the restart's DeleteCollection
+            run.note("kill", f"leader {leader.identity} killed after its ledger write, before its DeleteCollection "
+                             "(Lease not released)")
+            c.kill(leader)
+            await asyncio.Event().wait()  # never sent: the kill cancels this task
+        return await request(method, path, **kwargs)
+
+    vars(leader.kube)["request"] = dies_at_the_delete  # the fault: this replica's process dies right here
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+    await c.until(lambda: leader.killed, WAIT, f"the leader {leader.identity} to record the restart and die")
+    intent = _ledger_intent(c, job)
+    run.check(f"the dead leader left a pending restart intent in the ledger ({intent.get('l')})",
+              intent.get("l") == leader.identity)
+    successor = await c.until(c.leader, WAIT, "a successor to take the Lease")
+    run.note("lease", f"{successor.identity} acquired the Lease")
+    found = await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(f, job, old)
+    await asyncio.sleep(SETTLE)
+    run.check(f"the successor finished the restart ({found.instance})", found.instance == successor.identity)
+    run.check("its Event says it finished the dead leader's restart", "finishing the restart" in found.message,
+              found.message[:160])
+    _once(run, job)
+
+
+def _ledger_intent(c: cluster_.SimCluster, job: str) -> dict[str, Any]:
+    """The pending restart intent of `job` in the ledger ConfigMap, or {}."""
+    for cm in c.srv.store.iter_objects("configmaps"):
+        for raw in (cm.get("data") or {}).values():
+            entry = json.loads(raw)
+            intent = entry.get("p") if isinstance(entry, dict) else None
+            if isinstance(intent, dict) and intent.get("w", [None] * 4)[3] == job:
+                return intent
+    return {}
+
+
 async def forged_event(run: Run) -> None:
     c = run.cluster
     node = c.nodes[0]
     before = c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"})
-    f = run.fault("forged-event", f"Node {node}",
-                  "an untrusted reporter posts an Event annotated kcover.io/need-recovery=true about the Node")
-    await _post_event(c, "default", {"kind": "Node", "apiVersion": "v1", "name": node},
-                      reason="GPUFailure", message="all GPUs failed, cordon now",
-                      controller="totally-legit.example.com/agent")
+    async with client_.from_configuration(c.srv.kube_configuration()) as kube:
+        f = run.fault("forged-event", f"Node {node}",
+                      "an untrusted reporter posts an Event annotated kcover.io/need-recovery=true about the Node")
+        await _post_event(kube, "default", {"kind": "Node", "apiVersion": "v1", "name": node},
+                          reason="GPUFailure", message="all GPUs failed, cordon now",
+                          controller="totally-legit.example.com/agent")
     await c.until(lambda: c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"}) > before,
                   WAIT, "the event watcher to refuse the Event")
     f.detected_at = clock_.utcnow()
@@ -374,6 +425,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     RESTART_STORM,
     Scenario("leader-failover", "the leader is killed right after a fault (Lease not released): the successor "
              "restarts the job exactly once", leader_failover),
+    Scenario("leader-crash-after-intent", "the leader dies after recording a restart in the ledger but before "
+             "deleting the pods: the successor finishes that restart, exactly once, within the cooldown",
+             leader_crash_after_intent),
     Scenario("forged-event", "an untrusted reporter posts an annotated Event about a Node: nothing is cordoned, "
              "the refusal is counted", forged_event),
     Scenario("log-classified", "a worker exits with an NCCL error in its log: pod-status reports it, the logscan "
