@@ -40,7 +40,8 @@ def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
 
 
 def ratio(measured: float, target: float) -> float:
-    return round(measured / target, 3) if target else float("inf")
+    """measured / target to four significant digits (a tiny ratio stays positive)."""
+    return float(f"{measured / target:.4g}") if target else float("inf")
 
 
 def latency_section(kinds: Mapping[str, Mapping[str, Sequence[float]]], floor: Sequence[float]) -> dict[str, Any]:
