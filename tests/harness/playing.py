@@ -40,7 +40,7 @@ class Harness:
 
     @staticmethod
     def now() -> str:
-        return clock_.rfc3339(clock_.utcnow())
+        return str(clock_.rfc3339(clock_.utcnow()))
 
     async def set_status(self, namespace: str, name: str, change: Callable[[Obj], Obj | None]) -> Obj:
         """GET the pod, `change(pod)` returns its new status (None: leave it), PUT `/status`; retried on 409."""
