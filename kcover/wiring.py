@@ -12,8 +12,10 @@ import argparse
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
 
 from kcover import metrics, serving, settings
 from kcover.agent import running as agent_running
@@ -38,6 +40,7 @@ AddArgs = Callable[[argparse.ArgumentParser], None]
 
 async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
                           stop: asyncio.Event, hooks: RoleHooks) -> None:
+    structlog.contextvars.bind_contextvars(component="controller")
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
                                  request_timeout=config.kube.request_timeout_seconds)
     async with kube:
@@ -54,6 +57,7 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
 async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
                      stop: asyncio.Event, hooks: RoleHooks) -> None:
     node = agent_running.node_name(config, hooks.environ)
+    structlog.contextvars.bind_contextvars(component="agent", node=node)
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
                                  request_timeout=config.kube.request_timeout_seconds)
     async with kube:

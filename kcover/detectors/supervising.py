@@ -95,7 +95,11 @@ class Supervisor:
 
     async def _keep_running(self, running: _Running) -> None:
         name = running.name
-        bound = log.bind(detector=name, role=self._context.role.value)
+        # this task's own context: every line the detector logs carries its name and role
+        structlog.contextvars.bind_contextvars(detector=name, component=self._context.role.value)
+        if self._context.node_name:
+            structlog.contextvars.bind_contextvars(node=self._context.node_name)
+        bound = log
         up = self._metrics.detector_up.labels(detector=name)
         available = self._metrics.detector_available.labels(detector=name)
         available.set(1)
