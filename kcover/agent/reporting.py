@@ -28,6 +28,7 @@ import structlog
 
 from kcover import bus as bus_
 from kcover import errors, model, settings
+from kcover.aio import backoff
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 
@@ -138,6 +139,9 @@ class Reporter:
     _written: _Written = field(default_factory=_Written)
     _sent: dict[str, float] = field(default_factory=dict)
     _bucket: TokenBucket | None = None
+    _write_backoff: backoff.Backoff = field(default_factory=lambda: backoff.Backoff(initial=1.0, maximum=60.0))
+    """A failing status write (node missing, API down) is retried at growing intervals, not every tick."""
+    _retry_at: float = 0.0
     events_created: int = 0
     events_suppressed: int = 0
 
@@ -200,7 +204,7 @@ class Reporter:
         written = self._written
         if want == written.condition:
             return
-        if now - written.at < self.config.min_write_interval_seconds:
+        if now - written.at < self.config.min_write_interval_seconds or now < self._retry_at:
             return  # the next tick writes it
         wall = self.clock.now()
         transition = wall if written.condition is None or written.condition.status != want.status \
@@ -213,9 +217,13 @@ class Reporter:
             await self.client.request("PATCH", self._path() + "/status", body=body,
                                       content_type=client_.STRATEGIC_MERGE_PATCH)
         except errors.KubeError as exc:
-            log.warning("agent_condition_write_failed", node=self.node_name, error=str(exc))
-            self._written.at = now
+            delay = self._write_backoff.next_delay()
+            self._retry_at = now + delay
+            log.warning("agent_condition_write_failed", node=self.node_name, error=str(exc),
+                        retry_in_seconds=round(delay, 1))
             return
+        self._write_backoff.reset()
+        self._retry_at = 0.0
         self._written = _Written(want, transition, now)
         log.info("agent_condition_written", node=self.node_name, type=self.config.condition_type,
                  status=want.status, reason=want.reason)

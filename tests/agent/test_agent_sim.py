@@ -159,3 +159,21 @@ async def test_no_gpu_leaves_the_agent_running_and_the_node_alone(cluster: Clust
     stop.set()
     await asyncio.wait_for(task, 5)
     assert await cluster.events() == []
+
+
+async def test_a_missing_node_is_retried_with_backoff_not_every_tick() -> None:
+    async with simserver.SimServer() as srv:
+        kube = client.from_configuration(srv.kube_configuration())
+        stop = asyncio.Event()
+        task = asyncio.create_task(running.run(agent_settings(), client=kube, metrics=metrics.Metrics(),
+                                               health=None, stop=stop, nvml=fake.FakeNvml(2),
+                                               reporter_tick_seconds=0.05), name="agent")
+        try:
+            await asyncio.sleep(3.5)  # 70 reporter ticks
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await kube.close()
+        attempts = srv.request_counts.get("PATCH nodes/status", 0)
+        # backoff of 0.5-1 s, 1-2 s, 2-4 s: at most 4 tries in 3.5 s, against 70 without it
+        assert 1 <= attempts <= 4, attempts
