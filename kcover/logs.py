@@ -15,8 +15,21 @@ import structlog
 from kcover import settings
 
 
+class _Stderr:
+    """sys.stderr looked up at each write, so a replaced stream (tests, daemons) is honoured."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(config: settings.LoggingSettings, *, stream: TextIO | None = None) -> None:
-    out = stream or sys.stderr
+    out: TextIO = stream or _Stderr()  # type: ignore[assignment]
     fmt = config.format
     if fmt is settings.LogFormat.AUTO:
         fmt = settings.LogFormat.CONSOLE if out.isatty() else settings.LogFormat.JSON

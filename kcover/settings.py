@@ -189,10 +189,14 @@ class Settings(BaseSettings):
 # ---------------------------------------------------------------------------------------------- layering
 
 def env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
-    """`KCOVER_RECOVERY__DRY_RUN=true` -> {"recovery": {"dry_run": "true"}}; JSON lists/objects parsed."""
+    """`KCOVER_RECOVERY__DRY_RUN=true` -> {"recovery": {"dry_run": "true"}}; JSON lists/objects parsed.
+
+    Only nested names (`KCOVER_<GROUP>__<FIELD>`) are settings: single names such as `KCOVER_CACHE`
+    belong to other tools and are left alone. A nested name with an unknown group or field is an error.
+    """
     out: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.upper().startswith(ENV_PREFIX):
+        if not key.upper().startswith(ENV_PREFIX) or ENV_NESTING not in key[len(ENV_PREFIX):]:
             continue
         path = [p.lower() for p in key[len(ENV_PREFIX):].split(ENV_NESTING) if p]
         if not path:

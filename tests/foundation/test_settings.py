@@ -53,6 +53,15 @@ def test_precedence_cli_over_env_over_file_over_default() -> None:
     assert "recovery.restart_window_seconds" not in p
 
 
+def test_only_nested_kcover_names_are_settings() -> None:
+    layered = settings.layer(environ={"KCOVER_CACHE": "/tmp/x", "KCOVER_CONTROLPLANE_BIN": "/opt/bin",
+                                      "KCOVER_LEASE__NAME": "mine"})
+    assert layered.settings.lease.name == "mine"
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(environ={"KCOVER_LAESE__NAME": "typo"})
+    assert info.value.errors[0].startswith("env: laese: Extra inputs are not permitted")
+
+
 def test_env_lists_are_json() -> None:
     layered = settings.layer(environ={"KCOVER_RECOVERY__NAMESPACES_DENY": '["a", "b"]'})
     assert layered.settings.recovery.namespaces_deny == ["a", "b"]
