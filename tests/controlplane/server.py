@@ -412,6 +412,9 @@ class ControlPlane:
                 version = next(v["name"] for v in spec["versions"] if v.get("served"))
                 s, disc = self.request("GET", f"/apis/{spec['group']}/{version}")
                 ok = s == 200 and any(r.get("name") == spec["names"]["plural"] for r in disc.get("resources", []))
+            if ok:  # established is not enough: the first lists answer 429 "storage is (re)initializing"
+                s, _ = self.request("GET", f"/apis/{spec['group']}/{version}/{spec['names']['plural']}?limit=1")
+                ok = s == 200
             if ok:
                 pending.pop(0)
                 continue
