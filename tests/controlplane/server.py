@@ -61,7 +61,7 @@ def find_binaries() -> Path:
     env = os.environ.get("KCOVER_CONTROLPLANE_BIN")
     if env and (Path(env) / "kube-apiserver").is_file() and (Path(env) / "etcd").is_file():
         return Path(env)
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise ControlPlaneError(f"build.sh failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -76,7 +76,7 @@ class _Proc:
     def __init__(self, name: str, argv: list[str], log_path: Path):
         self.name = name
         self.log_path = log_path
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "wb")  # noqa: SIM115 -- lives as long as the process it logs
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -85,7 +85,7 @@ class _Proc:
 
     def tail(self, n: int = 60) -> str:
         try:
-            with open(self.log_path, "r", errors="replace") as f:
+            with open(self.log_path, errors="replace") as f:
                 return "".join(deque(f, maxlen=n))
         except OSError:
             return ""
@@ -133,14 +133,14 @@ class ControlPlane:
         self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         if self.bin_dir is None:
             self.bin_dir = find_binaries()
         t0 = time.monotonic()
@@ -211,7 +211,8 @@ class ControlPlane:
         self._ssl = ctx
 
     def _start_etcd(self) -> None:
-        assert self.bin_dir is not None and self.tmpdir is not None
+        assert self.bin_dir is not None
+        assert self.tmpdir is not None
         last_err = ""
         for attempt in range(3):
             cport, pport = _free_port(), _free_port()
@@ -249,7 +250,8 @@ class ControlPlane:
         return _gate_cache[exe]
 
     def _start_apiserver(self) -> None:
-        assert self.bin_dir is not None and self.tmpdir is not None
+        assert self.bin_dir is not None
+        assert self.tmpdir is not None
         known = set(self._known_feature_gates())
         self.feature_gates = {g: True for g in WANTED_FEATURE_GATES if g in known}
         gates = ",".join(f"{g}=true" for g in self.feature_gates)

@@ -95,7 +95,7 @@ async def test_xid79_cordons_the_node_and_restarts_the_job_that_ran_there(cluste
                 group.create_task(controller.run(stop), name="controller")
                 try:
                     async with asyncio.timeout(20):
-                        while not (controller.is_leader() and controller.cache.synced and nvml.registered):
+                        while not (controller.is_leader() and controller.cache.synced and nvml.registered):  # noqa: ASYNC110  (polling plain state)
                             await asyncio.sleep(0.05)
                         nvml.xid(79, gpu_index=3)
                         while True:
