@@ -1,7 +1,10 @@
 """Simulated cluster actors: a scheduler-plus-kubelet for every node and Kubeflow v1 job operators.
 
 Owns the behaviour the API server alone lacks: binding Pending pods to schedulable nodes, running
-bound pods (phase Running, containerStatuses, Ready condition, a log line), finishing graceful
+bound pods (phase Running, containerStatuses, Ready condition, a log line), the node lifecycle
+controller's NoSchedule taints for a node's Ready condition (dropping the `node.kubernetes.io/not-ready`
+taint kube-apiserver puts on every Node created through the API once the node is Ready, and binding
+pods left pending meanwhile), finishing graceful
 deletions after a short delay, failing containers and reporting DRA device health on request
 (`fail_container`, `set_device_health`), and recreating the pods of Kubeflow v1 jobs (PyTorchJob,
 TFJob, MPIJob, XGBoostJob, PaddleJob, JAXJob) with the labels and controller ownerReference the
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kcover.aio import clock as clocks
-from kcover.sim import behaviour, podlogs, status
+from kcover.sim import behaviour, podlogs, status, strategy
 from kcover.sim import store as stores
 
 Obj = dict[str, Any]
@@ -47,8 +50,14 @@ def _schedulable(node: Obj, pod: Obj) -> bool:
                for t in (node.get("spec") or {}).get("taints") or [])
 
 
+def _scheduling(node: Obj) -> tuple[Any, Any]:
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")), spec.get("taints") or []
+
+
 class Kubelets:
-    """Scheduler and kubelet of every simulated node, driven by one watch on pods."""
+    """Scheduler and kubelet of every simulated node plus the node lifecycle controller's Ready taints,
+    driven by one watch on pods and one on nodes."""
 
     def __init__(self, cluster: Cluster, *, start_delay: float = 0.05, finish_delay: float = 0.2,
                  clock: clocks.Clock | None = None) -> None:
@@ -64,29 +73,66 @@ class Kubelets:
         return clocks.rfc3339(self.clock.now())
 
     async def run(self, stop: asyncio.Event) -> None:
-        watcher = self.store.watch("pods", stores.Filter(), None)
+        watchers = {key: self.store.watch(key, stores.Filter(), None) for key in ("nodes", "pods")}
+        getters: dict[str, asyncio.Future[stores.Change | None]] = {}
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                change = watcher.initial.popleft() if watcher.initial else None
-                if change is None:
-                    getter = asyncio.ensure_future(watcher.queue.get())
-                    await asyncio.wait({getter, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    if not getter.done():
-                        getter.cancel()
+                key = next((k for k, w in watchers.items() if w.initial), None)
+                if key is not None:
+                    change: stores.Change | None = watchers[key].initial.popleft()
+                else:
+                    for k, w in watchers.items():
+                        if k not in getters:
+                            getters[k] = asyncio.ensure_future(w.queue.get())
+                    waiting: set[asyncio.Future[Any]] = {*getters.values(), stopping}
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if stop.is_set():
                         break
-                    change = getter.result()
-                    if change is None:
-                        watcher = self.store.watch("pods", stores.Filter(), None)
+                    key = next(k for k, g in getters.items() if g.done())
+                    change = getters.pop(key).result()
+                    if change is None:  # closed (fell behind): start over from a full list
+                        watchers[key] = self.store.watch(key, stores.Filter(), None)
                         continue
-                if change.type != "DELETED":
+                assert change is not None
+                if change.type == "DELETED":
+                    continue
+                if key == "pods":
                     self._react(change.new.obj())
+                else:
+                    self._node_changed(change)
         finally:
             stopping.cancel()
-            watcher.close()
+            for getter in getters.values():
+                getter.cancel()
+            for watcher in watchers.values():
+                watcher.close()
             for task in list(self._pending):
                 task.cancel()
             await asyncio.gather(*self._pending, return_exceptions=True)
+
+    def _node_changed(self, change: stores.Change) -> None:
+        """Node lifecycle controller and scheduler: keep the Ready taints in line, then retry pending pods
+        when what decides scheduling (taints, unschedulable) changed."""
+        node = change.new.obj()
+        if behaviour.ready_taints(node) is not None:
+            def retaint(obj: Obj) -> None:
+                taints = behaviour.ready_taints(obj)
+                if taints is None:
+                    return
+                if taints:
+                    obj.setdefault("spec", {})["taints"] = taints
+                else:
+                    (obj.get("spec") or {}).pop("taints", None)
+
+            with contextlib.suppress(status.ApiError):  # the node went meanwhile
+                self.store.mutate("nodes", "", node["metadata"]["name"], retaint)
+            return  # the write comes back as a change of its own
+        if change.old is not None and _scheduling(change.old.obj()) == _scheduling(node):
+            return
+        for pod in self.store.iter_objects("pods"):
+            if not pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
+                self._bind(pod)
 
     def _later(self, delay: float, action: Callable[[], None], name: str) -> None:
         async def run() -> None:
@@ -158,10 +204,15 @@ class Kubelets:
 
     def set_device_health(self, namespace: str, pod: str, container: str, *, resource_name: str,
                           resource_id: str, health: str = "Unhealthy", message: str = "") -> Obj:
-        """Report KEP-4680 health of one allocated device in containerStatuses[].allocatedResourcesStatus."""
+        """Report KEP-4680 health of one allocated device in containerStatuses[].allocatedResourcesStatus.
+
+        Refused (422 Invalid, as kube-apiserver refuses the kubelet's /status write) when
+        `resource_name` is not a resource of the container: `claim:<claim>/<request>` (or
+        `claim:<claim>`) of its resources.claims, or a resource name of its requests or limits."""
         def change(obj: Obj) -> None:
             obj["status"] = behaviour.device_health_status(obj, container, resource_name=resource_name,
                                                            resource_id=resource_id, health=health, message=message)
+            strategy.check_pod_status(obj)
 
         return self.store.mutate("pods", namespace, pod, change)
 

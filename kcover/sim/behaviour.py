@@ -2,7 +2,8 @@
 
 Owns the shapes only: the pods an operator keeps for a job (names, labels, controller
 ownerReference), the status a kubelet writes when a pod runs, when a container exits with an error,
-and when a DRA device's health changes (KEP-4680 `allocatedResourcesStatus`). It does no I/O: the
+and when a DRA device's health changes (KEP-4680 `allocatedResourcesStatus`), and the NoSchedule
+taints the node lifecycle controller keeps in line with a node's Ready condition. It does no I/O: the
 simulated cluster's actors (`kcover.sim.actors`) apply these through the Store, and the test harness
 (`tests/harness`) applies them over HTTP to any API server, so both play the same cluster.
 Functions never mutate their arguments; they raise `KeyError` on a manifest missing `metadata`.
@@ -29,6 +30,10 @@ OPERATOR_NAME = "training.kubeflow.org/operator-name"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
 JOB_ROLE = "training.kubeflow.org/job-role"
+NOT_READY = "node.kubernetes.io/not-ready"
+UNREACHABLE = "node.kubernetes.io/unreachable"
+#: Ready condition status -> the NoSchedule taint key the node lifecycle controller wants for it.
+READY_TAINT = {"True": "", "False": NOT_READY, "Unknown": UNREACHABLE}
 
 
 def job_pods(job: Obj, key: str) -> list[Obj]:
@@ -128,3 +133,22 @@ def device_health_status(pod: Obj, container: str, *, resource_name: str, resour
             resource["message"] = message
         entry["resources"] = [r for r in entry.get("resources") or [] if r["resourceID"] != resource_id] + [resource]
     return st
+
+
+def ready_taints(node: Obj) -> list[Obj] | None:
+    """The spec.taints the node lifecycle controller leaves on `node` for its Ready condition, or None
+    when it would change nothing: Ready True drops the `node.kubernetes.io/not-ready` and
+    `node.kubernetes.io/unreachable` NoSchedule taints (the first is what kube-apiserver's
+    TaintNodesByCondition admission puts on every new Node), False wants not-ready, Unknown
+    unreachable. Other taints, and NoExecute ones, are kept. A node without a Ready condition is left
+    alone: its kubelet has not reported yet."""
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") not in READY_TAINT:
+        return None
+    wanted = READY_TAINT[str(ready["status"])]
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    kept = [t for t in taints if t.get("effect") != "NoSchedule" or t.get("key") not in (NOT_READY, UNREACHABLE)
+            or t.get("key") == wanted]
+    if wanted and not any(t.get("key") == wanted and t.get("effect") == "NoSchedule" for t in kept):
+        kept.append({"key": wanted, "effect": "NoSchedule"})
+    return None if kept == taints else copy.deepcopy(kept)

@@ -43,6 +43,10 @@ log = structlog.get_logger()
 
 NAMESPACE = "ml"
 CONTAINER = "pytorch"
+GPU_CLAIM = "gpu-claim"
+GPU_REQUEST = "gpu"
+GPU_RESOURCE_STATUS = f"claim:{GPU_CLAIM}/{GPU_REQUEST}"
+"""The `allocatedResourcesStatus[].name` of the job containers' DRA GPUs."""
 JOB_LABEL = "training.kubeflow.org/job-name"
 OPT_IN = "kcover.io/cascading-recovery"
 POLL_SECONDS = 0.01
@@ -283,10 +287,15 @@ class SimCluster:
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "lastTransitionTime": clock_.rfc3339(clock_.utcnow())}]}})
         for job in self.jobs:
-            template = {"spec": {"restartPolicy": "OnFailure", "containers": [{
+            # GPUs both ways: a device-plugin limit and a DRA claim, so device health may be reported
+            # as "claim:gpu-claim/gpu" (a real server refuses a name the container has no claim for).
+            template = {"spec": {"restartPolicy": "OnFailure",
+                                 "resourceClaims": [{"name": GPU_CLAIM, "resourceClaimTemplateName": "gpu"}],
+                                 "containers": [{
                 "name": CONTAINER, "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                 "command": ["torchrun", "train.py"],
-                "resources": {"limits": {"nvidia.com/gpu": str(self.size.gpus_per_pod)}}}]}}
+                "resources": {"limits": {"nvidia.com/gpu": str(self.size.gpus_per_pod)},
+                              "claims": [{"name": GPU_CLAIM, "request": GPU_REQUEST}]}}]}}
             store.create("pytorchjobs.kubeflow.org", {
                 "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                 "metadata": {"name": job, "namespace": NAMESPACE, "labels": {OPT_IN: "true"}},

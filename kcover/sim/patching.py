@@ -143,7 +143,7 @@ def json_patch(doc: dict[str, Any], ops: Any) -> dict[str, Any]:
             raise status.bad_request(f"unexpected kind of JSON patch operation: {kind!r}")
     if not isinstance(out, dict):
         raise status.bad_request("the patch result is not an object")
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 # --- RFC 7386 ---------------------------------------------------------------------------------

@@ -234,7 +234,7 @@ async def dra_unhealthy(run: Run) -> None:
     old = c.pod_uids(job)
     device = f"gpu.nvidia.com/{node}/gpu-2"
     f = run.fault("dra-device-unhealthy", f"Pod {NS}/{pod}", f"allocatedResourcesStatus: {device} turns Unhealthy")
-    c.kubelets.set_device_health(NS, pod, cluster_.CONTAINER, resource_name="claim:gpu-claim/gpu",
+    c.kubelets.set_device_health(NS, pod, cluster_.CONTAINER, resource_name=cluster_.GPU_RESOURCE_STATUS,
                                  resource_id=device, health="Unhealthy",
                                  message="XID 79: GPU has fallen off the bus")
     await _restart_flow(run, f, job, old, "dra-health", pod)

@@ -2,8 +2,11 @@
 
 Owns what the apiserver's registry strategies do before an object reaches storage: dropping status
 on create and on main-resource writes of kinds with a status subresource, keeping everything but
-status on `/status` writes, pod defaults and pod-spec immutability, node taint validation,
-Event rules (namespace agreement, reporting fields, lengths) and the events.k8s.io/v1 <-> core/v1
+status on `/status` writes, pod defaults and pod-spec immutability, pod status validation of
+KEP-4680 `allocatedResourcesStatus` (names must be a resource the container has), node taint
+validation and the TaintNodesByCondition admission plugin's `node.kubernetes.io/not-ready:NoSchedule`
+taint on node create (API creates only: objects seeded with `Store.create` stand for state already in
+etcd and never pass admission), Event rules (namespace agreement, reporting fields, lengths) and the events.k8s.io/v1 <-> core/v1
 conversion, and MicroTime parsing (400 when not exactly six fractional digits plus a timezone).
 Every refusal is a `status.ApiError` with the real reason, message shape and `details.causes`.
 """
@@ -29,6 +32,13 @@ MICRO_TIME_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "leases.coordination.k8s.io": (("spec", "acquireTime"), ("spec", "renewTime")),
 }
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+NOT_READY_TAINT: Obj = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+"""What kube-apiserver's TaintNodesByCondition admission plugin appends to every Node it creates."""
+RESOURCE_HEALTH = ("Healthy", "Unhealthy", "Unknown")
+HEALTH_MESSAGE_MAX_BYTES = 1024
+CLAIM_NAME_MESSAGE = ("must match one of the container's resource claims in a format 'claim:<claimName>/<request>' "
+                      "or 'claim:<claimName>' if request is empty")
+RESOURCE_NAME_MESSAGE = "must match one of the container's resource requests"
 POD_MUTABLE_MESSAGE = ("Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
                        "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
                        "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
@@ -198,6 +208,93 @@ def _taint_errors(obj: Obj) -> list[Cause]:
     return out
 
 
+def not_ready_taint_added(obj: Obj) -> Obj:
+    """`obj` (a Node create body) as TaintNodesByCondition admits it: `NOT_READY_TAINT` appended to
+    spec.taints unless a taint with its key and effect (any value) is there already. Whatever the
+    node's status says: the node lifecycle controller, not admission, removes it once the node is Ready."""
+    out = copy.deepcopy(obj)
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        spec = out["spec"] = {}
+    taints = spec.get("taints") or []
+    if not any(isinstance(t, dict) and t.get("key") == NOT_READY_TAINT["key"]
+               and t.get("effect") == NOT_READY_TAINT["effect"] for t in taints):
+        spec["taints"] = [*taints, dict(NOT_READY_TAINT)]
+    return out
+
+
+def _allocatable_names(container: Obj) -> tuple[set[str], set[str]]:
+    """(claim names a status may report, resource names a status may report) for one container."""
+    resources = container.get("resources") or {}
+    claims: set[str] = set()
+    for claim in resources.get("claims") or []:
+        name, request = str(claim.get("name") or ""), str(claim.get("request") or "")
+        claims.add(f"{name}/{request}" if request else name)
+    # A real server defaults requests from limits on create, so its check against requests covers
+    # limits too; objects seeded through the store skip defaulting, hence the union.
+    names = {str(k) for k in (resources.get("requests") or {})} | {str(k) for k in (resources.get("limits") or {})}
+    return claims, names
+
+
+def _allocated_errors(statuses: Any, containers: Any, fld: str) -> list[Cause]:
+    out: list[Cause] = []
+    by_name = {str(c.get("name")): c for c in reversed(containers or []) if isinstance(c, dict)}
+    for i, cs in enumerate(statuses or []):
+        allocated = cs.get("allocatedResourcesStatus") if isinstance(cs, dict) else None
+        if not allocated:
+            continue
+        container = by_name.get(str(cs.get("name")))  # a status of no such container is not checked
+        for j, entry in enumerate(allocated):
+            at = f"{fld}[{i}].allocatedResourcesStatus[{j}]"
+            name = str(entry.get("name") or "")
+            if container is not None:
+                claims, names = _allocatable_names(container)
+                if name.startswith("claim:"):
+                    if name[len("claim:"):] not in claims:
+                        out.append(("FieldValueInvalid", f"{at}.name", f'Invalid value: "{name}": {CLAIM_NAME_MESSAGE}'))
+                elif name not in names:
+                    out.append(("FieldValueInvalid", f"{at}.name", f'Invalid value: "{name}": {RESOURCE_NAME_MESSAGE}'))
+            seen: set[str] = set()
+            for k, res in enumerate(entry.get("resources") or []):
+                health = str(res.get("health") or "")
+                if health not in RESOURCE_HEALTH:
+                    out.append(("FieldValueNotSupported", f"{at}.resources[{k}].health",
+                                f'Unsupported value: "{health}": supported values: "Healthy", "Unhealthy", "Unknown"'))
+                if len(str(res.get("message") or "").encode()) > HEALTH_MESSAGE_MAX_BYTES:
+                    out.append(("FieldValueTooLong", f"{at}.resources[{k}].message",
+                                f"Too long: may not be more than {HEALTH_MESSAGE_MAX_BYTES} bytes"))
+                rid = str(res.get("resourceID") or "")
+                if rid in seen:
+                    out.append(("FieldValueDuplicate", f"{at}.resources[{k}].resourceID", f'Duplicate value: "{rid}"'))
+                seen.add(rid)
+    return out
+
+
+def pod_status_errors(pod: Obj) -> list[Cause]:
+    """What kube-apiserver refuses in a pod's status (checked on /status writes), as seen on 1.36:
+    `allocatedResourcesStatus[].name` must be `claim:<claim>` or `claim:<claim>/<request>` of one of
+    the container's `resources.claims`, or a resource name of its requests (limits); health must be
+    Healthy, Unhealthy or Unknown; a message at most 1024 bytes; resourceIDs unique per entry.
+    Container statuses are checked against containers, init ones against init containers (a status
+    naming no such container is skipped); ephemeral container statuses may not have the field."""
+    spec, st = pod.get("spec") or {}, pod.get("status") or {}
+    out = _allocated_errors(st.get("containerStatuses"), spec.get("containers"), "status.containerStatuses")
+    out += _allocated_errors(st.get("initContainerStatuses"), spec.get("initContainers"),
+                             "status.initContainerStatuses")
+    for i, cs in enumerate(st.get("ephemeralContainerStatuses") or []):
+        if isinstance(cs, dict) and cs.get("allocatedResourcesStatus"):
+            out.append(("FieldValueForbidden", f"status.ephemeralContainerStatuses[{i}].allocatedResourcesStatus",
+                        "Forbidden: must not be specified in container status"))
+    return out
+
+
+def check_pod_status(pod: Obj) -> None:
+    """422 Invalid, as kube-apiserver answers a pod /status write, when `pod_status_errors` finds any."""
+    causes = pod_status_errors(pod)
+    if causes:
+        raise status.invalid("Pod", "", str((pod.get("metadata") or {}).get("name", "")), causes)
+
+
 def _pod_spec_frozen(spec: Obj) -> Obj:
     frozen = copy.deepcopy(spec)
     for group in ("containers", "initContainers"):
@@ -241,6 +338,8 @@ def prepare_create(res: registry.Resource, obj: Obj, *, new_api: bool = False) -
         spec.setdefault("dnsPolicy", "ClusterFirst")
         spec.setdefault("schedulerName", "default-scheduler")
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    elif res.key == "nodes":
+        obj = not_ready_taint_added(obj)
     elif res.key == "namespaces":
         obj["spec"] = {"finalizers": ["kubernetes"]}
         obj["status"] = {"phase": "Active"}
@@ -276,6 +375,8 @@ def prepare_update(res: registry.Resource, new: Obj, old: Obj, *, subresource: s
         else:
             new.pop("status", None)
     _validate(res, new, new_api=new_api)
+    if res.key == "pods" and subresource == "status":
+        _raise(res, new, pod_status_errors(new))
     if res.key == "pods" and subresource != "status":
         old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
         if _pod_spec_frozen(old_spec) != _pod_spec_frozen(new_spec):
