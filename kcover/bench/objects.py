@@ -72,6 +72,9 @@ def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | N
                                  "env": [{"name": "MASTER_ADDR", "value": f"{job}-master-0"},
                                          {"name": "WORLD_SIZE", "value": "32"}]}],
                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    if dra:  # a DRA claim the container uses: a real server only takes health for resources it has
+        spec["resourceClaims"] = [{"name": "gpu-claim", "resourceClaimName": f"{job}-worker-{index}-gpu"}]
+        spec["containers"][0]["resources"]["claims"] = [{"name": "gpu-claim", "request": "gpu"}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
             "status": running_status(index, dra=dra)}
 
