@@ -74,6 +74,15 @@ async def test_node_create_not_ready_taint_with_generate_name_and_other_effect(
         ("FieldValueNotSupported", "metadata.taints[0].effect")]
 
 
+@pytest.fixture
+async def pods(conformance_api: Api, ns: str) -> AsyncIterator[str]:
+    """The pods path of `ns`, emptied afterwards: a real server without a namespace controller keeps a
+    deleted namespace's pods, and their device health would reach later tests' cluster-wide watches."""
+    path = f"/api/v1/namespaces/{ns}/pods"
+    yield path
+    await conformance_api.request("DELETE", path, query={"gracePeriodSeconds": 0})
+
+
 def _pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {
         "resourceClaims": [{"name": "gpu", "resourceClaimName": "rc-gpu"},
@@ -107,9 +116,9 @@ def _causes(body: Any) -> list[tuple[str, str, str]]:
     ("dra", "claim:gpu"), ("dra", "claim:multi/r1"), ("dra", "cpu"), ("dp", "nvidia.com/gpu"),
     ("ghost", "anything"),  # a status of no such container is not checked
 ])
-async def test_allocated_resources_status_valid_names(conformance_api: Api, ns: str, container: str,
+async def test_allocated_resources_status_valid_names(conformance_api: Api, pods: str, container: str,
                                                       name: str) -> None:
-    path = f"/api/v1/namespaces/{ns}/pods"
+    path = pods
     await conformance_api.ok("POST", path, body=_pod("p"))
     got = await conformance_api.ok("PATCH", f"{path}/p/status", content_type=SMP,
                                    body={"status": {"containerStatuses": [_status(container, name)]}})
@@ -126,9 +135,9 @@ async def test_allocated_resources_status_valid_names(conformance_api: Api, ns: 
     ("dp", "", REQUESTS_MESSAGE),
 ])
 @pytest.mark.parametrize("write", ["put", "merge", "strategic"])
-async def test_allocated_resources_status_invalid_name(conformance_api: Api, ns: str, container: str, name: str,
-                                                       message: str, write: str) -> None:
-    path = f"/api/v1/namespaces/{ns}/pods"
+async def test_allocated_resources_status_invalid_name(conformance_api: Api, pods: str, container: str,
+                                                       name: str, message: str, write: str) -> None:
+    path = pods
     await conformance_api.ok("POST", path, body=_pod("p"))
     statuses = [_status("plain"), _status(container, "cpu" if container == "dra" else "claim:multi/r1", name)]
     statuses[0].pop("allocatedResourcesStatus")
@@ -151,8 +160,8 @@ async def test_allocated_resources_status_invalid_name(conformance_api: Api, ns:
     assert not stored["status"].get("containerStatuses")
 
 
-async def test_allocated_resources_status_every_rule_at_once(conformance_api: Api, ns: str) -> None:
-    path = f"/api/v1/namespaces/{ns}/pods"
+async def test_allocated_resources_status_every_rule_at_once(conformance_api: Api, pods: str) -> None:
+    path = pods
     await conformance_api.ok("POST", path, body=_pod("p"))
     pod = await conformance_api.ok("GET", f"{path}/p")
     dra = _status("dra", "bogus", "claim:x")
