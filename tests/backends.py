@@ -10,8 +10,8 @@ A pytest plugin (loaded from tests/conftest.py). Owns:
   ``[sim]``, ``[apiserver]``, ``[k3s]``). A test marked ``@pytest.mark.sim_only("why")`` runs on sim only.
   The `Cluster` gives ``backend``, ``client`` (a `kcover.kube.client.KubeClient`), ``kubeconfig_path``,
   ``namespace`` (fresh per test), ``harness`` (`tests/harness/playing.py`: kubelet and job operator
-  played over HTTP), ``request_counts`` (server-side, sim only, else None) and ``sim`` (the SimServer
-  or None).
+  played over HTTP), ``request_counts`` (server-side, sim only, else None), ``sim`` (the SimServer
+  or None) and ``controlplane`` (the real control plane on ``apiserver``, else None).
 * ``controlplane``: the session's one real control plane (also used by tests/conformance and
   tests/chart).
 * A terminal summary line per backend: tests passed, failed and skipped (``cluster`` and
@@ -253,6 +253,7 @@ class Cluster:
     harness: Any  # harness.playing.Harness
     configuration: Any  # kubernetes_asyncio Configuration, for more clients
     sim: Any = None  # kcover.sim.server.SimServer on the sim backend
+    controlplane: Any = None  # tests/controlplane/server.py's ControlPlane on the apiserver backend (compact())
     namespaces: list[str] = dataclasses.field(default_factory=list)  # created, removed at teardown
 
     @property
@@ -304,7 +305,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     backend = str(request.param)
     namespace = "t-" + secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
-        sim = None
+        sim = controlplane = None
         if backend == "sim":
             from kcover.sim import server as simserver
 
@@ -312,8 +313,11 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             kubeconfig = str(sim.write_kubeconfig(tmp_path / "kubeconfig"))
             configuration = sim.kube_configuration()
         else:
-            kubeconfig = (request.getfixturevalue("controlplane").kubeconfig_path if backend == "apiserver"
-                          else request.getfixturevalue("k3s").kubeconfig_path)
+            if backend == "apiserver":
+                controlplane = request.getfixturevalue("controlplane")
+                kubeconfig = controlplane.kubeconfig_path
+            else:
+                kubeconfig = request.getfixturevalue("k3s").kubeconfig_path
             configuration = k8s_client.Configuration()
             await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         kube = kubeclient.from_configuration(configuration)
@@ -322,7 +326,8 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         stack.push_async_callback(played.close)
         nodes_before = {n["metadata"]["name"] for n in (await played.request("GET", "/api/v1/nodes"))["items"]}
         made = Cluster(backend=backend, client=kube, kubeconfig_path=kubeconfig, namespace=namespace,
-                       harness=playing.Harness(played, namespace=namespace), configuration=configuration, sim=sim)
+                       harness=playing.Harness(played, namespace=namespace), configuration=configuration, sim=sim,
+                       controlplane=controlplane)
         await made.create_namespace(namespace)
         kube.request_counts.clear()
         try:

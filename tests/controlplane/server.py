@@ -289,9 +289,12 @@ class ControlPlane:
                 argv.append(f"--feature-gates={gates}")
             if runtime:
                 argv.append("--runtime-config=" + ",".join(runtime))
-            # No watch cache for configmaps: their watches go to etcd, so a test can force 410 Expired
-            # with an etcd compaction (`compact()`); the cache would serve old resourceVersions.
-            argv.append("--watch-cache-sizes=configmaps#0")
+            # No watch cache for configmaps and pods: their watches go to etcd, so a test can force 410
+            # Expired with an etcd compaction (`compact()`); the cache would serve old resourceVersions
+            # (the controller detectors' test makes the pod reflector re-list this way). Trade-off: pod
+            # watches here get no BOOKMARKs (the cache makes those) and no streaming lists
+            # (sendInitialEvents), and pod reads always go to etcd; a production server caches pods.
+            argv.append("--watch-cache-sizes=configmaps#0,pods#0")
             argv += self.extra_apiserver_args
             self._apiserver = _Proc("kube-apiserver", argv, d / f"kube-apiserver-{attempt}.log")
             status = self._wait_ready()

@@ -2,6 +2,11 @@
 
 Each injected fault gives exactly the expected events; healthy churn (1,000 pod updates), a forced
 re-list and a restart (a new cache and new detector instances) give none.
+
+The forced re-list: on the sim, its fault injection expires the watches; on the real kube-apiserver,
+whose test control plane keeps no watch cache for pods (tests/controlplane/server.py), the pod
+reflector's watches end after 1 s, unrelated writes move etcd's revision on and an etcd compaction
+makes the reflector's next watch from its resourceVersion answer 410, so it re-lists and diffs.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import datetime as dt
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+
+import structlog
 
 from kcover import bus as bus_
 from kcover import errors, metrics, model
@@ -64,8 +71,9 @@ async def seed(cluster: Cluster) -> dict[str, Any]:
 class Controller:
     """A cache and the four detectors, as the controller wires them."""
 
-    def __init__(self, kube: client.KubeClient, context: contract.DetectorContext, bus: bus_.Bus) -> None:
-        self.cache = caching.ClusterCache(kube, options=OPTIONS)
+    def __init__(self, kube: client.KubeClient, context: contract.DetectorContext, bus: bus_.Bus,
+                 options: watching.ReflectorOptions = OPTIONS) -> None:
+        self.cache = caching.ClusterCache(kube, options=options)
         self.context = dataclasses.replace(context, cache=self.cache)
         self.bus = bus
         self.stop = asyncio.Event()
@@ -179,6 +187,29 @@ async def churn(cluster: Cluster, cache: caching.ClusterCache, updates: int = 10
     await until(lambda: int(cache.pod_reflector.resource_version or 0) >= last, 20)
 
 
+async def relist_by_compaction(cluster: Cluster, reflector: watching.Reflector[Any]) -> None:
+    """Make `reflector` (pods, not cached by the test control plane) go through 410 -> re-list -> diff.
+
+    Writes unrelated objects so etcd's revision passes the reflector's resourceVersion by more than one,
+    then compacts etcd there: the reflector's next watch (each ends after 1 s) from its resourceVersion
+    answers 410 Expired. Asserts it logged the expiry and listed exactly once more.
+    """
+    lists, rv = reflector.lists, int(reflector.resource_version)
+    path = f"/api/v1/namespaces/{cluster.namespace}/configmaps"
+    with structlog.testing.capture_logs() as logs:
+        for i in range(3):
+            await cluster.harness.kube.request("POST", path, body={
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"unrelated-{i}"}})
+        compacted = await asyncio.to_thread(cluster.controlplane.compact)
+        assert compacted > rv + 1
+        await until(lambda: reflector.lists == lists + 1)
+        await asyncio.sleep(1.5)  # the next watches (from the new list's RV) are not expired: no second re-list
+    expired = [e for e in logs if e["event"] == "watch_expired_relisting" and e["reflector"] == reflector.name]
+    assert [e["resource_version"] for e in expired] == [str(rv)]
+    assert reflector.lists == lists + 1
+    assert reflector.store  # the re-list found the pods again
+
+
 async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_none(
         cluster: Cluster) -> None:
     kube, NS = cluster.client, cluster.namespace
@@ -186,7 +217,9 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
     bus = bus_.Bus(dedupe_window_seconds=0)  # no dedupe: a repeat must show
     sub = bus.subscribe("test")
     context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics())
-    first = Controller(kube, context, bus)
+    # a real server ends each watch after 1 s, so the reflector watches again from its resourceVersion
+    options = OPTIONS if cluster.controlplane is None else dataclasses.replace(OPTIONS, watch_timeout_seconds=1)
+    first = Controller(kube, context, bus, options)
     async with first.running() as ctl:
         assert await quiet(sub) == []
         bert0 = ctl.cache.pod_by_name(NS, "bert-0")
@@ -242,9 +275,12 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
             cluster.sim.faults.drop_watches()
             await until(lambda: ctl.cache.pod_reflector.lists == lists + 1)
             assert await quiet(sub) == []
+        elif cluster.controlplane is not None:  # a real server: an etcd compaction past the reflector's RV
+            await relist_by_compaction(cluster, ctl.cache.pod_reflector)
+            assert await quiet(sub) == []
 
     # -- restart: a new cache and new detector instances, the same process state
-    second = Controller(kube, context, bus)
+    second = Controller(kube, context, bus, options)
     async with second.running() as ctl2:
         assert await quiet(sub) == []
         await churn(cluster, ctl2.cache, 200)
