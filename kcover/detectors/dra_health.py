@@ -12,7 +12,6 @@ It never writes to the API. Without a cache it raises `DetectorUnavailableError`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,8 +20,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import errors, model
-from kcover.detectors import contract
+from kcover import model
+from kcover.detectors import contract, following
 from kcover.kube import caching
 from kcover.kube import projections as proj
 
@@ -88,29 +87,16 @@ class DraHealthDetector:
         self.name = name
         self.config = config
         self._context = context
-        states = context.extras.setdefault("detector_state", {})
-        tracks = states.get(name)
-        if not isinstance(tracks, dict):
-            tracks = states[name] = {}
+        tracks = following.kept_state(context, name, dict, dict)
         self.tracks: dict[str, dict[DeviceKey, Track]] = tracks
         """Pod uid -> device -> state."""
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = self._context.cache
-        if not isinstance(cache, caching.ClusterCache):
-            raise errors.DetectorUnavailableError("dra-health needs the controller's cluster cache")
+        cache = following.cache_of(self._context, self.name)
         self._bus = bus
-        if not await cache.wait_synced(stop):
-            return
-        unsubscribe = cache.subscribe(self._on_change)
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.tick_seconds)
-                self._tick(cache)
-        finally:
-            unsubscribe()
+        await following.follow(cache, stop, self._on_change, tick_seconds=self.config.tick_seconds,
+                               on_tick=lambda: self._tick(cache))
 
     def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
         if kind is not caching.Kind.POD:

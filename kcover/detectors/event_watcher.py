@@ -24,9 +24,9 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.aio import clock as clock_
-from kcover.detectors import contract
+from kcover.detectors import contract, following
 from kcover.kube import caching
 from kcover.kube import projections as proj
 
@@ -116,26 +116,15 @@ class EventWatcherDetector:
         self.name = name
         self.config = config
         self._context = context
-        states = context.extras.setdefault("detector_state", {})
-        handled = states.get(name)
-        if not isinstance(handled, dict):
-            handled = states[name] = {}
+        handled = following.kept_state(context, name, dict, dict)
         self.handled: dict[str, tuple[int, int, str, str, str]] = handled
         """Event uid -> the revision last judged."""
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = self._context.cache
-        if not isinstance(cache, caching.ClusterCache):
-            raise errors.DetectorUnavailableError("event-watcher needs the controller's cluster cache")
+        cache = following.cache_of(self._context, self.name)
         self._bus = bus
-        if not await cache.wait_synced(stop):
-            return
-        unsubscribe = cache.subscribe(self._on_change)
-        try:
-            await stop.wait()
-        finally:
-            unsubscribe()
+        await following.follow(cache, stop, self._on_change)
 
     def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
         if kind is not caching.Kind.EVENT:

@@ -25,9 +25,9 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.aio import clock as clock_
-from kcover.detectors import contract
+from kcover.detectors import contract, following
 from kcover.kube import caching
 from kcover.kube import projections as proj
 
@@ -103,35 +103,26 @@ class NodeConditionDetector:
         self.name = name
         self.config = config
         self._context = context
-        states = context.extras.setdefault("detector_state", {})
-        nodes = states.get(name)
-        if not isinstance(nodes, dict):
-            nodes = states[name] = {}
+        nodes = following.kept_state(context, name, dict, dict)
         self.nodes: dict[str, _NodeState] = nodes
         self._waiting: set[str] = set()
         self._types = frozenset(r.type for r in config.conditions)
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = self._context.cache
-        if not isinstance(cache, caching.ClusterCache):
-            raise errors.DetectorUnavailableError("node-condition needs the controller's cluster cache")
+        cache = following.cache_of(self._context, self.name)
         self._bus = bus
-        if not await cache.wait_synced(stop):
-            return
-        unsubscribe = cache.subscribe(self._on_change)
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.tick_seconds)
-                for name in list(self._waiting):
-                    node = cache.node(name)
-                    if node is None:
-                        self._waiting.discard(name)
-                    else:
-                        self._evaluate(node)
-        finally:
-            unsubscribe()
+        await following.follow(cache, stop, self._on_change, tick_seconds=self.config.tick_seconds,
+                               on_tick=lambda: self._recheck_waiting(cache))
+
+    def _recheck_waiting(self, cache: caching.ClusterCache) -> None:
+        """Conditions still inside their minimum duration are looked at again on each tick."""
+        for name in list(self._waiting):
+            node = cache.node(name)
+            if node is None:
+                self._waiting.discard(name)
+            else:
+                self._evaluate(node)
 
     def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
         if kind is not caching.Kind.NODE:

@@ -23,9 +23,9 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.aio import clock as clock_
-from kcover.detectors import contract
+from kcover.detectors import contract, following
 from kcover.kube import caching
 from kcover.kube import projections as proj
 
@@ -119,26 +119,15 @@ class PodStatusDetector:
         self.name = name
         self.config = config
         self._context = context
-        states = context.extras.setdefault("detector_state", {})
-        seen = states.get(name)
-        if not isinstance(seen, SeenSet):
-            seen = states[name] = SeenSet(config.seen_capacity)
+        seen = following.kept_state(context, name, SeenSet, lambda: SeenSet(config.seen_capacity))
         seen.capacity = config.seen_capacity
         self.seen: SeenSet = seen
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = self._context.cache
-        if not isinstance(cache, caching.ClusterCache):
-            raise errors.DetectorUnavailableError("pod-status needs the controller's cluster cache")
+        cache = following.cache_of(self._context, self.name)
         self._bus = bus
-        if not await cache.wait_synced(stop):
-            return
-        unsubscribe = cache.subscribe(self._on_change)
-        try:
-            await stop.wait()
-        finally:
-            unsubscribe()
+        await following.follow(cache, stop, self._on_change)
 
     def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
         if kind is not caching.Kind.POD or new is None:
