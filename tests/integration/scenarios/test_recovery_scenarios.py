@@ -346,11 +346,14 @@ async def test_leader_failover_successor_restarts_once(cluster: Cluster, tmp_pat
     async with cluster.harness.playing(), _controllers(cluster, tmp_path, ("a", "b")) as replicas:
         leader = _leader(replicas)
         successor = next(r for r in replicas if r is not leader)
-        await cluster.harness.fail_container(cluster.namespace, "train-worker-1", CONTAINER,
-                                             message="worker group failed (exitcode: 1)")
-        leader.kill()  # right after the fault, before it can act; its Lease is not released
+        # The leader dies without releasing its Lease, and the fault lands before the successor can
+        # take over: nobody leads when it happens, so only the successor can act on it, once, after
+        # the Lease expires (killing the leader after the fault would race its own restart).
+        leader.kill()
         killed_at = time.monotonic()
         await asyncio.wait([leader.task])
+        await cluster.harness.fail_container(cluster.namespace, "train-worker-1", CONTAINER,
+                                             message="worker group failed (exitcode: 1)")
         restarted = await _until_event(cluster, RESTARTED, uid, "the successor's restart Event")
         took = time.monotonic() - killed_at
         await _recreated(cluster, "train", old)
