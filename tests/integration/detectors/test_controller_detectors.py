@@ -256,8 +256,8 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         assert dra.attributes["claim"] == "claim:gpu/gpu"
         assert dra.attributes["resource_id"] == "gpu.nvidia.com/pool/gpu-1"
         assert dra.attributes["device_message"] == "XID 79: GPU has fallen off the bus"
-        rejected = {s.labels["reason"]: s.value for s in context.metrics.events_rejected.collect()[0].samples
-                    if s.name.endswith("_total")}
+        family = next(iter(context.metrics.events_rejected.collect()))
+        rejected = {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
         assert rejected == {"namespace_mismatch": 1.0, "untrusted_reporter": 1.0}
 
         # -- the same termination after an in-place restart is not new
