@@ -394,40 +394,54 @@ class Executor:
         refusal = await self._ledger.update(record, now=now)
         if refusal is not None:
             return await self._refuse(action, refusal[0], refusal[1], about, audit=False)
-        path = f"/api/v1/nodes/{action.node}"
-        for _attempt in range(NODE_WRITE_ATTEMPTS):
-            node = await self._kube.request("GET", path)
+        ours = self._taints(action.cause.reason)
+        mine = {(t["key"], t["effect"]) for t in ours}
+
+        def cordon(node: dict[str, Any]) -> str:
             meta = node.setdefault("metadata", {})
-            about = policy.node_ref(action.node, str(meta.get("uid", "")))
             annotations = meta.setdefault("annotations", {}) or {}
             meta["annotations"] = annotations
             if annotations.get(views.CORDONED_BY) == "kcover":
-                return await self._refuse(action, actions.SkipCode.ALREADY_CORDONED,
-                                          f"Node {action.node} is already cordoned by kcover", about, audit=False)
+                return f"Node {action.node} is already cordoned by kcover"
             spec = node.setdefault("spec", {})
-            ours = self._taints(action.cause.reason)
-            mine = {(t["key"], t["effect"]) for t in ours}
             kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in mine]
             spec["taints"] = kept + ours
             spec["unschedulable"] = True
             annotations[views.CORDONED_BY] = "kcover"
             annotations[views.CORDON_REASON] = f"{fault}: {action.reason}"[:1024]
             annotations[views.CORDONED_AT] = clock_.rfc3339(self._clock.now())
-            self._guard()
-            try:
-                await self._kube.request("PUT", path, body=node)
-            except errors.ConflictError:
-                continue
-            break
-        else:
-            raise errors.KubeError(f"Node {action.node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts",
-                                   status=409)
+            return ""
+
+        node, refused = await self._rewrite_node(action.node, cordon)
+        about = policy.node_ref(action.node, str(node.get("metadata", {}).get("uid", "")))
+        if refused:
+            return await self._refuse(action, actions.SkipCode.ALREADY_CORDONED, refused, about, audit=False)
         self._count(action, "done")
         self._observe(action.cause)
         log.info("node_cordoned", node=action.node, reason=action.reason, cause=action.cause.id)
         await self.emit(about, reason="KcoverCordonedNode", action="CordonNode", warning=True,
                         message=f"cordoned Node {action.node} (taint {rs.taint_key}) after {fault}: {action.reason}")
         return Result(Outcome.DONE, action)
+
+    async def _rewrite_node(self, name: str, change: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], str]:
+        """Read-modify-write a Node with its resourceVersion as the precondition, retrying on 409.
+
+        `change` edits the object in place and returns "" to have it written, or why it must not be
+        (then nothing is written). What `change` leaves alone, such as others' taints, is kept.
+        """
+        path = f"/api/v1/nodes/{name}"
+        for _attempt in range(NODE_WRITE_ATTEMPTS):
+            node: dict[str, Any] = await self._kube.request("GET", path)
+            refused = change(node)
+            if refused:
+                return node, refused
+            self._guard()
+            try:
+                await self._kube.request("PUT", path, body=node)
+            except errors.ConflictError:
+                continue
+            return node, ""
+        raise errors.KubeError(f"Node {name}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts", status=409)
 
     async def uncordon(self, action: actions.UncordonNode) -> Result:
         rs = self.settings
@@ -437,30 +451,23 @@ class Executor:
             await self.emit(about, reason="KcoverUncordonedNode", action="DryRunUncordon",
                             message=f"dry run: would un-cordon Node {action.node}")
             return Result(Outcome.DRY_RUN, action)
-        path = f"/api/v1/nodes/{action.node}"
-        for _attempt in range(NODE_WRITE_ATTEMPTS):
-            node = await self._kube.request("GET", path)
+        def uncordon(node: dict[str, Any]) -> str:
             meta = node.setdefault("metadata", {})
-            about = policy.node_ref(action.node, str(meta.get("uid", "")))
             annotations = meta.get("annotations") or {}
             if annotations.get(views.CORDONED_BY) != "kcover":
-                return await self._refuse(action, actions.SkipCode.NOT_CORDONED_BY_KCOVER,
-                                          f"Node {action.node} was not cordoned by kcover", about, audit=False)
+                return f"Node {action.node} was not cordoned by kcover"
             for key in (views.CORDONED_BY, views.CORDON_REASON, views.CORDONED_AT):
                 annotations.pop(key, None)
             meta["annotations"] = annotations
             spec = node.setdefault("spec", {})
             spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != rs.taint_key]
             spec.pop("unschedulable", None)
-            self._guard()
-            try:
-                await self._kube.request("PUT", path, body=node)
-            except errors.ConflictError:
-                continue
-            break
-        else:
-            raise errors.KubeError(f"Node {action.node}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts",
-                                   status=409)
+            return ""
+
+        node, refused = await self._rewrite_node(action.node, uncordon)
+        about = policy.node_ref(action.node, str(node.get("metadata", {}).get("uid", "")))
+        if refused:
+            return await self._refuse(action, actions.SkipCode.NOT_CORDONED_BY_KCOVER, refused, about, audit=False)
         self._count(action, "done")
         log.info("node_uncordoned", node=action.node)
         await self.emit(about, reason="KcoverUncordonedNode", action="UncordonNode",
