@@ -4,11 +4,21 @@ cluster backends plugin (tests/backends.py: `cluster`, `controlplane`, per-backe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import structlog
 
 pytest_plugins = ["backends"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """A test that configures structlog (the CLI does, at level warning) must not filter the next
+    test's log capture: every test starts from structlog's defaults."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)

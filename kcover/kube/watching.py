@@ -117,9 +117,13 @@ class Reflector(Generic[T]):
                     need_list = True
                     delay = backoff.next_delay()
             except errors.GoneError:
-                log.info("list_expired_relisting", reflector=self.name)
+                if need_list:  # the list itself was refused: back off before listing again
+                    log.info("list_expired_relisting", reflector=self.name)
+                    delay = backoff.next_delay()
+                else:  # a watch answered HTTP 410 instead of a 410 ERROR event: the same thing
+                    log.info("watch_expired_relisting", reflector=self.name,
+                             resource_version=self.resource_version)
                 need_list = True
-                delay = backoff.next_delay()
             except errors.TooManyRequestsError as exc:
                 delay = exc.retry_after if exc.retry_after is not None else backoff.next_delay()
                 log.warning("watch_throttled", reflector=self.name, retry_after=delay)
