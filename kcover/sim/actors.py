@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kcover.aio import clock as clocks
-from kcover.sim import behaviour, podlogs, status, strategy
+from kcover.sim import behaviour, podlogs, status, strategy, tables
 from kcover.sim import store as stores
 
 Obj = dict[str, Any]
@@ -73,14 +73,14 @@ class Kubelets:
         return clocks.rfc3339(self.clock.now())
 
     async def run(self, stop: asyncio.Event) -> None:
-        watchers = {key: self.store.watch(key, stores.Filter(), None) for key in ("nodes", "pods")}
-        getters: dict[str, asyncio.Future[stores.Change | None]] = {}
+        watchers = {key: self.store.watch(key, tables.Filter(), None) for key in ("nodes", "pods")}
+        getters: dict[str, asyncio.Future[tables.Change | None]] = {}
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
                 key = next((k for k, w in watchers.items() if w.initial), None)
                 if key is not None:
-                    change: stores.Change | None = watchers[key].initial.popleft()
+                    change: tables.Change | None = watchers[key].initial.popleft()
                 else:
                     for k, w in watchers.items():
                         if k not in getters:
@@ -92,7 +92,7 @@ class Kubelets:
                     key = next(k for k, g in getters.items() if g.done())
                     change = getters.pop(key).result()
                     if change is None:  # closed (fell behind): start over from a full list
-                        watchers[key] = self.store.watch(key, stores.Filter(), None)
+                        watchers[key] = self.store.watch(key, tables.Filter(), None)
                         continue
                 assert change is not None
                 if change.type == "DELETED":
@@ -111,7 +111,7 @@ class Kubelets:
                 task.cancel()
             await asyncio.gather(*self._pending, return_exceptions=True)
 
-    def _node_changed(self, change: stores.Change) -> None:
+    def _node_changed(self, change: tables.Change) -> None:
         """Node lifecycle controller and scheduler: keep the Ready taints in line, then retry pending pods
         when what decides scheduling (taints, unschedulable) changed."""
         node = change.new.obj()

@@ -21,7 +21,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from kcover.sim import discovery, faults, patching, podlogs, registry, selectors, status, strategy, watching
+from kcover.sim import (
+    discovery,
+    faults,
+    patching,
+    podlogs,
+    registry,
+    selectors,
+    status,
+    strategy,
+    tables,
+    watching,
+)
 from kcover.sim import store as stores
 
 Obj = dict[str, Any]
@@ -227,7 +238,7 @@ class ApiServer:
         except orjson.JSONDecodeError as exc:
             raise status.bad_request(f"the object provided is unrecognized: {exc}") from None
 
-    def _filter(self, request: web.Request, t: Target) -> stores.Filter:
+    def _filter(self, request: web.Request, t: Target) -> tables.Filter:
         query = request.query
         fields = selectors.parse_fields(query.get("fieldSelector"), t.resource.field_labels)
         if t.new_events:
@@ -235,7 +246,7 @@ class ApiServer:
             fields = selectors.FieldSelector(tuple(
                 selectors.FieldRequirement(rename.get(r.field, r.field.replace("regarding.", "involvedObject.")),
                                            r.equal, r.value) for r in fields.requirements))
-        return stores.Filter(t.namespace, selectors.parse_labels(query.get("labelSelector")), fields)
+        return tables.Filter(t.namespace, selectors.parse_labels(query.get("labelSelector")), fields)
 
     def _check_rv(self, rv_text: str | None) -> int | None:
         if rv_text in (None, ""):
@@ -288,7 +299,7 @@ class ApiServer:
         cont = encode_continue(list_rv, result.continue_after) if result.continue_after else None
         return self._list_response(t, result.entries, list_rv, cont, result.remaining)
 
-    def _list_response(self, t: Target, entries: list[stores.Entry], rv: int, cont: str | None,
+    def _list_response(self, t: Target, entries: list[tables.Entry], rv: int, cont: str | None,
                        remaining: int | None) -> web.Response:
         meta: Obj = {"resourceVersion": str(rv)}
         if cont:

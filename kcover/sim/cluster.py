@@ -35,9 +35,8 @@ from kcover.aio import clock as clock_
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.nvml import fake
-from kcover.sim import actors
+from kcover.sim import actors, tables
 from kcover.sim import server as simserver
-from kcover.sim import store as stores
 
 log = structlog.get_logger()
 
@@ -311,12 +310,12 @@ class SimCluster:
             self.detections.append(Detection(clock_.utcnow(), where, event))
 
     async def _follow_events(self) -> None:
-        watcher = self.srv.store.watch("events", stores.Filter(), None)
+        watcher = self.srv.store.watch("events", tables.Filter(), None)
         try:
             while True:
                 change = watcher.initial.popleft() if watcher.initial else await watcher.queue.get()
                 if change is None:
-                    watcher = self.srv.store.watch("events", stores.Filter(), self.srv.store.resource_version)
+                    watcher = self.srv.store.watch("events", tables.Filter(), self.srv.store.resource_version)
                     continue
                 if change.type == "ADDED":
                     self.api_events.append(_api_event(change.new.obj()))

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from kcover.sim import status
-from kcover.sim import store as stores
+from kcover.sim import status, tables
 
 if TYPE_CHECKING:
     from kcover.sim import apiserver
@@ -77,7 +76,7 @@ def _bookmark(t: apiserver.Target, rv: int, initial_end: bool = False) -> bytes:
                                            "metadata": meta}))
 
 
-async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: stores.Filter,
+async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: tables.Filter,
                 options: WatchOptions) -> web.StreamResponse:
     store = server.store
     key = t.resource.key
@@ -95,7 +94,7 @@ async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.
     else:
         since_for_store = since
     expired: status.ApiError | None = None
-    watcher: stores.Watcher | None = None
+    watcher: tables.Watcher | None = None
     if since_for_store and server.faults.take_expiry(key):
         expired = status.too_old(since_for_store, store.resource_version)
     else:
@@ -162,7 +161,7 @@ async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.
 
 
 async def _send_initial(response: web.StreamResponse, server: apiserver.ApiServer, t: apiserver.Target,
-                        watcher: stores.Watcher) -> None:
+                        watcher: tables.Watcher) -> None:
     lines: list[bytes] = []
     while watcher.initial:
         change = watcher.initial.popleft()

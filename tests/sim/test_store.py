@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kcover.sim import status, store
+from kcover.sim import selectors, status, store, tables
 
 
 def pod(name: str, *, node: str = "n1", phase: str = "Running", **labels: str) -> dict[str, Any]:
@@ -82,23 +82,23 @@ async def test_watch_history_and_compaction() -> None:
     start = s.resource_version
     for i in range(2):
         s.create("pods", pod(f"p{i}"))
-    w = s.watch("pods", store.Filter(), start)
+    w = s.watch("pods", tables.Filter(), start)
     assert [c.new.name for c in w.initial] == ["p0", "p1"]
     w.close()
     for i in range(2, 6):
         s.create("pods", pod(f"p{i}"))
     with pytest.raises(status.ApiError) as info:
-        s.watch("pods", store.Filter(), start)
+        s.watch("pods", tables.Filter(), start)
     assert info.value.status == 410
     s.compact("pods")
     with pytest.raises(status.ApiError):
-        s.watch("pods", store.Filter(), s.resource_version - 1)
+        s.watch("pods", tables.Filter(), s.resource_version - 1)
 
 
 async def test_watcher_selector_transitions() -> None:
     s = store.Store()
     s.create("pods", pod("p", team="a"))
-    flt = store.Filter(labels=store.selectors.parse_labels("team=b"))
+    flt = tables.Filter(labels=selectors.parse_labels("team=b"))
     w = s.watch("pods", flt, s.resource_version)
     s.mutate("pods", "default", "p", lambda o: o["metadata"]["labels"].update(team="b"))
     s.mutate("pods", "default", "p", lambda o: o["metadata"]["labels"].update(team="c"))
@@ -117,7 +117,7 @@ def test_list_at_rebuilds_past_state() -> None:
     s.create("pods", pod("b"))
     s.mutate("pods", "default", "a", lambda o: o["status"].update(phase="Failed"))
     s.delete("pods", "default", "a", grace_seconds=0)
-    past = s.list_at("pods", store.Filter(), rv)
+    past = s.list_at("pods", tables.Filter(), rv)
     assert [(e.name, e.obj()["status"]["phase"]) for e in past] == [("a", "Running")]
 
 
