@@ -43,7 +43,7 @@ import structlog
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
-from kcover.recovery import actions, adapters, ledger, policy, views
+from kcover.recovery import actions, adapters, auditing, ledger, policy, views
 
 log = structlog.get_logger()
 
@@ -104,20 +104,9 @@ class Executor:
     async def emit(self, about: actions.ObjectRef, *, reason: str, action: str, message: str,
                    warning: bool = False) -> None:
         """Write one core/v1 Event (with eventTime) on `about`; failures are logged, not raised."""
-        now = self._clock.now()
-        namespace = about.namespace or "default"
-        body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{about.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-            "involvedObject": {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
-                               "namespace": about.namespace, "uid": about.uid},
-            "reason": reason[:128], "action": action[:128], "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "eventTime": clock_.micro_time(now),
-            "reportingComponent": REPORTING_CONTROLLER, "reportingInstance": self.identity[:128],
-        }
-        if not about.namespace:
-            del body["involvedObject"]["namespace"]
+        body = auditing.event_body(about, reason=reason, action=action, message=message, warning=warning,
+                                   now=self._clock.now(), controller=REPORTING_CONTROLLER, instance=self.identity)
+        namespace = body["metadata"]["namespace"]
         try:
             self._guard()
             await self._kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
