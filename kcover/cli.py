@@ -189,7 +189,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(health.heartbeat(stop), name="heartbeat")
-            hooks = wiring.RoleHooks()
+            hooks = wiring.RoleHooks(environ=dict(os.environ))
 
             async def apply(new: settings.Settings, changed: set[str]) -> None:
                 if any(p.startswith("logging.") for p in changed):

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -29,8 +28,9 @@ Reconfigure = Callable[[settings.Settings, set[str]], Awaitable[None]]
 class RoleHooks:
     """What a running role offers back to the process: how to apply a new configuration."""
 
+    environ: Mapping[str, str]
+    """The process environment, read by `cli.py` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster variables)."""
     reconfigure: Reconfigure | None = None
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
 RoleMain = Callable[[settings.Settings, metrics.Metrics, serving.Health, asyncio.Event, RoleHooks],

@@ -99,7 +99,6 @@ class Supervisor:
         structlog.contextvars.bind_contextvars(detector=name, component=self._context.role.value)
         if self._context.node_name:
             structlog.contextvars.bind_contextvars(node=self._context.node_name)
-        bound = log
         up = self._metrics.detector_up.labels(detector=name)
         available = self._metrics.detector_available.labels(detector=name)
         available.set(1)
@@ -121,7 +120,7 @@ class Supervisor:
                 available.set(0)
                 running.state, running.detail = "unavailable", str(exc)
                 if not unavailable_logged:
-                    bound.warning("detector_unavailable", error=str(exc))
+                    log.warning("detector_unavailable", error=str(exc))
                     unavailable_logged = True
                 delay = self._settings.restart_max_seconds
             except bus_.BusClosedError:
@@ -133,7 +132,7 @@ class Supervisor:
                 running.state, running.detail = "failed", f"{type(exc).__name__}: {exc}"
                 self._metrics.detector_restarts.labels(detector=name).inc()
                 delay = running.backoff.next_delay()
-                bound.error("detector_failed", error=running.detail, restarts=running.restarts,
+                log.error("detector_failed", error=running.detail, restarts=running.restarts,
                             retry_in_seconds=round(delay, 2), exc_info=exc)
             else:
                 up.set(0)
