@@ -1,6 +1,10 @@
-"""The data every layer shares: `CollectorEvent` and the ids it carries.
+"""The data every layer shares: `CollectorEvent`, the typed meaning it carries, and its ids.
 
-Owns the shape of a fault report. It does no I/O and knows nothing of where events come from.
+Owns the shape of a fault report: what it is about (`Target`), which fault it is (`Fault`: XID,
+GPU, DRA device, check), what its source judges should happen (`Action`), whether it reports the
+end of a fault (`cleared`) and how often it was seen (`occurrences` within `window_seconds`).
+Every consumer reads meaning from these typed fields; `attributes` is detail shown to people and
+is never read to decide anything. It does no I/O and knows nothing of where events come from.
 Construction validates: a bad event fails loudly at the detector that built it, never downstream.
 """
 
@@ -26,6 +30,69 @@ class Severity(enum.StrEnum):
     WARNING = "Warning"
     INFO = "Info"
     """Informational notes (a device recovered); never leads to an action by default."""
+
+
+class Action(enum.StrEnum):
+    """What should happen about a fault, from least to most: a rule's action, or a source's judgement."""
+
+    IGNORE = "ignore"
+    """Logged and counted, nothing else."""
+    REPORT = "report"
+    """An Event a person can read; nothing is changed."""
+    RESTART_WORKLOAD = "restart-workload"
+    """Restart the workloads the fault touches (the pod's, or those on the faulting GPU)."""
+    CORDON_NODE = "cordon-node"
+    """Take the node out of scheduling; its running workloads are left alone."""
+    CORDON_NODE_AND_RESTART = "cordon-node-and-restart"
+    """Take the node out of scheduling and restart the opted-in workloads that have pods on it."""
+
+
+class DraDevice(BaseModel):
+    """One device allocated through DRA, as `allocatedResourcesStatus` and ResourceSlices name it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    driver: str = Field(min_length=1, max_length=253)
+    pool: str = Field(min_length=1, max_length=253)
+    device: str = Field(min_length=1, max_length=253)
+
+    @property
+    def resource_id(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+class Fault(BaseModel):
+    """Which fault this is, independent of who saw it. Empty fields are unknown."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    xid: int | None = Field(None, ge=0)
+    """NVIDIA XID code."""
+    gpu_index: int | None = Field(None, ge=0)
+    """NVML index of the GPU on its node."""
+    gpu_uuid: str = Field("", max_length=128)
+    dra: DraDevice | None = None
+    check: str = Field("", max_length=128)
+    """Name of the failing check: a DCGM test or health system, a plugin's check, a condition type."""
+    container: str = Field("", max_length=253)
+    """The failing container, for faults of one pod."""
+    pods: tuple[str, ...] = ()
+    """Pods holding the faulting device, as `namespace/name`, as the node saw them (PodResources)."""
+
+    def describe(self) -> str:
+        parts = []
+        if self.xid is not None:
+            parts.append(f"XID {self.xid}")
+        if self.gpu_index is not None or self.gpu_uuid:
+            parts.append(f"GPU {'' if self.gpu_index is None else self.gpu_index} {self.gpu_uuid}".replace("  ", " ").strip())
+        if self.dra is not None:
+            parts.append(f"device {self.dra.resource_id}")
+        if self.check:
+            parts.append(f"check {self.check}")
+        return ", ".join(parts)
+
+
+NO_FAULT = Fault()
 
 
 class TargetKind(enum.StrEnum):
@@ -80,7 +147,19 @@ class CollectorEvent(BaseModel):
     observed_at: dt.datetime = Field(default_factory=_utcnow)
     dedupe_key: str = ""
     """Equal keys within the bus's dedupe window are delivered once. Empty means `detector/reason/target`."""
+    fault: Fault = NO_FAULT
+    recommended: Action | None = None
+    """The source's own judgement (the agent's XID policy, a plugin's configured action); None leaves
+    the decision to the controller's rules. How the two combine: `recovery.node_judgement`."""
+    cleared: bool = False
+    """True when this event reports that the fault has ended (a condition back to good, a health
+    watch no longer failing). A cleared event never leads to a restart or a cordon."""
+    occurrences: int = Field(1, ge=1)
+    """How often the source saw this fault, this time included, within `window_seconds`."""
+    window_seconds: float = Field(0.0, ge=0)
+    """The window `occurrences` were counted in; 0 = since the source started."""
     attributes: dict[str, Any] = Field(default_factory=dict)
+    """Detail for people (logs, Event messages). Never read to decide anything."""
 
     @field_validator("message")
     @classmethod

@@ -25,13 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kcover import errors, model
 
-
-class Action(enum.StrEnum):
-    IGNORE = "ignore"
-    """Logged and counted; no event is published."""
-    REPORT = "report"
-    RESTART_WORKLOAD = "restart-workload"
-    CORDON_NODE = "cordon-node"
+Action = model.Action
+"""What the policy recommends for an XID; `ignore` is logged and counted, and no event is published."""
 
 
 class XidClass(enum.StrEnum):

@@ -62,12 +62,8 @@ class MemberSelector:
         return all(get(k) == v for k, v in self.labels)
 
 
-class ActionKind(enum.StrEnum):
-    RESTART_WORKLOAD = "restart-workload"
-    CORDON_NODE = "cordon-node"
-    CORDON_NODE_AND_RESTART = "cordon-node-and-restart"
-    REPORT = "report"
-    IGNORE = "ignore"
+ActionKind = model.Action
+"""The actions rules choose between: the same vocabulary a fault's source recommends in."""
 
 
 class SkipCode(enum.StrEnum):

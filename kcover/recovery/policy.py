@@ -32,6 +32,8 @@ class ClusterSnapshot(Protocol):
 
     def pod(self, uid: str) -> views.PodView | None: ...
 
+    def pod_by_name(self, namespace: str, name: str) -> views.PodView | None: ...
+
     def pods_of_workload(self, uid: str) -> Sequence[views.PodView]:
         """Pods whose controller ownerReference has this uid."""
         ...
@@ -92,18 +94,16 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 """Built-in rules, checked after `recovery.rules`. Anything unmatched (warnings, info) is ignored."""
 
-_ALLOWED: dict[actions.ActionKind, frozenset[actions.ActionKind]] = {
+_RANK: dict[actions.ActionKind, frozenset[actions.ActionKind]] = {
     AK.IGNORE: frozenset({AK.IGNORE}),
     AK.REPORT: frozenset({AK.IGNORE, AK.REPORT}),
     AK.RESTART_WORKLOAD: frozenset({AK.IGNORE, AK.REPORT, AK.RESTART_WORKLOAD}),
     AK.CORDON_NODE: frozenset({AK.IGNORE, AK.REPORT, AK.CORDON_NODE}),
     AK.CORDON_NODE_AND_RESTART: frozenset(AK),
 }
-"""A rule's action is a ceiling: an event's `recommended_action` (agent XID policy) is honoured when
-it is within it, e.g. a node rule allowing cordon-node-and-restart accepts a recommended restart-workload."""
-
-RECOMMENDED = "recommended_action"
-FAULT_CLEARED = "fault_cleared"
+"""Which actions each action covers: with `node_judgement: ceiling` a recommendation is honoured when
+the rule's action covers it, e.g. a node rule allowing cordon-node-and-restart accepts a recommended
+restart-workload (an application XID) or cordon-node."""
 
 
 def parse_rules(raw: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
@@ -129,22 +129,21 @@ def parse_rules(raw: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
     return tuple(out)
 
 
-def decide(event: model.CollectorEvent, rules: Sequence[Rule]) -> actions.ActionKind:
-    """The action for an event: first matching rule (configured, then built-in), narrowed by a recommendation."""
+def decide(event: model.CollectorEvent, rules: Sequence[Rule],
+           judgement: settings.NodeJudgement = settings.NodeJudgement.CEILING) -> actions.ActionKind:
+    """The action for an event: the first matching rule (configured, then built-in) combined with the
+    source's recommendation as `judgement` says."""
     chosen = AK.IGNORE
     for rule in (*rules, *DEFAULT_RULES):
         if rule.matches(event):
             chosen = rule.action
             break
-    recommended = event.attributes.get(RECOMMENDED)
-    if isinstance(recommended, str):
-        try:
-            wanted = actions.ActionKind(recommended)
-        except ValueError:
-            return chosen
-        if wanted in _ALLOWED[chosen]:
-            return wanted
-    return chosen
+    wanted = event.recommended
+    if wanted is None or judgement is settings.NodeJudgement.RULES:
+        return chosen
+    if judgement is settings.NodeJudgement.SOURCE:
+        return wanted
+    return wanted if wanted in _RANK[chosen] else chosen
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -251,6 +250,16 @@ class _Planner:
             return [self.skip(SC.TARGET_UNKNOWN, f"workload {uid} has no pods in the cache", about)]
         return self.restart_for_pod(pods[0])
 
+    def restarts_on_device(self, node: str, pods: Sequence[str]) -> list[actions.Action]:
+        """Restart what holds the faulting device: the named pods' workloads, if they still run on `node`."""
+        out: list[actions.Action] = []
+        for key in sorted(set(pods)):
+            namespace, _, name = key.partition("/")
+            pod = self.snapshot.pod_by_name(namespace, name)
+            if pod is not None and pod.node == node and not pod.deleting:
+                out += self.restart_for_pod(pod, sweep=True)
+        return out
+
     def restarts_on_node(self, node: str) -> list[actions.Action]:
         out: list[actions.Action] = []
         for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
@@ -283,20 +292,12 @@ class _Planner:
         return [actions.CordonNode(node=name, reason=reason, cause=self.event)]
 
     def uncordon(self, name: str) -> list[actions.Action]:
+        """Return a node to service: only one kcover cordoned itself (an admin's cordon is never undone).
+        The source says when the fault has stayed cleared long enough (the node-condition detector's
+        `recovered_hold_seconds`), so a cleared event is acted on when it arrives."""
         node = self.snapshot.node(name)
         if node is None or not node.cordoned_by_kcover:
             return []
-        about = node_ref(name, node.uid)
-        since = node.annotations.get(views.CORDONED_AT, "")
-        at = self.history.cordons.get(name)
-        if at is None and since:
-            try:
-                at = dt.datetime.fromisoformat(since.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                at = None
-        if at is not None and self.now - at < self.rs.uncordon_hold_seconds:
-            return [self.skip(SC.HOLD, f"Node {name} stays cordoned until its hold of "
-                              f"{self.rs.uncordon_hold_seconds:.0f}s has passed", about, audit=False)]
         return [actions.UncordonNode(node=name, cause=self.event)]
 
 
@@ -307,11 +308,11 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
     p = _Planner(event, snapshot, history, rs, _epoch(now))
     target = event.target
     node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
-    if event.attributes.get(FAULT_CLEARED) is True and event.severity is not model.Severity.ERROR:
+    if event.cleared:
         if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
             return p.uncordon(node_name)
         return []
-    kind = decide(event, parse_rules(rs.rules) if rules is None else rules)
+    kind = decide(event, parse_rules(rs.rules) if rules is None else rules, rs.node_judgement)
     if kind is AK.IGNORE:
         return []
     if kind is AK.REPORT:
@@ -330,8 +331,13 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
         if target.kind is model.TargetKind.WORKLOAD:
             return p.restart_workload(target.uid)
         if node_name:
-            found = p.restarts_on_node(node_name)
-            return found or [p.skip(SC.NO_WORKLOADS, f"no opted-in workload has pods on Node {node_name}",
+            if event.fault.pods:  # the node knows which pods hold the faulting device: only those
+                found = p.restarts_on_device(node_name, event.fault.pods)
+                where = f"{event.fault.describe() or 'the faulting device'} on Node {node_name}"
+            else:
+                found = p.restarts_on_node(node_name)
+                where = f"Node {node_name}"
+            return found or [p.skip(SC.NO_WORKLOADS, f"no opted-in workload has pods on {where}",
                                     node_ref(node_name), audit=False)]
         return [p.skip(SC.TARGET_UNKNOWN, f"{target.describe()} names nothing kcover can restart", None,
                        audit=False)]

@@ -49,6 +49,10 @@ class CacheSnapshot:
         found = self._cache.pod(uid)
         return pod_view(found) if found is not None else None
 
+    def pod_by_name(self, namespace: str, name: str) -> views.PodView | None:
+        found = self._cache.pod_by_name(namespace, name)
+        return pod_view(found) if found is not None else None
+
     def pods_of_workload(self, uid: str) -> list[views.PodView]:
         return [pod_view(p) for p in self._cache.pods_of_owner(uid)]
 

@@ -163,6 +163,12 @@ class MemorySnapshot:
     def pod(self, uid: str) -> PodView | None:
         return self.pods.get(uid)
 
+    def pod_by_name(self, namespace: str, name: str) -> PodView | None:
+        for p in self.pods.values():
+            if p.namespace == namespace and p.name == name:
+                return p
+        return None
+
     def pods_of_workload(self, uid: str) -> list[PodView]:
         return [p for p in self.pods.values() if p.owner is not None and p.owner.uid == uid]
 
