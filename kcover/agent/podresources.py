@@ -12,13 +12,21 @@ import asyncio
 import importlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 log = structlog.get_logger()
 
 _METHOD = "/v1.PodResourcesLister/List"
+
+
+class PodLookup(Protocol):
+    """Which pods hold a device: the kubelet's PodResources here; any other source in a test cluster."""
+
+    async def pods_for_device(self, device_id: str) -> list[str]:
+        """`namespace/name` of the pods that hold `device_id` (a GPU UUID); [] when unknown. Never raises."""
+        ...
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -52,14 +52,14 @@ class Agent:
     def __init__(self, config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
                  health: serving.Health | None, node: str, nvml: Any = None, command_runner: Any = None,
                  clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
-                 reporter_tick_seconds: float = 0.5) -> None:
+                 reporter_tick_seconds: float = 0.5, pod_lookup: podresources.PodLookup | None = None) -> None:
         self.config = config
         self.node = node
         self.client = client
         self.health = health
         self.clock = clock or clock_.SystemClock()
         self.policy = xid_policy.load(config.agent.xid_policy_file)
-        pods = podresources.PodResources(config.agent.pod_resources_socket)
+        pods = pod_lookup or podresources.PodResources(config.agent.pod_resources_socket)
         self.context = contract.DetectorContext(
             role=contract.Role.AGENT, metrics=metrics, clock=self.clock, node_name=node, nvml=nvml,
             command_runner=command_runner, gateway=client,
