@@ -22,7 +22,22 @@ NodeName = NewType("NodeName", str)
 WorkloadUid = NewType("WorkloadUid", str)
 
 MESSAGE_MAX = 1024
-"""Longest message kept: the API server refuses Event messages past 1,024 characters."""
+"""Longest message kept, in UTF-8 bytes: the API server refuses Event messages past 1,024 bytes."""
+NAME_MAX = 128
+"""Bytes of an Event's reason, action and reportingInstance the API server accepts."""
+
+
+def fit(text: str, max_bytes: int, *, suffix: str = "...") -> str:
+    """`text` cut to at most `max_bytes` UTF-8 bytes on a character boundary, `suffix` marking a cut.
+
+    The API server measures lengths with Go's `len`, in bytes: 600 CJK characters are 1,800 bytes."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return text
+    room = max_bytes - len(suffix.encode())
+    if room <= 0:
+        return raw[:max_bytes].decode("utf-8", "ignore")
+    return raw[:room].decode("utf-8", "ignore") + suffix
 
 
 class Severity(enum.StrEnum):
@@ -164,9 +179,7 @@ class CollectorEvent(BaseModel):
     @field_validator("message")
     @classmethod
     def _bound_message(cls, value: str) -> str:
-        if len(value) > MESSAGE_MAX:
-            return value[: MESSAGE_MAX - 3] + "..."
-        return value
+        return fit(value, MESSAGE_MAX)
 
     @field_validator("observed_at")
     @classmethod

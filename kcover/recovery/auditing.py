@@ -11,6 +11,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from kcover import model
 from kcover.aio import clock as clock_
 from kcover.recovery import actions
 
@@ -27,8 +28,9 @@ def event_body(about: actions.ObjectRef, *, reason: str, action: str, message: s
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{about.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
         "involvedObject": involved,
-        "reason": reason[:128], "action": action[:128], "message": message[:1024],
+        "reason": model.fit(reason, model.NAME_MAX, suffix=""), "action": model.fit(action, model.NAME_MAX, suffix=""),
+        "message": model.fit(message, model.MESSAGE_MAX),
         "type": "Warning" if warning else "Normal",
         "eventTime": clock_.micro_time(now),
-        "reportingComponent": controller, "reportingInstance": instance[:128],
+        "reportingComponent": controller, "reportingInstance": model.fit(instance, model.NAME_MAX, suffix=""),
     }

@@ -102,6 +102,11 @@ def check_micro_times(res: registry.Resource, obj: Obj) -> None:
 
 # --- events -----------------------------------------------------------------------------------
 
+def _bytes(text: str) -> int:
+    """Length as the API server measures it: Go's `len` of the UTF-8 string, in bytes, not characters."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 _NEW_TO_CORE = {"regarding": "involvedObject", "note": "message", "reportingController": "reportingComponent",
                 "deprecatedSource": "source", "deprecatedFirstTimestamp": "firstTimestamp",
                 "deprecatedLastTimestamp": "lastTimestamp", "deprecatedCount": "count"}
@@ -149,15 +154,15 @@ def _event_errors(obj: Obj, *, new_api: bool) -> list[Cause]:
     instance = str(obj.get("reportingInstance") or "")
     if not instance:
         out.append(("FieldValueRequired", "reportingInstance", "Required value"))
-    elif len(instance) > 128:
+    elif _bytes(instance) > 128:
         out.append(("FieldValueInvalid", "reportingInstance", 'Invalid value: "": can have at most 128 characters'))
     for fld in ("action", "reason"):
         value = str(obj.get(fld) or "")
         if not value:
             out.append(("FieldValueRequired", fld, "Required value"))
-        elif len(value) > 128:
+        elif _bytes(value) > 128:
             out.append(("FieldValueInvalid", fld, 'Invalid value: "": can have at most 128 characters'))
-    if len(str(obj.get("message") or "")) > 1024:
+    if _bytes(str(obj.get("message") or "")) > 1024:
         out.append(("FieldValueInvalid", note_field, 'Invalid value: "": can have at most 1024 characters'))
     if new_api and obj.get("type") not in ("Normal", "Warning"):
         out.append(("FieldValueInvalid", "type", f'Invalid value: "": has invalid value: {obj.get("type", "")}'))

@@ -49,6 +49,24 @@ async def test_core_event_with_event_time_needs_reporting_fields(conformance_api
     assert code == 422
 
 
+async def test_event_lengths_are_counted_in_utf8_bytes(conformance_api: Api, ns: str) -> None:
+    """The limits (message 1024, reason/action/reportingInstance 128) are bytes: 600 CJK characters are
+    1,800 bytes and refused; 341 of them (1,023 bytes) fit."""
+    path = f"/api/v1/namespaces/{ns}/events"
+    base = core_event("b0", ns, eventTime=now_micro(), reportingComponent="kcover.io/controller",
+                      reportingInstance="kcover-0", action="Restart")
+    code, body = await conformance_api.request("POST", path, body=dict(base, metadata={"name": "b1"},
+                                                                      message="\u8a13" * 600))
+    assert code == 422 and {c["field"] for c in body["details"]["causes"]} == {"message"}
+    created = await conformance_api.ok("POST", path, body=dict(base, metadata={"name": "b2"}, message="\u8a13" * 341))
+    assert len(created["message"].encode()) == 1023
+    for field in ("reason", "action", "reportingInstance"):
+        code, body = await conformance_api.request("POST", path, body=dict(base, metadata={"name": f"b-{field.lower()}"},
+                                                                          **{field: "\u00e9" * 65}))
+        assert code == 422 and field in {c["field"] for c in body["details"]["causes"]}, field  # 130 bytes
+    await conformance_api.ok("POST", path, body=dict(base, metadata={"name": "b3"}, reason="\u00e9" * 64))
+
+
 async def test_micro_time_needs_six_digits(conformance_api: Api, ns: str) -> None:
     path = f"/api/v1/namespaces/{ns}/events"
     event = core_event("e", ns, eventTime="2026-01-01T00:00:00.123Z", reportingComponent="kcover",

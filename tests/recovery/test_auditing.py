@@ -35,3 +35,16 @@ def test_limits_are_the_api_servers() -> None:
     assert len(body["reportingInstance"]) == 128
     assert len(body["metadata"]["name"]) <= 253
     assert body["type"] == "Warning"
+
+
+@pytest.mark.parametrize("char", ["x", "\u00e9", "\u8a13", "\U0001f525"])  # 1, 2, 3 and 4 UTF-8 bytes
+def test_limits_are_utf8_bytes_cut_on_a_character_boundary(char: str) -> None:
+    about = actions.ObjectRef("Pod", "v1", "p", "ns", "u")
+    body = auditing.event_body(about, reason=char * 200, action=char * 200, message=char * 2000, warning=True,
+                               now=NOW, controller="kcover.io/controller", instance=char * 300)
+    for field, limit in (("reason", 128), ("action", 128), ("message", 1024), ("reportingInstance", 128)):
+        raw = body[field].encode()
+        assert len(raw) <= limit, field
+        assert len(raw) > limit - 4, field  # cut at the last whole character that fits, not far before it
+        assert body[field].rstrip(".").strip(char) == "", field  # whole characters only
+    assert body["message"].endswith("...")

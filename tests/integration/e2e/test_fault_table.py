@@ -119,7 +119,7 @@ class World:
 async def _until(probe: Callable[[], Awaitable[bool]], what: str, within: float = WAIT) -> None:
     try:
         async with asyncio.timeout(within):
-            while not await probe():
+            while not await probe():  # noqa: ASYNC110  (polling the API server)
                 await asyncio.sleep(0.1)
     except TimeoutError:
         raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
