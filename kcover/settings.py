@@ -4,7 +4,9 @@ Owns the schema, defaults, units and the layering CLI flags > environment (`KCOV
 > YAML file > defaults, with the provenance of every value. It does not read files or the
 environment itself: `cli.py` reads them and passes plain mappings to `layer()`.
 
-Fails with `errors.ConfigError` carrying one line per bad field (`recovery.cooldown_seconds: ...`).
+Fails with `errors.ConfigError` carrying one line per bad field (`recovery.cooldown_seconds: ...`),
+including settings that were removed (`REMOVED`: named as removed, with what replaced them) and
+relations between fields (`lease.renew_deadline_seconds` below `lease.lease_duration_seconds`).
 Fields that cannot change while running carry `restart_required` in their schema extras.
 """
 
@@ -13,10 +15,19 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kcover import errors
@@ -29,9 +40,49 @@ ENV_NESTING = "__"
 
 _RESTART: JsonDict = {"restart_required": True}
 
+REMOVED = "removed_setting"
+"""Error type of a setting that no longer exists (see `_Group.removed`)."""
+RELATION = "settings_relation"
+"""Error type of a field that contradicts another field of its group (see `_Group.relations`)."""
+
+
+def _error(kind: str, message: str, field: str, value: Any) -> InitErrorDetails:
+    return {"type": PydanticCustomError(kind, message), "loc": (field,), "input": value}
+
+
+def _reraised(exc: ValidationError) -> list[InitErrorDetails]:
+    """A ValidationError's lines as details to raise again together with others (type and message kept)."""
+    return [{"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
+            for e in exc.errors()]
+
 
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    removed: ClassVar[Mapping[str, str]] = {}
+    """Settings this group no longer has -> what to do instead. A file still naming one is refused with that
+    text, at the field, rather than the generic "extra inputs are not permitted"."""
+
+    def relations(self) -> list[tuple[str, str]]:
+        """(field, problem) for each field that contradicts another one; checked after the fields."""
+        return []
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_group(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        gone = [k for k in data if k in cls.removed] if isinstance(data, Mapping) else []
+        details = [_error(REMOVED, f"removed setting: {cls.removed[k]}", k, data[k]) for k in gone]
+        try:
+            group = handler({k: v for k, v in data.items() if k not in gone} if gone else data)
+        except ValidationError as exc:
+            if not details:
+                raise
+            details += _reraised(exc)
+        else:
+            details += [_error(RELATION, problem, name, getattr(group, name)) for name, problem in group.relations()]
+            if not details:
+                return group
+        raise ValidationError.from_exception_data(cls.__name__, details)
 
 
 class LogFormat(enum.StrEnum):
@@ -133,9 +184,8 @@ class RecoverySettings(_Group):
     max_restarts_per_window: int = Field(5, ge=1, description="Restarts of one workload allowed per window before kcover stops and says why.")
     restart_window_seconds: float = Field(3600.0, gt=0, description="Seconds: the budget window (one hour).")
     node_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds between two cordons of the same node.")
-    event_cooldown_seconds: float = Field(30.0, ge=0, description="Seconds: the Go project's fixed cooldown between two actions on one target.")
     max_cordoned_fraction: float = Field(0.10, ge=0, le=1, description="Fraction of GPU nodes kcover may hold cordoned; past it the breaker opens.")
-    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once; past it the breaker opens.")
+    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the ledger write to the end of the DeleteCollection, cordons and other actions not counted); a restart planned past it is refused with `BreakerOpen`. A change applies to the next restart planned.")
     taint_key: str = Field("kcover.io/unhealthy", description="Key of the taint kcover puts on nodes it cordons.")
     taint_no_execute: bool = Field(False, description="Also add a NoExecute taint (evicts pods that do not tolerate it).")
     uncordon_enabled: bool = Field(False, description="Un-cordon nodes kcover cordoned once their fault cleared for the hold time.")
@@ -147,6 +197,12 @@ class RecoverySettings(_Group):
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
 
+    removed: ClassVar[Mapping[str, str]] = {
+        "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "
+                                  "back by recovery.workload_cooldown_seconds and recovery.node_cooldown_seconds. "
+                                  "Delete the line.",
+    }
+
 
 class LeaseSettings(_Group):
     enabled: bool = Field(True, description="Elect a leader; off only for a single replica in tests.", json_schema_extra=_RESTART)
@@ -155,7 +211,19 @@ class LeaseSettings(_Group):
     identity: str = Field("", description="This replica's identity; empty means the pod name (HOSTNAME).", json_schema_extra=_RESTART)
     lease_duration_seconds: float = Field(15.0, gt=0, description="Seconds a Lease is valid without renewal: client-go's default.")
     renew_deadline_seconds: float = Field(10.0, gt=0, description="Seconds the leader keeps trying to renew before it steps down: client-go's default.")
-    retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default.")
+    retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default. Must be below `renew_deadline_seconds`, which must be below `lease_duration_seconds`, so a leader renews before its Lease can expire.")
+
+    def relations(self) -> list[tuple[str, str]]:
+        out = []
+        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+            out.append(("renew_deadline_seconds", f"must be below lease.lease_duration_seconds "
+                        f"({self.lease_duration_seconds:g}): a leader must give up before its Lease expires, or "
+                        f"two replicas may lead at once"))
+        if self.retry_period_seconds >= self.renew_deadline_seconds:
+            out.append(("retry_period_seconds", f"must be below lease.renew_deadline_seconds "
+                        f"({self.renew_deadline_seconds:g}): otherwise the leader gets at most one renewal attempt "
+                        f"before it steps down"))
+        return out
 
 
 class AgentSettings(_Group):
@@ -247,14 +315,28 @@ def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield path
 
 
-def format_validation(exc: ValidationError, source: str) -> list[str]:
+def format_validation(exc: ValidationError, source: str, *, skip: frozenset[str] = frozenset(),
+                      sources: Mapping[str, str] | None = None) -> list[str]:
+    """One line per error, `SOURCE: dotted.path: message (got value)`; error types in `skip` are left out.
+
+    `sources` (dotted path -> source) names where a merged value came from instead of `source`."""
     lines = []
     for err in exc.errors():
+        if err["type"] in skip:
+            continue
         loc = ".".join(str(p) for p in err["loc"])
         got = err.get("input")
         shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-        lines.append(f"{source}: {loc}: {err['msg']}{shown}")
+        origin = source if sources is None else _origin(sources, [str(p) for p in err["loc"]])
+        lines.append(f"{origin}: {loc}: {err['msg']}{shown}")
     return lines
+
+
+def _origin(sources: Mapping[str, str], loc: list[str]) -> str:
+    for end in range(len(loc), 0, -1):
+        if (found := sources.get(".".join(loc[:end]))) is not None:
+            return found
+    return "default"
 
 
 class Layered:
@@ -283,14 +365,18 @@ def layer(*, file_data: Mapping[str, Any] | None = None, file_name: str = "",
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
-            raise errors.ConfigError("invalid configuration", format_validation(exc, source)) from exc
+            # relations are judged on the merged values: a later layer may set the other field
+            lines = format_validation(exc, source, skip=frozenset({RELATION}))
+            if lines:
+                raise errors.ConfigError("invalid configuration", lines) from exc
         merged = _merge(merged, data)
         for leaf in _leaves(data):
             provenance[leaf] = source
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as exc:
-        raise errors.ConfigError("invalid configuration", format_validation(exc, "merged")) from exc
+        raise errors.ConfigError("invalid configuration",
+                                 format_validation(exc, "merged", sources=provenance)) from exc
     return Layered(settings, provenance)
 
 

@@ -105,7 +105,7 @@ class _Live:
         self.recovery = recovery
 
     def retention_seconds(self) -> float:
+        """How long the ledger keeps an entry: as long as any check still reads it (budget window, cooldowns)."""
         r = self.recovery
-        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds,
-                   r.event_cooldown_seconds)
+        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds)
 

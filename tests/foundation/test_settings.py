@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pydantic
 import pytest
 from pydantic import BaseModel
 
@@ -98,3 +99,52 @@ def test_restart_required_fields_and_changed_paths() -> None:
     b = settings.Settings.model_validate({"lease": {"name": "other"},
                                           "detectors": {"entries": {"pod-status": {"config": {"x": 1}}}}})
     assert settings.changed_paths(a, b) == {"lease.name", "detectors.entries.pod-status"}
+
+
+@pytest.mark.parametrize("layers", [
+    {"file_data": {"recovery": {"event_cooldown_seconds": 30}}, "file_name": "f.yaml"},
+    {"environ": {"KCOVER_RECOVERY__EVENT_COOLDOWN_SECONDS": "30"}},
+    {"cli": {"recovery.event_cooldown_seconds": 30}},
+])
+def test_a_removed_setting_is_refused_by_name_with_what_to_do(layers: dict[str, object]) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(**layers)  # type: ignore[arg-type]
+    (line,) = info.value.errors
+    assert "recovery.event_cooldown_seconds: removed setting:" in line
+    assert "recovery.workload_cooldown_seconds" in line
+    assert "Extra inputs" not in line
+    assert "event_cooldown_seconds" not in settings.RecoverySettings.model_fields
+
+
+def test_a_removed_setting_is_reported_with_the_other_errors_of_its_group() -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(file_data={"recovery": {"event_cooldown_seconds": 30, "workload_cooldown_seconds": -1,
+                                               "max_restarts_per_window": "many"}}, file_name="f.yaml")
+    fields = sorted(line.split(": ")[1] for line in info.value.errors)
+    assert fields == ["recovery.event_cooldown_seconds", "recovery.max_restarts_per_window",
+                      "recovery.workload_cooldown_seconds"]
+
+
+@pytest.mark.parametrize(("lease", "field"), [
+    ({"renew_deadline_seconds": 15}, "lease.renew_deadline_seconds"),
+    ({"lease_duration_seconds": 8}, "lease.renew_deadline_seconds"),
+    ({"retry_period_seconds": 10}, "lease.retry_period_seconds"),
+    ({"renew_deadline_seconds": 1.5}, "lease.retry_period_seconds"),
+])
+def test_lease_timings_must_nest(lease: dict[str, float], field: str) -> None:
+    """retry_period < renew_deadline < lease_duration, reported at the field, with where it came from."""
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(file_data={"lease": lease}, file_name="f.yaml")
+    (line,) = info.value.errors
+    source = "file:f.yaml" if f"lease.{next(iter(lease))}" == field else "default"
+    assert line.startswith(f"{source}: {field}: must be below lease.")
+
+
+def test_lease_timings_are_judged_on_the_merged_layers() -> None:
+    """A file shortening the Lease is fine when the environment shortens the deadlines too."""
+    layered = settings.layer(file_data={"lease": {"lease_duration_seconds": 6}}, file_name="f.yaml",
+                             environ={"KCOVER_LEASE__RENEW_DEADLINE_SECONDS": "4",
+                                      "KCOVER_LEASE__RETRY_PERIOD_SECONDS": "1"})
+    assert (layered.settings.lease.lease_duration_seconds, layered.settings.lease.renew_deadline_seconds) == (6, 4)
+    with pytest.raises(pydantic.ValidationError, match="settings_relation"):
+        settings.Settings.model_validate({"lease": {"lease_duration_seconds": 6}})

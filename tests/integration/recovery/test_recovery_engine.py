@@ -16,7 +16,7 @@ import pytest
 from kcover import bus as bus_
 from kcover import errors, metrics, model, settings
 from kcover.kube import caching, client, watching
-from kcover.recovery import adapters, engine, executing, ledger, snapshots, views
+from kcover.recovery import actions, adapters, engine, executing, ledger, snapshots, views
 
 KF = "kubeflow.org/v1"
 Cluster = Any  # tests/backends.py's Cluster
@@ -422,9 +422,67 @@ async def test_engine_runs_from_a_bus_subscription(cluster: Cluster) -> None:
                 break
             await asyncio.sleep(0.01)
         stop.set()
-    # one batch, handled concurrently: all three plan a restart; the ledger lets one through
+    # the first restarts the job; the others see that restart (in flight or in the ledger) and cool down
     assert rig.engine.counts["restart_workload:done"] == 1
-    assert rig.engine.counts["restart_workload:skipped"] == 2
+    assert rig.engine.counts["skip:Cooldown"] == 2
     assert kube.request_counts["DELETECOLLECTION pods"] == 1
     assert dict(kube.request_counts) == {"GET configmaps": 1, "CREATE configmaps": 1, "DELETECOLLECTION pods": 1,
                                          "CREATE events": 1}
+
+
+async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applies_on_reload(cluster: Cluster) -> None:
+    """One restart may be in flight: a second job's restart is refused (BreakerOpen) while a cordon still
+    proceeds; after a reload to two, the second job restarts while the first is still in flight."""
+    await seed(cluster)
+    ns = cluster.namespace
+    other = await create(cluster, f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
+        "apiVersion": KF, "kind": "PyTorchJob",
+        "metadata": {"name": "other", "namespace": ns, "labels": {views.OPT_IN_LABEL: "true"}},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "OnFailure"}}}})
+    await make_pod(cluster, "other-worker-0", "gpu-6", {adapters.KUBEFLOW_JOB_NAME: "other",
+                                                         adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},
+                   other)
+    clock = Clock()
+    rig = await Rig.make(cluster, clock, max_concurrent_restarts=1)
+    gate = asyncio.Event()
+    saving: list[str] = []
+
+    async def held_save_logs(workload: Any, pods: Any) -> None:  # keeps a restart in flight until the gate opens
+        saving.append(workload.name)
+        await gate.wait()
+
+    rig.executor = executing.Executor(rig.kube, rig.snap, rig.ledger, recovery=rig.recovery, metrics_=rig.metrics,
+                                      clock=clock, identity="test-replica", is_leader=lambda: True,
+                                      save_logs=held_save_logs)
+    rig.engine = engine.RecoveryEngine(None, rig.snap, rig.ledger, rig.executor, recovery=rig.recovery,
+                                       clock=clock, is_leader=lambda: True)
+    # each event goes through handle(), as the controller hands batches
+    first = asyncio.create_task(rig.engine.handle([await pod_fault(cluster, "train-worker-0", clock)]))
+    for _ in range(200):
+        if saving:
+            break
+        await asyncio.sleep(0.01)
+    assert saving == ["train"]
+    assert rig.engine.in_flight_restarts == 1
+
+    await asyncio.wait_for(rig.engine.handle([await pod_fault(cluster, "other-worker-0", clock)]), 5)
+    assert [(r.outcome, getattr(r.action, "code", None)) for r in rig.engine.results] == [
+        (executing.Outcome.SKIPPED, actions.SkipCode.BREAKER_OPEN)]
+    # a node fault on a node without pods: the cordon is not held back by the restart in flight
+    await asyncio.wait_for(rig.engine.handle([node_fault("gpu-8", clock)]), 5)
+    assert (await get(cluster, "/api/v1/nodes/gpu-8"))["spec"]["unschedulable"] is True
+
+    rig.engine.reconfigure(rig.recovery.model_copy(update={"max_concurrent_restarts": 2}))
+    second = asyncio.create_task(rig.engine.handle([await pod_fault(cluster, "other-worker-0", clock)]))
+    for _ in range(200):
+        if len(saving) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert saving == ["train", "other"]
+    assert rig.engine.in_flight_restarts == 2
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert rig.engine.counts["restart_workload:done"] == 2
+    assert rig.engine.in_flight_restarts == 0
+    assert await alive(cluster) >= {"train-chief-0", "train-chief-1"}
+    assert not await alive(cluster) & {"train-worker-0", "other-worker-0"}
