@@ -6,12 +6,16 @@ about the Node (reportingComponent `kcover.io/agent`, reportingInstance the node
 eventTime, namespace `default`). Events whose recommended action is restart-workload or cordon-node
 carry `kcover.io/need-recovery: "true"`, so the controller's event watcher acts on them.
 
-Node-level faults (recommended action cordon-node) set the condition False. A health fault clears
-when its detector publishes `state: cleared`; an XID fault clears when it has not recurred. Either
-way the condition returns to True only once every fault stayed cleared for
+Node-level faults (recommended action cordon-node or cordon-node-and-restart) set the condition
+False (`codec.condition_status`). A fault with a `check` (a health poll, a DCGM check, a plugin's
+check) lasts until its detector publishes it `cleared`; one without (an XID) clears when it has not
+recurred. Either way the condition returns to True only once every fault stayed cleared for
 `agent.condition_hold_seconds`. Condition writes happen only on change and at most once per
-`agent.min_write_interval_seconds`; Events are deduplicated per (reason, GPU, action) within
-`agent.event_dedupe_seconds` and limited to `agent.max_events_per_minute`.
+`agent.min_write_interval_seconds`; Events are deduplicated per (reason, GPU, action, cleared) within
+`agent.event_dedupe_seconds` and limited to `agent.max_events_per_minute`. Everything is read from
+the events' typed fields; their `attributes` are never consulted. The Event annotations are the
+codec's (`kcover.codec`): `kcover.io/need-recovery` on faults whose source recommends a restart or
+a cordon, and every typed field of the fault.
 
 Failures: a failed write is logged and retried on the next tick (condition) or dropped (Event); the
 reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
@@ -27,15 +31,15 @@ from typing import Any
 import structlog
 
 from kcover import bus as bus_
-from kcover import errors, model, settings
+from kcover import codec, errors, model, settings
 from kcover.aio import backoff
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 
 log = structlog.get_logger()
 
-NEED_RECOVERY = "kcover.io/need-recovery"
-ACTIONS_NEEDING_RECOVERY = frozenset({"restart-workload", "cordon-node"})
+NODE_LEVEL = frozenset({model.Action.CORDON_NODE, model.Action.CORDON_NODE_AND_RESTART})
+"""Recommendations that make a fault the node's: they set the condition False."""
 HEALTHY_REASON = "GPUsHealthy"
 
 
@@ -58,16 +62,23 @@ class Condition:
 
 
 def fault_key(event: model.CollectorEvent) -> str | None:
-    """The key of the node-level fault an event sets or clears, or None if it is not one."""
-    attrs = event.attributes
-    target = event.target.device_id or event.target.node or event.target.name
-    if "fault" in attrs:
-        if attrs.get("state") == "cleared" or attrs.get("recommended_action") == "cordon-node":
-            return f"{attrs['fault']}/{target}"
+    """The key of the node-level fault an event sets or clears, or None if it is not one (pure)."""
+    fault = event.fault
+    if not event.cleared and (event.recommended not in NODE_LEVEL or event.severity is model.Severity.INFO):
         return None
-    if attrs.get("recommended_action") == "cordon-node" and event.severity is not model.Severity.INFO:
-        return f"{event.reason}/{target}"
-    return None
+    if event.cleared and not fault.check:
+        return None  # only faults with a check last until cleared; XIDs clear by not recurring
+    target = event.target.device_id or event.target.node or event.target.name
+    what = fault.check or event.reason
+    xid = "" if fault.xid is None else str(fault.xid)
+    return f"{event.detector}/{what}/{xid}/{fault.gpu_uuid or fault.gpu_index or ''}/{target}"
+
+
+def _gpu(event: model.CollectorEvent) -> str:
+    fault = event.fault
+    if fault.gpu_uuid:
+        return fault.gpu_uuid
+    return event.target.device_id or ("" if fault.gpu_index is None else f"GPU {fault.gpu_index}")
 
 
 def apply(faults: dict[str, Fault], event: model.CollectorEvent, now: float) -> None:
@@ -75,16 +86,14 @@ def apply(faults: dict[str, Fault], event: model.CollectorEvent, now: float) -> 
     key = fault_key(event)
     if key is None:
         return
-    attrs = event.attributes
-    gpu = str(attrs.get("gpu_uuid") or event.target.device_id or "")
-    if attrs.get("state") == "cleared":
+    if event.cleared:
         known = faults.get(key)
         if known is not None and known.active:
             known.active, known.cleared_at = False, now
         return
-    persistent = "fault" in attrs
-    faults[key] = Fault(reason=event.reason, gpu=gpu, message=event.message, active=persistent, last_seen=now,
-                        cleared_at=None if persistent else now)
+    persistent = bool(event.fault.check)
+    faults[key] = Fault(reason=event.reason, gpu=_gpu(event), message=event.message, active=persistent,
+                        last_seen=now, cleared_at=None if persistent else now)
 
 
 def condition(faults: dict[str, Fault], now: float, hold_seconds: float) -> Condition:
@@ -93,14 +102,14 @@ def condition(faults: dict[str, Fault], now: float, hold_seconds: float) -> Cond
                 and now - f.cleared_at > hold_seconds]:
         del faults[key]
     if not faults:
-        return Condition("True", HEALTHY_REASON, "kcover agent sees no GPU fault on this node")
+        return Condition(codec.condition_status(False), HEALTHY_REASON, "kcover agent sees no GPU fault on this node")
     ordered = sorted(faults.values(), key=lambda f: (not f.active, f.reason, f.gpu))
     reasons = sorted({f.reason for f in ordered})
     gpus = sorted({f.gpu for f in ordered if f.gpu})
     reason = reasons[0] if len(reasons) == 1 else "GPUFaults"
     detail = "; ".join(f.message + ("" if f.active else " (cleared, holding)") for f in ordered)
     message = f"affected GPUs: {', '.join(gpus) or 'node'}; {detail}"
-    return Condition("False", reason, message[: model.MESSAGE_MAX])
+    return Condition(codec.condition_status(True), reason, message[: model.MESSAGE_MAX])
 
 
 @dataclass
@@ -192,7 +201,7 @@ class Reporter:
             current = Condition(str(cond.get("status")), str(cond.get("reason", "")), str(cond.get("message", "")))
             transition = cond.get("lastTransitionTime")
             self._written = _Written(current, clock_.parse_time(transition) if transition else None)
-            if current.status == "False":
+            if current.status == codec.condition_status(True):
                 now = self.clock.monotonic()
                 self.faults["carried-over/node"] = Fault(reason=current.reason or "CarriedOver", gpu="",
                                                          message="fault reported before the agent restarted",
@@ -231,10 +240,8 @@ class Reporter:
     # ------------------------------------------------------------------ events
 
     async def post_event(self, event: model.CollectorEvent) -> None:
-        attrs = event.attributes
-        action = str(attrs.get("recommended_action") or "report")
-        gpu = str(attrs.get("gpu_uuid") or event.target.device_id or "")
-        key = f"{event.reason}/{gpu}/{action}"
+        action = _action_word(event)
+        key = f"{event.reason}/{_gpu(event)}/{action}/{event.cleared}"
         now = self.clock.monotonic()
         last = self._sent.get(key)
         if last is not None and now - last < self.config.event_dedupe_seconds:
@@ -260,26 +267,25 @@ class Reporter:
         self.events_created += 1
 
 
+def _action_word(event: model.CollectorEvent) -> str:
+    return "cleared" if event.cleared else (event.recommended or model.Action.REPORT).value
+
+
 def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime) -> dict[str, Any]:
-    """The core/v1 Event about this Node for one observation (pure)."""
-    attrs = event.attributes
-    action = str(attrs.get("recommended_action") or "report")
-    annotations = {"kcover.io/recommended-action": action, "kcover.io/detector": event.detector}
-    if action in ACTIONS_NEEDING_RECOVERY and event.severity is not model.Severity.INFO:
-        annotations[NEED_RECOVERY] = "true"
-    for attr, name in (("gpu_uuid", "gpu-uuid"), ("xid", "xid"), ("class", "class"), ("gpu_index", "gpu-index")):
-        if attrs.get(attr) is not None:
-            annotations[f"kcover.io/{name}"] = str(attrs[attr])
-    if attrs.get("pods"):
-        annotations["kcover.io/pods"] = ",".join(str(p) for p in attrs["pods"])[:2048]
+    """The core/v1 Event about this Node for one observation, its typed fields in the codec's
+    annotations (pure). Values the codec cannot carry are left out and logged."""
+    encoded = codec.encode_annotations(event)
+    if encoded.dropped:
+        log.warning("agent_event_fields_dropped", node=node, reason=event.reason,
+                    dropped=[f"{key}: {why}" for key, why in encoded.dropped])
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{node}.kcover-", "namespace": "default", "annotations": annotations},
+        "metadata": {"generateName": f"{node}.kcover-", "namespace": "default", "annotations": encoded.annotations},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
         "reason": event.reason[:128],
         "message": event.message[: model.MESSAGE_MAX] or event.reason,
         "type": "Normal" if event.severity is model.Severity.INFO else "Warning",
-        "action": action[:128],
+        "action": _action_word(event)[:128],
         "eventTime": clock_.micro_time(when),
         "reportingComponent": reporter,
         "reportingInstance": node[:128],

@@ -5,8 +5,9 @@ subprocesses), reading a dcgm-exporter endpoint over HTTP (aiohttp) where one is
 pure parsers that turn their output into per-GPU `Finding`s: `parse_diag_table` (the plain-text table
 every DCGM 3.x/4.x prints), `parse_diag_json` (`dcgmi diag -j`), `parse_health_json`
 (`dcgmi health -c -j`) and `parse_exporter` (Prometheus text). Findings are published when they
-appear (`state: active`) and when they go away (`state: cleared`), like the NVML detector's health
-faults. Diagnostics never overlap and each run has a timeout. It never writes to the API.
+appear and again with `cleared=True` when they go away, like the NVML detector's health faults; the
+event's `fault.check` is `<source>/<check>` (e.g. `diag/Memory`, `health/PCIe`), `recommended` the
+finding's action. Diagnostics never overlap and each run has a timeout. It never writes to the API.
 
 Fails: `dcgmi` missing (and no exporter configured) -> `errors.DetectorUnavailableError`; a run that
 times out or exits non-zero without output is logged and retried at the next schedule.
@@ -388,20 +389,14 @@ class DcgmDetector:
                                  else finding.check.replace("DCGM_FI_DEV_", "").title().replace("_", ""))
         if finding.xid is not None:
             reason = f"XID{finding.xid}"
-        attributes: dict[str, Any] = {
-            "fault": finding.key, "state": state, "source": finding.source, "check": finding.check,
-            "recommended_action": xid_policy.Action.REPORT.value if cleared else finding.action.value,
-            "gpu_index": finding.gpu_index, "gpu_uuid": finding.gpu_uuid,
-        }
-        if finding.xid is not None:
-            attributes["xid"] = finding.xid
-        if finding.pods:
-            attributes["pods"] = list(finding.pods)
+        fault = model.Fault(xid=finding.xid, gpu_index=finding.gpu_index, gpu_uuid=finding.gpu_uuid,
+                            check=f"{finding.source}/{finding.check}"[:128], pods=finding.pods)
         await bus.publish(model.CollectorEvent(
             detector=self.name, target=target, severity=model.Severity.INFO if cleared else finding.severity,
             reason=(reason + "Cleared" if cleared else reason)[:128],
             message=("cleared: " if cleared else "") + finding.message, observed_at=self.context.clock.now(),
-            dedupe_key=f"{self.name}/{finding.key}/{state}", attributes=attributes))
+            dedupe_key=f"{self.name}/{finding.key}/{state}", fault=fault,
+            recommended=None if cleared else finding.action, cleared=cleared))
 
 
 def _parse_any_diag(out: str) -> list[Finding]:

@@ -5,8 +5,11 @@ thread waits at most `wait_timeout_ms` per call so `stop` is honoured promptly),
 policy (`kcover.nvml.xid_policy`) with a per-GPU occurrence history; and, every
 `health_interval_seconds` (or at once after a double-bit ECC event), a poll of each GPU for a lost GPU,
 volatile double-bit ECC errors, row-remap failure, pending row remaps and pages pending retirement.
-Health faults are published when they appear (`state: active`) and when they go away
-(`state: cleared`), so the reporter can restore the node condition. It never writes to the API.
+Events carry their meaning in typed fields: `fault` (XID, GPU index and UUID, the pods on the GPU,
+or the health `check`), `recommended` (the XID policy's or the health check's action) and, for XIDs,
+`occurrences` within `window_seconds` as the policy counted them. Health faults are published when
+they appear and again with `cleared=True` when they go away, so the reporter can restore the node
+condition. It never writes to the API.
 
 Backend: `context.nvml` (a `kcover.nvml.backend.Nvml`), or the real pynvml adapter when None. The XID
 policy: `context.extras["xid_policy"]` (an `XidPolicy` the agent loaded from settings), else the
@@ -180,13 +183,11 @@ class NvmlDetector:
         message = (f"XID {decision.xid} ({what}) on GPU {device.index if device else '?'} {event.gpu_uuid}: "
                    f"class {decision.xid_class.value}, recommended action {decision.action.value}"
                    + (f" after {decision.occurrences} occurrences" if decision.escalated else ""))
-        attributes: dict[str, Any] = {
-            "xid": decision.xid, "class": decision.xid_class.value,
-            "recommended_action": decision.action.value, "occurrences": decision.occurrences,
-            "escalated": decision.escalated, "known_xid": decision.known,
-        }
+        attributes: dict[str, Any] = {"class": decision.xid_class.value, "escalated": decision.escalated,
+                                      "known_xid": decision.known}
         await self._publish(bus, device, event.gpu_uuid, reason=decision.reason, severity=decision.severity,
-                            message=message, attributes=attributes,
+                            message=message, attributes=attributes, xid=decision.xid, recommended=decision.action,
+                            occurrences=decision.occurrences, window_seconds=decision.window_seconds,
                             dedupe_key=f"{self.name}/xid/{event.gpu_uuid}/{decision.xid}/{decision.action.value}")
 
     # ------------------------------------------------------------------ health poll
@@ -209,8 +210,7 @@ class NvmlDetector:
             self._active[(device.index, fault.key)] = fault
             await self._publish(bus, device, device.uuid, reason=fault.reason, severity=fault.severity,
                                 message=f"GPU {device.index} {device.uuid}: {fault.message}",
-                                attributes={"fault": fault.key, "state": "active",
-                                            "recommended_action": fault.action.value, "class": "hardware"},
+                                attributes={"class": "hardware"}, check=fault.key, recommended=fault.action,
                                 dedupe_key=f"{self.name}/{fault.key}/{device.uuid}/active")
         for (index, key), fault in list(self._active.items()):
             if index != device.index or key in now_keys:
@@ -219,33 +219,35 @@ class NvmlDetector:
             await self._publish(bus, device, device.uuid, reason=f"{fault.reason}Cleared",
                                 severity=model.Severity.INFO,
                                 message=f"GPU {device.index} {device.uuid}: {fault.reason} no longer reported",
-                                attributes={"fault": key, "state": "cleared",
-                                            "recommended_action": xid_policy.Action.REPORT.value,
-                                            "class": "hardware"},
+                                attributes={"class": "hardware"}, check=key, cleared=True,
                                 dedupe_key=f"{self.name}/{key}/{device.uuid}/cleared")
 
     # ------------------------------------------------------------------ publishing
 
     async def _publish(self, bus: bus_.Bus, device: backend.DeviceInfo | None, uuid: str, *, reason: str,
-                       severity: model.Severity, message: str, attributes: dict[str, Any],
-                       dedupe_key: str) -> None:
+                       severity: model.Severity, message: str, attributes: dict[str, Any], dedupe_key: str,
+                       xid: int | None = None, check: str = "", recommended: model.Action | None = None,
+                       cleared: bool = False, occurrences: int = 1, window_seconds: float = 0.0) -> None:
         node = self.context.node_name
-        attributes = dict(attributes, gpu_uuid=uuid)
         if device is not None:
-            attributes.update(gpu_index=device.index, pci_bus_id=device.pci_bus_id)
+            attributes = dict(attributes, pci_bus_id=device.pci_bus_id)
+        pods: tuple[str, ...] = ()
         pods_for_device = self.context.extras.get("pods_for_device")
-        if pods_for_device is not None:
+        if pods_for_device is not None and not cleared:
             try:
-                attributes["pods"] = await pods_for_device(uuid)
+                pods = tuple(await pods_for_device(uuid))
             except Exception as exc:  # pod lookup is best effort; the fault is reported regardless
                 log.warning("nvml_pod_lookup_failed", detector=self.name, gpu_uuid=uuid, error=str(exc))
+        fault = model.Fault(xid=xid, gpu_index=device.index if device is not None else None, gpu_uuid=uuid,
+                            check=check, pods=pods)
         event = model.CollectorEvent(
             detector=self.name, target=model.Target(kind=model.TargetKind.DEVICE, node=node, name=node,
                                                     device_id=uuid),
             severity=severity, reason=reason, message=message, observed_at=self.context.clock.now(),
-            dedupe_key=dedupe_key, attributes=attributes)
+            dedupe_key=dedupe_key, fault=fault, recommended=recommended, cleared=cleared,
+            occurrences=occurrences, window_seconds=window_seconds, attributes=attributes)
         log.info("nvml_fault_observed", detector=self.name, reason=reason, gpu_uuid=uuid,
-                 recommended_action=attributes.get("recommended_action"))
+                 recommended_action=recommended.value if recommended else None, cleared=cleared)
         await bus.publish(event)
 
 

@@ -70,6 +70,8 @@ class Decision:
     """Occurrences on this GPU within the longest window the entry looks at (this one included)."""
     escalated: bool
     known: bool
+    window_seconds: float = 0.0
+    """The window `occurrences` were counted in; 0 = any time (since the agent started)."""
 
     @property
     def reason(self) -> str:
@@ -102,16 +104,20 @@ class XidPolicy:
         """`history`: times (monotonic seconds) of earlier occurrences of this XID on the same GPU."""
         entry = self.entry(xid)
         action = entry.action
-        seen = _count_within(history, now, entry.threshold.window_seconds)
+        window = entry.threshold.window_seconds
+        seen = _count_within(history, now, window)
         if seen < entry.threshold.count and action is not Action.IGNORE:
             action = Action.REPORT
         escalated = False
         if entry.escalate is not None:
             repeats = _count_within(history, now, entry.escalate.window_seconds)
             if repeats >= entry.escalate.count:
-                action, escalated, seen = entry.escalate.action, True, max(seen, repeats)
+                action, escalated = entry.escalate.action, True
+                if repeats >= seen:
+                    seen, window = repeats, entry.escalate.window_seconds
         return Decision(xid=xid, name=entry.name, xid_class=entry.xid_class, severity=entry.severity,
-                        action=action, occurrences=seen, escalated=escalated, known=xid in self.entries)
+                        action=action, occurrences=seen, escalated=escalated, known=xid in self.entries,
+                        window_seconds=window)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, base: XidPolicy | None = None,

@@ -12,24 +12,36 @@ from kcover.agent import reporting
 NODE = "gpu-node-1"
 
 
-def _event(reason: str, *, action: str = "cordon-node", severity: model.Severity = model.Severity.ERROR,
-           gpu: str = "GPU-a", **attrs: object) -> model.CollectorEvent:
+def _event(reason: str, *, action: model.Action | None = model.Action.CORDON_NODE,
+           severity: model.Severity = model.Severity.ERROR, gpu: str = "GPU-a", detector: str = "nvml",
+           cleared: bool = False, **fault: object) -> model.CollectorEvent:
     return model.CollectorEvent(
-        detector="nvml", target=model.Target(kind=model.TargetKind.DEVICE, node=NODE, device_id=gpu),
-        severity=severity, reason=reason, message=f"{reason} on {gpu}",
-        attributes={"recommended_action": action, "gpu_uuid": gpu, **attrs})
+        detector=detector, target=model.Target(kind=model.TargetKind.DEVICE, node=NODE, device_id=gpu),
+        severity=severity, reason=reason, message=f"{reason} on {gpu}", recommended=action, cleared=cleared,
+        fault=model.Fault(gpu_uuid=gpu, **fault))  # type: ignore[arg-type]
+
+
+def _node_event(reason: str, *, detector: str, check: str, action: model.Action | None,
+                severity: model.Severity = model.Severity.ERROR, cleared: bool = False) -> model.CollectorEvent:
+    return model.CollectorEvent(
+        detector=detector, target=model.Target(kind=model.TargetKind.NODE, name=NODE, node=NODE),
+        severity=severity, reason=reason, message=f"{reason} on {NODE}", recommended=action, cleared=cleared,
+        fault=model.Fault(check=check))
 
 
 # (event, is a node fault)
 FAULTS = [
     (_event("XID79", xid=79), True),
-    (_event("XID13", action="restart-workload", severity=model.Severity.WARNING, xid=13), False),
-    (_event("XID43", action="report", severity=model.Severity.INFO, xid=43), False),
-    (_event("GPULost", fault="gpu_lost", state="active"), True),
-    (_event("RowRemapPending", action="report", severity=model.Severity.WARNING, fault="row_remap_pending",
-            state="active"), False),
-    (_event("GPULostCleared", action="report", severity=model.Severity.INFO, fault="gpu_lost", state="cleared"),
-     True),
+    (_event("XID13", action=model.Action.RESTART_WORKLOAD, severity=model.Severity.WARNING, xid=13), False),
+    (_event("XID43", action=model.Action.REPORT, severity=model.Severity.INFO, xid=43), False),
+    (_event("XID95", action=model.Action.CORDON_NODE_AND_RESTART, xid=95), True),
+    (_event("GPULost", check="gpu_lost"), True),
+    (_event("RowRemapPending", action=model.Action.REPORT, severity=model.Severity.WARNING,
+            check="row_remap_pending"), False),
+    (_event("GPULostCleared", action=None, severity=model.Severity.INFO, check="gpu_lost", cleared=True), True),
+    (_event("XID79", action=None, severity=model.Severity.INFO, cleared=True, xid=79), False),
+    (_node_event("MetaxGpuUnavailable", detector="metax", check="gpu-count", action=model.Action.CORDON_NODE), True),
+    (_node_event("NTPProblem", detector="script", check="ntp", action=None), False),
 ]
 
 
@@ -51,10 +63,10 @@ def test_xid_fault_holds_then_clears() -> None:
 
 def test_health_fault_stays_until_cleared_and_held() -> None:
     faults: dict[str, reporting.Fault] = {}
-    reporting.apply(faults, _event("GPULost", fault="gpu_lost", state="active"), now=0.0)
+    reporting.apply(faults, _event("GPULost", check="gpu_lost"), now=0.0)
     assert reporting.condition(faults, 10_000.0, 300).status == "False"  # active faults do not expire
-    reporting.apply(faults, _event("GPULostCleared", action="report", severity=model.Severity.INFO,
-                                   fault="gpu_lost", state="cleared"), now=10_000.0)
+    reporting.apply(faults, _event("GPULostCleared", action=None, severity=model.Severity.INFO,
+                                   check="gpu_lost", cleared=True), now=10_000.0)
     held = reporting.condition(faults, 10_200.0, 300)
     assert held.status == "False"
     assert "cleared, holding" in held.message
@@ -64,7 +76,7 @@ def test_health_fault_stays_until_cleared_and_held() -> None:
 def test_several_faults_name_every_gpu() -> None:
     faults: dict[str, reporting.Fault] = {}
     reporting.apply(faults, _event("XID79", gpu="GPU-b", xid=79), now=0.0)
-    reporting.apply(faults, _event("DoubleBitECC", gpu="GPU-a", fault="double_bit_ecc", state="active"), now=0.0)
+    reporting.apply(faults, _event("DoubleBitECC", gpu="GPU-a", check="double_bit_ecc"), now=0.0)
     cond = reporting.condition(faults, 1.0, 300)
     assert cond.reason == "GPUFaults"
     assert "affected GPUs: GPU-a, GPU-b" in cond.message
@@ -79,25 +91,40 @@ def test_token_bucket() -> None:
 
 def test_event_body_for_a_cordon_recommendation() -> None:
     when = dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
-    body = reporting.event_body(_event("XID79", xid=79, gpu_index=3, pods=["ml/bert-0"], **{"class": "hardware"}),
-                                node=NODE, reporter="kcover.io/agent", when=when)
+    event = _event("XID79", xid=79, gpu_index=3, pods=("ml/bert-0",)).model_copy(update={"occurrences": 2,
+                                                                                        "window_seconds": 60.0})
+    body = reporting.event_body(event, node=NODE, reporter="kcover.io/agent", when=when)
     assert body["metadata"]["namespace"] == "default"
     assert body["metadata"]["annotations"] == {
         "kcover.io/need-recovery": "true", "kcover.io/recommended-action": "cordon-node",
         "kcover.io/detector": "nvml", "kcover.io/gpu-uuid": "GPU-a", "kcover.io/xid": "79",
-        "kcover.io/class": "hardware", "kcover.io/gpu-index": "3", "kcover.io/pods": "ml/bert-0"}
+        "kcover.io/gpu-index": "3", "kcover.io/pods": "ml/bert-0", "kcover.io/occurrences": "2",
+        "kcover.io/window-seconds": "60.0"}
     assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
     assert (body["eventTime"], body["reportingComponent"], body["reportingInstance"], body["action"]) == \
         ("2026-01-02T03:04:05.000006Z", "kcover.io/agent", NODE, "cordon-node")
     assert body["type"] == "Warning"
 
 
+def test_event_body_for_a_cleared_fault_asks_for_nothing() -> None:
+    body = reporting.event_body(_event("GPULostCleared", action=None, severity=model.Severity.INFO,
+                                       check="gpu_lost", cleared=True),
+                                node=NODE, reporter="r", when=dt.datetime.now(dt.UTC))
+    annotations = body["metadata"]["annotations"]
+    assert "kcover.io/need-recovery" not in annotations
+    assert (annotations["kcover.io/fault-cleared"], annotations["kcover.io/check"]) == ("true", "gpu_lost")
+    assert (body["type"], body["action"]) == ("Normal", "cleared")
+
+
 @pytest.mark.parametrize(("action", "severity", "annotated"), [
-    ("restart-workload", model.Severity.WARNING, True),
-    ("report", model.Severity.WARNING, False),
-    ("cordon-node", model.Severity.INFO, False),
+    (model.Action.RESTART_WORKLOAD, model.Severity.WARNING, True),
+    (model.Action.CORDON_NODE_AND_RESTART, model.Severity.ERROR, True),
+    (model.Action.REPORT, model.Severity.WARNING, False),
+    (None, model.Severity.ERROR, False),
+    (model.Action.CORDON_NODE, model.Severity.INFO, False),
 ])
-def test_need_recovery_only_for_actions(action: str, severity: model.Severity, annotated: bool) -> None:
+def test_need_recovery_only_for_actions(action: model.Action | None, severity: model.Severity,
+                                        annotated: bool) -> None:
     body = reporting.event_body(_event("X", action=action, severity=severity), node=NODE, reporter="r",
                                 when=dt.datetime.now(dt.UTC))
     assert ("kcover.io/need-recovery" in body["metadata"]["annotations"]) is annotated

@@ -155,9 +155,10 @@ async def test_diag_failure_is_published_then_cleared() -> None:
     passing = _read("dcgmi-diag", "dcgm-124-r2-pass-dcgm4.4.2-a10g-table.txt")
     runner = ScriptedRunner({"diag": [failing, passing], "health": [json.dumps({"body": {}})]})
     events = await _collect(_detector(runner), 0.5)
-    diag = [e for e in events if e.attributes["source"] == "diag"]
-    assert [(e.attributes["state"], e.attributes["recommended_action"], e.attributes["gpu_index"]) for e in diag] == \
-        [("active", "cordon-node", 0), ("cleared", "report", 0)]
+    diag = [e for e in events if e.fault.check.startswith("diag/")]
+    assert [(e.cleared, e.recommended, e.fault.gpu_index) for e in diag] == \
+        [(False, model.Action.CORDON_NODE, 0), (True, None, 0)]
+    assert diag[0].fault == diag[1].fault == model.Fault(gpu_index=0, check="diag/GPU Memory")
     assert diag[0].reason == "DCGMGpuMemory"
     assert diag[0].target.kind is model.TargetKind.NODE
     assert ["dcgmi", "diag", "-r", "1", "-j"] in runner.calls
@@ -193,7 +194,9 @@ async def test_exporter_mode_reads_metrics_over_http() -> None:
         await runner.cleanup()
     assert len(events) == 1
     ev = events[0]
-    assert (ev.reason, ev.attributes["xid"], ev.attributes["recommended_action"]) == ("XID48", 48, "cordon-node")
+    assert (ev.reason, ev.fault.xid, ev.recommended) == ("XID48", 48, model.Action.CORDON_NODE)
+    assert ev.fault.check == "exporter/DCGM_FI_DEV_XID_ERRORS"
     assert ev.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
                                      device_id="GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c")
-    assert ev.attributes["pods"] == ["default/cuda-75454ffb9f-8ljq7"]
+    assert ev.fault.pods == ("default/cuda-75454ffb9f-8ljq7",)
+    assert ev.fault.gpu_uuid == "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"

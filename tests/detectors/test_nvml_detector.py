@@ -70,9 +70,10 @@ async def test_xid79_is_a_device_fault_recommending_cordon(running: Running) -> 
     assert event.severity is model.Severity.ERROR
     assert event.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
                                         device_id="GPU-fake-0002")
-    attrs = event.attributes
-    assert (attrs["xid"], attrs["gpu_index"], attrs["gpu_uuid"]) == (79, 2, "GPU-fake-0002")
-    assert (attrs["class"], attrs["recommended_action"]) == ("hardware", "cordon-node")
+    assert event.fault == model.Fault(xid=79, gpu_index=2, gpu_uuid="GPU-fake-0002")
+    assert event.recommended is model.Action.CORDON_NODE
+    assert (event.cleared, event.occurrences, event.window_seconds) == (False, 1, 0.0)
+    assert event.attributes["class"] == "hardware"
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in event.message
 
 
@@ -81,18 +82,21 @@ async def test_application_xid_restarts_then_escalates_on_one_gpu(running: Runni
         running.nvml.xid(13, gpu_index=0)
         await asyncio.sleep(0.01)
     events = await running.take(3)
-    assert [e.attributes["recommended_action"] for e in events] == \
-        ["restart-workload", "restart-workload", "cordon-node"]
+    assert [e.recommended for e in events] == \
+        [model.Action.RESTART_WORKLOAD, model.Action.RESTART_WORKLOAD, model.Action.CORDON_NODE]
+    assert [(e.occurrences, e.window_seconds) for e in events] == [(1, 0.0), (2, 0.0), (3, 1800.0)]
+    assert [e.fault.xid for e in events] == [13, 13, 13]
     assert events[2].attributes["escalated"] is True
     running.nvml.xid(13, gpu_index=1)  # another GPU has its own history
-    assert (await running.next()).attributes["recommended_action"] == "restart-workload"
+    other = await running.next()
+    assert (other.recommended, other.occurrences, other.fault.gpu_index) == (model.Action.RESTART_WORKLOAD, 1, 1)
 
 
 async def test_unknown_xid_is_reported(running: Running) -> None:
     running.nvml.xid(4242)
     event = await running.next()
-    assert (event.reason, event.attributes["recommended_action"], event.attributes["known_xid"]) == \
-        ("XID4242", "report", False)
+    assert (event.reason, event.recommended, event.fault.xid, event.attributes["known_xid"]) == \
+        ("XID4242", model.Action.REPORT, 4242, False)
 
 
 async def test_ignored_xid_publishes_nothing(running: Running) -> None:
@@ -105,13 +109,15 @@ async def test_ignored_xid_publishes_nothing(running: Running) -> None:
 async def test_double_bit_ecc_active_then_cleared(running: Running) -> None:
     running.nvml.double_bit_ecc(1, count=2)
     event = await running.next()
-    assert (event.reason, event.attributes["state"], event.attributes["gpu_index"]) == ("DoubleBitECC", "active", 1)
-    assert event.attributes["recommended_action"] == "cordon-node"
+    assert (event.reason, event.cleared, event.fault.gpu_index) == ("DoubleBitECC", False, 1)
+    assert event.fault == model.Fault(gpu_index=1, gpu_uuid="GPU-fake-0001", check="double_bit_ecc")
+    assert event.recommended is model.Action.CORDON_NODE
     assert "2 uncorrectable" in event.message
     running.nvml.clear(1)
     cleared = await running.next()
-    assert (cleared.reason, cleared.severity, cleared.attributes["state"]) == \
-        ("DoubleBitECCCleared", model.Severity.INFO, "cleared")
+    assert (cleared.reason, cleared.severity, cleared.cleared, cleared.recommended) == \
+        ("DoubleBitECCCleared", model.Severity.INFO, True, None)
+    assert cleared.fault == event.fault
 
 
 async def test_gpu_lost_row_remap_and_retired_pages(running: Running) -> None:
@@ -119,9 +125,10 @@ async def test_gpu_lost_row_remap_and_retired_pages(running: Running) -> None:
     running.nvml.retired_pages_pending(1)
     running.nvml.gpu_lost(3)
     events = await running.take(3)
-    got = {(e.reason, e.attributes["gpu_index"], e.attributes["recommended_action"]) for e in events}
-    assert got == {("RowRemapFailure", 0, "cordon-node"), ("RetiredPagesPending", 1, "report"),
-                   ("GPULost", 3, "cordon-node")}
+    got = {(e.reason, e.fault.gpu_index, e.fault.check, e.recommended) for e in events}
+    assert got == {("RowRemapFailure", 0, "row_remap_failure", model.Action.CORDON_NODE),
+                   ("RetiredPagesPending", 1, "retired_pages_pending", model.Action.REPORT),
+                   ("GPULost", 3, "gpu_lost", model.Action.CORDON_NODE)}
     await asyncio.sleep(0.2)  # further polls do not repeat active faults
     assert running.sub.get_nowait() == []
 
@@ -133,7 +140,7 @@ async def test_pods_are_attached_when_known() -> None:
     stop = asyncio.Event()
 
     async def pods(uuid: str) -> list[str]:
-        return [f"team-a/trainer-0 on {uuid}"]
+        return ["team-a/trainer-0", f"team-b/{uuid.lower()}"]
 
     task = asyncio.create_task(_detector(nvml, pods_for_device=pods).run(bus, stop), name="nvml-detector")
     await _until_registered(nvml)
@@ -142,7 +149,7 @@ async def test_pods_are_attached_when_known() -> None:
         events = await sub.get_batch()
     stop.set()
     await task
-    assert events[0].attributes["pods"] == ["team-a/trainer-0 on GPU-fake-0000"]
+    assert events[0].fault.pods == ("team-a/trainer-0", "team-b/gpu-fake-0000")
 
 
 @pytest.mark.parametrize("code", [backend.CODE_NO_GPU, backend.CODE_LIBRARY_MISSING])

@@ -110,6 +110,15 @@ def test_threshold_gates_the_action(tmp_path: Path) -> None:
     assert policy.decide(92, [], 100.0).action is A.REPORT
     assert policy.decide(92, [50.0, 90.0], 100.0).action is A.CORDON_NODE
     assert policy.decide(92, [10.0, 90.0], 100.0).action is A.REPORT
+    counted = policy.decide(92, [50.0, 90.0], 100.0)
+    assert (counted.occurrences, counted.window_seconds) == (3, 60.0)
+
+
+def test_escalation_reports_the_window_it_counted_in() -> None:
+    policy = xid_policy.load()
+    first, third = policy.decide(13, [], 0.0), policy.decide(13, [900.0, 950.0], 1000.0)
+    assert (first.occurrences, first.window_seconds, first.escalated) == (1, 0.0, False)
+    assert (third.occurrences, third.window_seconds, third.escalated) == (3, 1800.0, True)
 
 
 @pytest.mark.parametrize(("text", "problem"), [
