@@ -21,7 +21,8 @@ from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.kube import caching
 from kcover.kube import client as client_
-from kcover.recovery import actions, engine, executing, ledger, logsaving, snapshots, views
+from kcover.kube import projections as proj
+from kcover.recovery import actions, engine, executing, ledger, logsaving
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ class LeaderEngine:
 def build(deps: EngineDeps) -> LeaderEngine:
     """The default engine factory for `running.Controller`."""
     live = _Live(deps.settings.recovery)
-    snap = snapshots.CacheSnapshot(deps.cache)
+    snap = deps.cache  # the cache is the policy's snapshot: one cluster model
     ledger_ = ledger.Ledger(deps.client, namespace=live.recovery.ledger_namespace,
                             name=live.recovery.ledger_name, is_leader=deps.is_leader,
                             retention_seconds=live.retention_seconds)
     sink = logsaving.LogSaveMetrics(deps.metrics.registry)
 
-    async def save_logs(workload: actions.WorkloadRef, pods: Sequence[views.PodView]) -> str | None:
+    async def save_logs(workload: actions.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:
         result = await logsaving.save(deps.client, workload, pods, settings=live.recovery.save_logs,
                                       now=deps.clock.now(), metrics=sink)
         if result.error is not None:

@@ -1,14 +1,19 @@
-"""The controller's cluster cache: slim pods, nodes, workloads and recovery Events, indexed and observable.
+"""The controller's cluster cache: kcover's one cluster model, indexed and observable.
 
-Owns one reflector per watched collection (pods, nodes, Events, and each configured workload kind),
-the indexes the detectors and the recovery engine read (pods by uid, by namespace/name, by node, by
-owner uid; nodes by name; workloads by uid and by (group, kind, namespace, name)), readiness (every
-reflector finished its first list), owner resolution (pod -> controller owner -> JobSet -> TrainJob,
-UID-checked), and change subscriptions delivered in order, synchronously after the cache was updated.
+Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, and each configured
+workload kind), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
+by node, by owner uid, by membership label; nodes by name; workloads by uid and by (group, kind,
+namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list),
+and change subscriptions delivered in order, synchronously after the cache was updated. It is the
+`policy.ClusterSnapshot` the recovery policy and executors read; owner resolution and opt-in are
+`ownership`'s, "is this a GPU node" is `gpus`'.
+
+`ClusterCache.offline(objects)` builds one from raw API objects without I/O, through the reflectors'
+own list path (`Reflector.load`): tests and benchmarks read the product's model, never a copy.
 
 It does not write to the API and keeps no raw objects. Reflectors retry on their own (see
-`watching.py`); a workload kind whose CRD is missing is logged once and counts as synced (empty). A
-subscriber that raises is logged and skipped; it never stops the cache or other subscribers.
+`watching.py`); a kind whose CRD or API group is missing is logged once and counts as synced (empty).
+A subscriber that raises is logged and skipped; it never stops the cache or other subscribers.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 import collections
 import enum
 import gc
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +30,8 @@ import structlog
 
 from kcover import settings as settings_
 from kcover.kube import client as client_
+from kcover.kube import gpus, ownership, watching
 from kcover.kube import projections as proj
-from kcover.kube import watching
 
 log = structlog.get_logger()
 
@@ -36,6 +41,7 @@ class Kind(enum.StrEnum):
     NODE = "Node"
     WORKLOAD = "Workload"
     EVENT = "Event"
+    RESOURCE_SLICE = "ResourceSlice"
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,9 @@ WORKLOAD_KINDS: tuple[WorkloadKind, ...] = (
 
 DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = tuple(k.key for k in WORKLOAD_KINDS)
 
-Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent
+RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice
 Change = tuple[Kind, Any, Any]
 """(kind, old, new): old None on add, new None on delete."""
 Callback = Callable[[Kind, Any, Any], None]
@@ -129,36 +137,53 @@ class ChangeStream:
 class ClusterCache:
     """Slim, indexed, observable copies of the cluster objects kcover reads."""
 
-    def __init__(self, kube: client_.KubeClient, *, workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
+    def __init__(self, kube: client_.KubeClient | None, *, workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
                  watch_events: bool = True, options: watching.ReflectorOptions | None = None,
-                 freeze_gc: bool = False) -> None:
+                 freeze_gc: bool = False, gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> None:
+        """`kube` None: an offline cache, filled only through `load()` (see `offline()`)."""
         self.freeze_gc = freeze_gc
         """After the first full sync, `gc.freeze()` the process: the cyclic GC then never rescans the
         cached objects (they hold no cycles), which at 150,000 pods removes pauses of a second that
         otherwise stall watch delivery. A process-wide effect: the controller opts in by setting."""
+        self.gpu_rule = gpu_rule
         self._subscribers: list[Callback] = []
         self.pods: dict[str, proj.Pod] = {}
         self.nodes: dict[str, proj.Node] = {}
         self.workloads: dict[str, proj.Workload] = {}
         self.events: dict[str, proj.KubeEvent] = {}
+        self.resource_slices: dict[str, proj.ResourceSlice] = {}
         self._pod_by_name: dict[tuple[str, str], str] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._pods_by_owner: dict[str, set[str]] = {}
+        self._pods_by_label: dict[tuple[str, str, str], set[str]] = {}
         self._workload_by_name: dict[tuple[str, str, str, str], str] = {}
         self._workloads_by_owner: dict[str, set[str]] = {}
-        self._node_uid: dict[str, str] = {}
+        self._slices_by_node: dict[str, dict[str, str]] = {}
+        """Node name -> ResourceSlice uid -> driver."""
         self.reflectors: list[watching.Reflector[Any]] = []
-        self.pod_reflector = watching.Reflector(kube, "/api/v1/pods", proj.pod, sink=self._on_pod,
-                                                name="pods", options=options)
-        self.node_reflector = watching.Reflector(kube, "/api/v1/nodes", proj.node, sink=self._on_node,
-                                                 name="nodes", options=options)
-        self.reflectors += [self.pod_reflector, self.node_reflector]
+        self._routes: dict[tuple[str, str], watching.Reflector[Any]] = {}
+        """(group, kind) -> the reflector of that collection, for `load()`."""
+        self.pod_reflector = self._reflect(kube, "/api/v1/pods", proj.pod, self._on_pod, "pods", ("", "Pod"),
+                                           options)
+        self.node_reflector = self._reflect(kube, "/api/v1/nodes", proj.node, self._on_node, "nodes",
+                                            ("", "Node"), options)
         if watch_events:
-            self.reflectors.append(watching.Reflector(kube, "/api/v1/events", proj.recovery_event,
-                                                      sink=self._on_event, name="events", options=options))
+            self._reflect(kube, "/api/v1/events", proj.recovery_event, self._on_event, "events", ("", "Event"),
+                          options)
+        if gpu_rule.dra_drivers:
+            self._reflect(kube, RESOURCE_SLICES_PATH, proj.resource_slice, self._on_slice, "resourceslices",
+                          ("resource.k8s.io", "ResourceSlice"), options)
         for wk in workload_kinds:
-            self.reflectors.append(watching.Reflector(kube, wk.path, proj.workload, sink=self._on_workload,
-                                                      name=wk.key, options=options))
+            self._reflect(kube, wk.path, proj.workload, self._on_workload, wk.key, (wk.group, wk.kind), options)
+
+    def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
+                 sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],
+                 options: watching.ReflectorOptions | None) -> watching.Reflector[Any]:
+        reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
+                                                                options=options)
+        self.reflectors.append(reflector)
+        self._routes[route] = reflector
+        return reflector
 
     @classmethod
     def from_settings(cls, kube: client_.KubeClient, kube_settings: settings_.KubeSettings) -> ClusterCache:
@@ -170,7 +195,30 @@ class ClusterCache:
             missing_retry_seconds=s.missing_kind_retry_seconds,
             request_timeout_seconds=max(s.request_timeout_seconds, 60.0))
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
-                   options=options, freeze_gc=s.gc_freeze_after_sync)
+                   options=options, freeze_gc=s.gc_freeze_after_sync,
+                   gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers))
+
+    @classmethod
+    def offline(cls, objects: Iterable[Mapping[str, Any]] = (), *,
+                workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
+                gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> ClusterCache:
+        """A synced cache holding `objects` (raw API dicts), built without I/O: see `load()`."""
+        cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule)
+        cache.load(objects)
+        return cache
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace every collection's contents with `objects`, as a re-list would (`Reflector.load`):
+        subscribers see only the differences. Each object needs `kind` (and `apiVersion` for other
+        groups than core); an object of a kind this cache does not keep raises ValueError."""
+        grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {route: [] for route in self._routes}
+        for obj in objects:
+            route = (proj.group_of(str(obj.get("apiVersion") or "v1")), str(obj.get("kind") or ""))
+            if route not in grouped:
+                raise ValueError(f"this cache keeps no {route[1] or 'kind-less object'} ({obj.get('apiVersion')})")
+            grouped[route].append(obj)
+        for route, reflector in self._routes.items():
+            reflector.load(grouped[route])
 
     # --------------------------------------------------------------------------------- lifecycle
 
@@ -215,8 +263,8 @@ class ClusterCache:
         was updated. With `replay`, first call it with (kind, None, obj) for everything cached now.
         Returns a function that unsubscribes."""
         if replay:
-            for kind, store in ((Kind.NODE, self.nodes), (Kind.WORKLOAD, self.workloads),
-                                (Kind.POD, self.pods), (Kind.EVENT, self.events)):
+            for kind, store in ((Kind.NODE, self.nodes), (Kind.RESOURCE_SLICE, self.resource_slices),
+                                (Kind.WORKLOAD, self.workloads), (Kind.POD, self.pods), (Kind.EVENT, self.events)):
                 for obj in list(store.values()):
                     callback(kind, None, obj)
         self._subscribers.append(callback)
@@ -249,6 +297,9 @@ class ClusterCache:
             _unindex(self._pods_by_node, old.node, old.uid)
             if old.owner is not None:
                 _unindex(self._pods_by_owner, old.owner.uid, old.uid)
+            for key, value in old.labels:
+                if key in INDEXED_LABELS:
+                    _unindex(self._pods_by_label, (old.namespace, key, value), old.uid)
         if new is not None:
             self.pods[new.uid] = new
             self._pod_by_name[(new.namespace, new.name)] = new.uid
@@ -256,6 +307,9 @@ class ClusterCache:
                 self._pods_by_node.setdefault(new.node, set()).add(new.uid)
             if new.owner is not None:
                 self._pods_by_owner.setdefault(new.owner.uid, set()).add(new.uid)
+            for key, value in new.labels:
+                if key in INDEXED_LABELS:
+                    self._pods_by_label.setdefault((new.namespace, key, value), set()).add(new.uid)
         self._notify(Kind.POD, old, new)
 
     def _on_node(self, old: proj.Node | None, new: proj.Node | None) -> None:
@@ -285,6 +339,20 @@ class ClusterCache:
             self.events[new.uid] = new
         self._notify(Kind.EVENT, old, new)
 
+    def _on_slice(self, old: proj.ResourceSlice | None, new: proj.ResourceSlice | None) -> None:
+        if old is not None:
+            del self.resource_slices[old.uid]
+            on_node = self._slices_by_node.get(old.node)
+            if on_node is not None:
+                on_node.pop(old.uid, None)
+                if not on_node:
+                    del self._slices_by_node[old.node]
+        if new is not None:
+            self.resource_slices[new.uid] = new
+            if new.node:
+                self._slices_by_node.setdefault(new.node, {})[new.uid] = new.driver
+        self._notify(Kind.RESOURCE_SLICE, old, new)
+
     # ------------------------------------------------------------------------------------ reads
 
     def pod(self, uid: str) -> proj.Pod | None:
@@ -301,9 +369,17 @@ class ClusterCache:
         """Pods whose controller ownerReference has this uid (direct children only)."""
         return [self.pods[u] for u in self._pods_by_owner.get(owner_uid, ())]
 
+    def pods_with_label(self, namespace: str, key: str, value: str) -> list[proj.Pod]:
+        """Pods of `namespace` whose (kept) label `key` is `value`; indexed for `INDEXED_LABELS`."""
+        if key in INDEXED_LABELS:
+            return [self.pods[u] for u in self._pods_by_label.get((namespace, key, value), ())]
+        return [p for p in self.pods.values() if p.namespace == namespace and proj.get(p.labels, key) == value]
+
     def pods_of_workload(self, workload_uid: str) -> list[proj.Pod]:
-        """Pods under a workload, through owned workloads (a JobSet's Jobs, a TrainJob's JobSet)."""
-        out: list[proj.Pod] = []
+        """Every pod belonging to the workload: the pods whose resolved owner chain (`ownership.resolve`)
+        includes it. Found through the owner indexes (a TrainJob's JobSet, its Jobs, their pods) and,
+        where an intermediate controller is not cached (an LWS's StatefulSets), its membership label."""
+        out: dict[str, proj.Pod] = {}
         seen: set[str] = set()
         todo = [workload_uid]
         while todo:
@@ -311,9 +387,21 @@ class ClusterCache:
             if uid in seen:
                 continue
             seen.add(uid)
-            out.extend(self.pods_of_owner(uid))
+            for p in self.pods_of_owner(uid):
+                out[p.uid] = p
             todo.extend(self._workloads_by_owner.get(uid, ()))
-        return out
+        w = self.workloads.get(workload_uid)
+        if w is not None:
+            for label, (group, kind) in proj.MEMBERSHIP_LABELS.items():
+                if kind and (group, kind) == (w.group, w.kind):
+                    for p in self.pods_with_label(w.namespace, label, w.name):
+                        if p.uid not in out and self._in_chain(p, workload_uid):
+                            out[p.uid] = p
+        return sorted(out.values(), key=lambda p: (p.namespace, p.name))
+
+    def _in_chain(self, pod: proj.Pod, workload_uid: str) -> bool:
+        resolved = ownership.resolve(self, pod)
+        return isinstance(resolved, ownership.Resolved) and any(c.uid == workload_uid for c in resolved.chain)
 
     def node(self, name: str) -> proj.Node | None:
         return self.nodes.get(name)
@@ -321,54 +409,26 @@ class ClusterCache:
     def workload(self, uid: str) -> proj.Workload | None:
         return self.workloads.get(uid)
 
-    def workload_by_name(self, kind: str, namespace: str, name: str, *, group: str | None = None) -> proj.Workload | None:
-        """Look a workload up by kind and name; pass `group` where kinds collide (batch vs Volcano Job)."""
-        if group is not None:
-            uid = self._workload_by_name.get((group, kind, namespace, name))
-            return self.workloads.get(uid) if uid is not None else None
-        for wk in WORKLOAD_KINDS:
-            if wk.kind == kind:
-                found = self.workload_by_name(kind, namespace, name, group=wk.group)
-                if found is not None:
-                    return found
-        return None
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> proj.Workload | None:
+        """Look a workload up by group, kind and name (kinds collide across groups: batch vs Volcano Job)."""
+        uid = self._workload_by_name.get((group, kind, namespace, name))
+        return self.workloads.get(uid) if uid is not None else None
+
+    def resolve(self, pod: proj.Pod) -> ownership.Resolved | ownership.Unresolved:
+        """The pod's owner chain up to the workload kcover restarts (`ownership.resolve`)."""
+        return ownership.resolve(self, pod)
 
     def owner_chain(self, pod: proj.Pod) -> list[proj.Workload]:
-        """The pod's workloads, nearest first: controller owner, then JobSet above a Job, then TrainJob
-        above a JobSet. Every step checks the ownerReference's uid. Falls back to the membership
-        labels (LWS pods are owned by a StatefulSet kcover does not watch)."""
-        chain: list[proj.Workload] = []
-        ref = pod.owner
-        first = self.workloads.get(ref.uid) if ref is not None else None
-        if first is None:
-            first = self._by_membership_label(pod)
-        current = first
-        while current is not None and len(chain) < 4:
-            chain.append(current)
-            ref = current.owner
-            if ref is None or (current.kind, current.group, ref.kind) not in _PARENTS:
-                break
-            parent = self.workloads.get(ref.uid)
-            if parent is None or parent.kind != ref.kind:
-                break
-            current = parent
-        return chain
-
-    def _by_membership_label(self, pod: proj.Pod) -> proj.Workload | None:
-        for label, (group, kind) in proj.MEMBERSHIP_LABELS.items():
-            name = proj.get(pod.labels, label)
-            if not name or not kind:  # Kubeflow v1 labels do not say the kind: only the owner ref does
-                continue
-            found = self.workload_by_name(kind, pod.namespace, name, group=group)
-            owner = pod.owner
-            if found is not None and (owner is None or owner.kind != found.kind or owner.uid == found.uid):
-                return found
-        return None
+        """The workloads of the pod's resolved owner chain, nearest first; [] when it does not resolve."""
+        resolved = ownership.resolve(self, pod)
+        if not isinstance(resolved, ownership.Resolved):
+            return []
+        return [c for c in resolved.chain if isinstance(c, proj.Workload)]
 
     def workload_of(self, pod: proj.Pod) -> proj.Workload | None:
         """The top of the pod's owner chain: the unit kcover restarts."""
-        chain = self.owner_chain(pod)
-        return chain[-1] if chain else None
+        resolved = ownership.resolve(self, pod)
+        return resolved.workload if isinstance(resolved, ownership.Resolved) else None
 
     def workload_ref(self, pod: proj.Pod) -> dict[str, str] | None:
         """`{kind, name, uid, apiVersion}` of the pod's top workload, for event attributes; None if unresolved."""
@@ -378,17 +438,30 @@ class ClusterCache:
         return {"kind": w.kind, "name": w.name, "uid": w.uid, "apiVersion": w.api_version}
 
     def opted_in(self, pod: proj.Pod) -> bool:
-        """The opt-in label is `true` on the pod or on any workload of its owner chain."""
-        if proj.get(pod.labels, proj.OPT_IN_LABEL).lower() == "true":
-            return True
-        return any(proj.get(w.labels, proj.OPT_IN_LABEL).lower() == "true" for w in self.owner_chain(pod))
+        """`ownership.opted_in`: the opt-in label on the pod or on any controller of its owner chain."""
+        return ownership.opted_in(pod, ownership.resolve(self, pod))
+
+    def slice_drivers(self, node: str) -> list[str]:
+        """The drivers of the DRA ResourceSlices naming `node`."""
+        return list(self._slices_by_node.get(node, {}).values())
+
+    def is_gpu_node(self, node: proj.Node) -> bool:
+        return self.gpu_rule.is_gpu_node(node, self.slice_drivers(node.name))
+
+    def gpu_node_count(self) -> int:
+        """Cached nodes that are GPU nodes by `gpus.GpuRule` (capacity or DRA ResourceSlices)."""
+        return sum(1 for n in self.nodes.values() if self.is_gpu_node(n))
+
+    def cordoned_by_kcover(self) -> list[str]:
+        """Names of nodes carrying kcover's cordon annotation."""
+        return sorted(n.name for n in self.nodes.values() if n.cordoned_by_kcover)
 
 
-_PARENTS = frozenset({("Job", "batch", "JobSet"), ("JobSet", "jobset.x-k8s.io", "TrainJob")})
-"""(child kind, child group, parent kind) steps the owner chain climbs."""
+INDEXED_LABELS = frozenset((*proj.MEMBERSHIP_LABELS, "batch.kubernetes.io/controller-uid", "controller-uid"))
+"""Pod labels with an index (namespace, key, value): those a restart selector starts with."""
 
 
-def _unindex(index: dict[str, set[str]], key: str, uid: str) -> None:
+def _unindex(index: dict[Any, set[str]], key: Any, uid: str) -> None:
     members = index.get(key)
     if members is not None:
         members.discard(uid)

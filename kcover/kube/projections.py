@@ -1,7 +1,9 @@
 """Slim projections: raw API dicts in, small immutable records of only the fields kcover uses out.
 
-Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events) and the
-pure functions that build it. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
+Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events, DRA
+ResourceSlices) and the pure functions that build it. These records are kcover's one cluster model:
+the detectors, the recovery policy and its executors all read them (through `caching.ClusterCache`),
+and tests build them from raw API objects through the same functions. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
 build, immutable); strings repeated across objects (namespaces, node names, label values, reasons,
 owner names) are interned, so 150,000 cached pods stay under a few hundred MiB.
 
@@ -22,6 +24,10 @@ NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
 """Events annotated `true` ask for recovery of their involved object."""
 RESTARTING_ANNOTATION = "kcover.io/restarting"
 """Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
+CORDONED_BY = "kcover.io/cordoned-by"
+"""Node annotation `kcover` on nodes kcover cordoned (kcover only ever un-cordons those)."""
+CORDON_REASON = "kcover.io/cordon-reason"
+CORDONED_AT = "kcover.io/cordoned-at"
 KCOVER_PREFIX = "kcover.io/"
 
 MEMBERSHIP_LABELS: Mapping[str, tuple[str, str]] = {
@@ -44,7 +50,6 @@ NARROWING_LABELS = frozenset({
 """Labels the restart selectors use besides membership: kept so selectors can be built from the cache."""
 
 KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, *NARROWING_LABELS, OPT_IN_LABEL))
-GPU_RESOURCES = ("nvidia.com/gpu", "metax-tech.com/gpu")
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
@@ -55,6 +60,10 @@ class OwnerRef(NamedTuple):
     name: str
     uid: str
     api_version: str
+
+    @property
+    def group(self) -> str:
+        return group_of(self.api_version)
 
 
 class Terminated(NamedTuple):
@@ -103,6 +112,11 @@ class Pod(NamedTuple):
     containers: tuple[ContainerState, ...]
     """Init containers first (`init=True`), then regular ones."""
 
+    @property
+    def deleting(self) -> bool:
+        """`deletionTimestamp` is set: the pod is terminating."""
+        return bool(self.deletion_timestamp)
+
 
 class Taint(NamedTuple):
     key: str
@@ -127,8 +141,13 @@ class Node(NamedTuple):
     conditions: tuple[Condition, ...]
     annotations: Pairs
     """Only annotations whose key starts with `kcover.io/`."""
-    gpu_capacity: tuple[tuple[str, int], ...]
-    """(resource name, count) for the GPU resources in `status.capacity`."""
+    extended_resources: tuple[tuple[str, int], ...]
+    """(resource name, count > 0) of every extended resource in `status.capacity` (a name with a domain,
+    `nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`, `amd.com/gpu`); `gpus.GpuRule` says which are GPUs."""
+
+    @property
+    def cordoned_by_kcover(self) -> bool:
+        return get(self.annotations, CORDONED_BY) == "kcover"
 
 
 class Workload(NamedTuple):
@@ -152,6 +171,18 @@ class Workload(NamedTuple):
     @property
     def group(self) -> str:
         return group_of(self.api_version)
+
+
+class ResourceSlice(NamedTuple):
+    """A DRA `resource.k8s.io/v1` ResourceSlice: which driver publishes devices on which node."""
+
+    uid: str
+    rv: str
+    name: str
+    driver: str
+    node: str
+    """`spec.nodeName`; "" for slices of network-attached devices (`nodeSelector`, `allNodes`)."""
+    pool: str
 
 
 class InvolvedObject(NamedTuple):
@@ -291,6 +322,17 @@ def _quantity(value: Any) -> int:
         return 0
 
 
+def _extended(capacity: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for name, value in capacity.items():
+        if "/" in name:
+            count = _quantity(value)
+            if count > 0:
+                out.append((_intern(name), count))
+    out.sort()
+    return tuple(out)
+
+
 def node(raw: Mapping[str, Any]) -> Node:
     meta = _d(raw.get("metadata"))
     spec = _d(raw.get("spec"))
@@ -308,7 +350,7 @@ def node(raw: Mapping[str, Any]) -> Node:
                                    _s(c.get("lastTransitionTime")))
                          for c in map(_d, _l(status.get("conditions")))),
         annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
-        gpu_capacity=tuple((r, _quantity(capacity[r])) for r in GPU_RESOURCES if r in capacity),
+        extended_resources=_extended(capacity),
     )
 
 
@@ -324,10 +366,8 @@ def _restart_fields(kind: str, group: str, spec: Mapping[str, Any]) -> tuple[Pai
         out = []
         for key, value in spec.items():
             if key.endswith("ReplicaSpecs") and isinstance(value, dict):
-                for replica, rspec in value.items():
-                    policy = _s(_d(rspec).get("restartPolicy"))
-                    if policy:
-                        out.append((_intern(replica), _intern(policy)))
+                for replica, rspec in value.items():  # "" = unset, which the operator defaults
+                    out.append((_intern(replica), _intern(_s(_d(rspec).get("restartPolicy")))))
         out.sort()
         limit = _d(spec.get("runPolicy")).get("backoffLimit")
         return tuple(out), (_i(limit) if limit is not None else None)
@@ -363,6 +403,19 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         restart_policies=policies,
         max_restarts=max_restarts,
         finished=finished,
+    )
+
+
+def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
+    meta = _d(raw.get("metadata"))
+    spec = _d(raw.get("spec"))
+    return ResourceSlice(
+        uid=_s(meta.get("uid")),
+        rv=_s(meta.get("resourceVersion")),
+        name=_s(meta.get("name")),
+        driver=_intern(_s(spec.get("driver"))),
+        node=_intern(_s(spec.get("nodeName"))),
+        pool=_intern(_s(_d(spec.get("pool")).get("name"))),
     )
 
 

@@ -9,7 +9,8 @@ and projected at once; raw dicts are never kept.
 A re-list never loses or repeats a change: the new list is diffed against the store and only the
 differences are delivered, as synthetic ADDED / MODIFIED / DELETED (objects keyed by uid, compared by
 resourceVersion). Every change goes to `sink(old, new)` synchronously after the store was updated
-(`old` None on add, `new` None on delete).
+(`old` None on add, `new` None on delete). `load(objects)` runs the same projection and diff on
+objects handed in (an offline reflector, with no client, gets its contents only that way).
 
 It does not index or fan out (see `caching.py`). Failures never escape `run()` except cancellation:
 errors are logged and retried; a 404 on list (CRD not installed) is logged once and retried slowly.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -69,7 +70,7 @@ class _Expired(Exception):
 class Reflector(Generic[T]):
     """List+watch of `path` (e.g. `/api/v1/pods`) projected through `project` into `store`."""
 
-    def __init__(self, kube: client_.KubeClient, path: str, project: Callable[[Mapping[str, Any]], T | None],
+    def __init__(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], T | None],
                  *, sink: Sink[T], name: str = "", options: ReflectorOptions | None = None,
                  query: Mapping[str, str] | None = None) -> None:
         self._kube = kube
@@ -89,7 +90,24 @@ class Reflector(Generic[T]):
 
     # ------------------------------------------------------------------------------------- run loop
 
+    @property
+    def kube(self) -> client_.KubeClient:
+        if self._kube is None:
+            raise errors.KcoverError(f"reflector {self.name} is offline: it has no client to list or watch with")
+        return self._kube
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the store with the projections of `objects`, as a list would; mark it synced."""
+        items: dict[str, T] = {}
+        for raw in objects:
+            record = self._project(raw)
+            if record is not None:
+                items[record.uid] = record
+        self._replace(items)
+        self.synced.set()
+
     async def run(self, stop: asyncio.Event) -> None:
+        self.kube  # noqa: B018  (an offline reflector raises here, not in the retry loop)
         opts = self.options
         backoff = backoff_.Backoff(initial=opts.backoff_initial_seconds, maximum=opts.backoff_max_seconds)
         need_list = True
@@ -145,7 +163,7 @@ class Reflector(Generic[T]):
         query: dict[str, str | int] = {**self._query, "limit": self.options.page_size}
         list_rv = ""
         while True:
-            page = await self._kube.request("GET", self.path, query=query,
+            page = await self.kube.request("GET", self.path, query=query,
                                             timeout=self.options.request_timeout_seconds)
             if not isinstance(page, dict):
                 raise errors.KubeError(f"list {self.path}: not a JSON object")
@@ -196,7 +214,7 @@ class Reflector(Generic[T]):
         stopper = asyncio.ensure_future(stop.wait())
         reader: asyncio.Future[bytes] | None = None
         try:
-            async with self._kube.stream(self.path, query=query,
+            async with self.kube.stream(self.path, query=query,
                                          read_timeout=opts.inactivity_timeout_seconds) as response:
                 pending = b""
                 chunks = response.content.iter_any().__aiter__()

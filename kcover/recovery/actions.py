@@ -7,6 +7,7 @@ record only) and the references they carry. It does no I/O and makes no decision
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kcover import model
@@ -55,11 +56,10 @@ class MemberSelector:
     def render(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.labels)
 
-    def matches(self, labels: dict[str, str] | object) -> bool:
-        get = getattr(labels, "get", None)
-        if get is None:
-            return False
-        return all(get(k) == v for k, v in self.labels)
+    def matches(self, labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> bool:
+        """The labels (a mapping, or a projection's (key, value) pairs) carry every selector label."""
+        found = labels if isinstance(labels, Mapping) else dict(labels)
+        return all(found.get(k) == v for k, v in self.labels)
 
 
 ActionKind = model.Action

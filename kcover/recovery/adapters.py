@@ -2,8 +2,10 @@
 
 Owns, per supported kind (Kubeflow v1 jobs, Kubeflow Trainer TrainJob, JobSet, Volcano Job,
 LeaderWorkerSet, batch/v1 Job): the membership labels, the uid-bearing label where the operator sets
-one, whether the kind's own spec forbids a restart, and owner resolution through controller
-ownerReferences with uid checks. Pure: it reads views through `OwnerLookup` and does no I/O.
+one, whether the kind's own spec or state forbids a restart, and which pods a restart selects. Owner
+resolution and opt-in are `kube.ownership`'s (the detectors use the same); this module turns its
+answers into the policy's skip codes. Pure: it reads the cache's projections through `OwnerLookup`
+and does no I/O.
 
 Choices, documented because they decide what gets deleted:
 * A pod with no controller (a bare pod) is never deleted: nothing would recreate it.
@@ -24,84 +26,50 @@ Choices, documented because they decide what gets deleted:
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from kcover.recovery import actions, views
+from kcover.kube import ownership
+from kcover.kube import projections as proj
+from kcover.recovery import actions
 
-KUBEFLOW_GROUP = "kubeflow.org"
-KUBEFLOW_KINDS = frozenset({"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob"})
+KUBEFLOW_GROUP = ownership.KUBEFLOW_GROUP
+KUBEFLOW_KINDS = ownership.KUBEFLOW_KINDS
 KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"
 KUBEFLOW_OPERATOR_NAME = "training.kubeflow.org/operator-name"
-TRAINER_GROUP = "trainer.kubeflow.org"
-JOBSET_GROUP = "jobset.x-k8s.io"
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
-VOLCANO_GROUP = "batch.volcano.sh"
+TRAINER_GROUP = ownership.TRAINER_GROUP
+JOBSET_GROUP = ownership.JOBSET_GROUP
+JOBSET_NAME = ownership.JOBSET_NAME
+JOBSET_UID = ownership.JOBSET_UID
+VOLCANO_GROUP = ownership.VOLCANO_GROUP
 VOLCANO_JOB_NAME = "volcano.sh/job-name"
 VOLCANO_JOB_NAMESPACE = "volcano.sh/job-namespace"
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP = ownership.LWS_GROUP
+LWS_NAME = ownership.LWS_NAME
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 BATCH_JOB_NAME = "batch.kubernetes.io/job-name"
 BATCH_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 LEGACY_CONTROLLER_UID = "controller-uid"
 
-MAX_OWNER_DEPTH = 6
-"""Longest controller chain followed (LWS worker pod -> StatefulSet -> leader Pod -> StatefulSet -> LWS)."""
+Family = ownership.Family
+family = ownership.family
+Resolved = ownership.Resolved
 
 
-class Family(enum.StrEnum):
-    KUBEFLOW_V1 = "kubeflow-v1"
-    TRAINJOB = "trainjob"
-    JOBSET = "jobset"
-    VOLCANO = "volcano"
-    LWS = "leaderworkerset"
-    BATCH_JOB = "batch-job"
+class OwnerLookup(ownership.Lookup, Protocol):
+    """The part of `policy.ClusterSnapshot` that owner resolution and member selection need."""
 
-
-def family(group: str, kind: str) -> Family | None:
-    """The restartable family of a (group, kind), or None."""
-    if group == KUBEFLOW_GROUP and kind in KUBEFLOW_KINDS:
-        return Family.KUBEFLOW_V1
-    return {
-        (TRAINER_GROUP, "TrainJob"): Family.TRAINJOB,
-        (JOBSET_GROUP, "JobSet"): Family.JOBSET,
-        (VOLCANO_GROUP, "Job"): Family.VOLCANO,
-        (LWS_GROUP, "LeaderWorkerSet"): Family.LWS,
-        ("batch", "Job"): Family.BATCH_JOB,
-    }.get((group, kind))
-
-
-_INTERMEDIATE = frozenset({("apps", "StatefulSet"), ("", "Pod")})
-"""Kinds followed upwards but never restarted themselves (the LWS chain)."""
-
-
-def followable(group: str, kind: str) -> bool:
-    return family(group, kind) is not None or (group, kind) in _INTERMEDIATE
-
-
-class OwnerLookup(Protocol):
-    """The part of `policy.ClusterSnapshot` that owner resolution needs."""
-
-    def pod(self, uid: str) -> views.PodView | None: ...
-
-    def workload(self, uid: str) -> views.WorkloadView | None: ...
-
-    def pods_with_label(self, namespace: str, key: str, value: str) -> Sequence[views.PodView]: ...
-
-    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> views.WorkloadView | None: ...
+    def pods_with_label(self, namespace: str, key: str, value: str) -> Sequence[proj.Pod]: ...
 
 
 SELECTOR_LABELS = frozenset({KUBEFLOW_JOB_NAME, KUBEFLOW_OPERATOR_NAME, JOBSET_NAME, JOBSET_UID, VOLCANO_JOB_NAME,
                              VOLCANO_JOB_NAMESPACE, LWS_NAME, LWS_GROUP_INDEX, BATCH_JOB_NAME,
                              BATCH_CONTROLLER_UID, LEGACY_CONTROLLER_UID})
-"""Pod labels the restart selectors use; a cache must keep these (and the opt-in label) on its pod views."""
+"""Pod labels the restart selectors use; the cache keeps these (and the opt-in label) on its pods."""
 
 
-# ------------------------------------------------------------------------------------------ projection
+# ------------------------------------------------------------------------------------------ restart policy
 
 def forbidden_by(group: str, kind: str, *, replica_policies: Sequence[str], backoff_limit: int | None,
                  finished: bool = False) -> str:
@@ -116,42 +84,14 @@ def forbidden_by(group: str, kind: str, *, replica_policies: Sequence[str], back
     return ""
 
 
-def restart_forbidden(obj: Mapping[str, Any]) -> str:
-    """`forbidden_by()` read from a raw object."""
-    api_version = str(obj.get("apiVersion", ""))
-    group = api_version.rpartition("/")[0] if "/" in api_version else ""
-    spec = obj.get("spec") or {}
-    if not isinstance(spec, Mapping):
-        return ""
-    policies: list[str] = []
-    for key, replicas in spec.items():
-        if key.endswith("ReplicaSpecs") and isinstance(replicas, Mapping):
-            policies += [str((r or {}).get("restartPolicy", "")) for r in replicas.values()]
-    limit = spec.get("backoffLimit")
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    finished = any(isinstance(c, Mapping) and c.get("type") in _TERMINAL and c.get("status") == "True"
-                   for c in conditions)
-    return forbidden_by(group, str(obj.get("kind", "")), replica_policies=policies,
-                        backoff_limit=limit if isinstance(limit, int) else None, finished=finished)
-
-
-_TERMINAL = frozenset({"Succeeded", "Failed", "Complete", "Completed"})
-
-
-def workload_view(obj: Mapping[str, Any]) -> views.WorkloadView:
-    """The view the cache should keep for a workload or intermediate controller object."""
-    return views.workload_view(obj, restart_forbidden=restart_forbidden(obj))
+def restart_forbidden(w: proj.Workload) -> str:
+    """`forbidden_by()` read from the cached workload: why its spec or state forbids a restart, or ''."""
+    return forbidden_by(w.group, w.kind, replica_policies=[p for _, p in w.restart_policies],
+                        backoff_limit=w.max_restarts if (w.group, w.kind) == ("batch", "Job") else None,
+                        finished=w.finished)
 
 
 # ------------------------------------------------------------------------------------------ resolution
-
-@dataclass(frozen=True)
-class Resolved:
-    workload: views.WorkloadView
-    family: Family
-    chain: tuple[views.WorkloadView | views.PodView, ...]
-    """Controllers from the pod's direct owner up to `workload`, inclusive."""
-
 
 @dataclass(frozen=True)
 class Refused:
@@ -159,45 +99,12 @@ class Refused:
     text: str
 
 
-def resolve(lookup: OwnerLookup, pod: views.PodView) -> Resolved | Refused:
-    """Follow controller ownerReferences from `pod` to the top-most restartable workload."""
-    ref = pod.owner
-    if ref is None:
-        return Refused(actions.SkipCode.NO_CONTROLLER,
-                       f"Pod {pod.namespace}/{pod.name} has no controller: nothing would recreate it")
-    chain: list[views.WorkloadView | views.PodView] = []
-    for _ in range(MAX_OWNER_DEPTH):
-        if not followable(ref.group, ref.kind):
-            break
-        found: views.WorkloadView | views.PodView | None
-        found = lookup.pod(ref.uid) if (ref.group, ref.kind) == ("", "Pod") else lookup.workload(ref.uid)
-        if found is None and (ref.group, ref.kind) == ("apps", "StatefulSet") and pod.labels.get(LWS_NAME):
-            # Caches that do not watch StatefulSets: the LWS is named by its label; the owner kind
-            # (StatefulSet, not another restartable kind) rules out a same-named job of another kind.
-            lws = lookup.workload_by_name(LWS_GROUP, "LeaderWorkerSet", pod.namespace, pod.labels[LWS_NAME])
-            if lws is not None:
-                chain.append(lws)
-                break
-        if found is None:
-            return Refused(actions.SkipCode.OWNER_NOT_CACHED,
-                           f"owner {ref.kind} {pod.namespace}/{ref.name} (uid {ref.uid}) is not in the cache")
-        if found.uid != ref.uid or found.name != ref.name or found.namespace != pod.namespace:
-            return Refused(actions.SkipCode.OWNER_MISMATCH,
-                           f"owner {ref.kind} {pod.namespace}/{ref.name} does not match uid {ref.uid}")
-        if isinstance(found, views.WorkloadView) and found.kind != ref.kind:
-            return Refused(actions.SkipCode.OWNER_MISMATCH,
-                           f"uid {ref.uid} is a {found.kind}, the ownerReference says {ref.kind}")
-        chain.append(found)
-        if found.owner is None:
-            break
-        ref = found.owner
-    top = chain[-1] if chain else None
-    fam = family(top.group, top.kind) if isinstance(top, views.WorkloadView) else None
-    if not isinstance(top, views.WorkloadView) or fam is None:
-        return Refused(actions.SkipCode.UNSUPPORTED_OWNER,
-                       f"Pod {pod.namespace}/{pod.name} is controlled by {ref.kind} {ref.name}"
-                       f" ({ref.api_version}), not a kind kcover restarts")
-    return Resolved(workload=top, family=fam, chain=tuple(chain))
+def resolve(lookup: ownership.Lookup, pod: proj.Pod) -> Resolved | Refused:
+    """`ownership.resolve`, its problems as the policy's skip codes."""
+    found = ownership.resolve(lookup, pod)
+    if isinstance(found, ownership.Unresolved):
+        return Refused(actions.SkipCode(found.problem.value), found.text)
+    return found
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -209,7 +116,7 @@ class Unit:
     description: str = ""
 
 
-def restart_unit(resolved: Resolved, pod: views.PodView) -> Unit:
+def restart_unit(resolved: Resolved, pod: proj.Pod) -> Unit:
     """The labels selecting the restart unit's pods, its ledger key and, for LWS, which group."""
     w = resolved.workload
     labels: list[tuple[str, str]] = []
@@ -217,13 +124,13 @@ def restart_unit(resolved: Resolved, pod: views.PodView) -> Unit:
     key = f"w.{w.uid}"
     description = ""
     fam = resolved.family
-    pl = pod.labels
+    pl = dict(pod.labels)
     if fam is Family.KUBEFLOW_V1:
         labels.append((KUBEFLOW_JOB_NAME, w.name))
         if pl.get(KUBEFLOW_OPERATOR_NAME):
             labels.append((KUBEFLOW_OPERATOR_NAME, pl[KUBEFLOW_OPERATOR_NAME]))
     elif fam in (Family.JOBSET, Family.TRAINJOB):
-        jobset = w if fam is Family.JOBSET else _jobset_in(resolved.chain)
+        jobset = w if fam is Family.JOBSET else ownership.jobset_in(resolved.chain)
         labels.append((JOBSET_NAME, jobset.name if jobset else w.name))
         if jobset is not None and pl.get(JOBSET_UID) == jobset.uid:
             labels.append((JOBSET_UID, jobset.uid))
@@ -251,17 +158,10 @@ def restart_unit(resolved: Resolved, pod: views.PodView) -> Unit:
     return Unit(actions.MemberSelector(tuple(labels), uid_bearing=uid_bearing), key, description)
 
 
-def _jobset_in(chain: Sequence[views.WorkloadView | views.PodView]) -> views.WorkloadView | None:
-    for item in chain:
-        if isinstance(item, views.WorkloadView) and (item.group, item.kind) == (JOBSET_GROUP, "JobSet"):
-            return item
-    return None
-
-
 @dataclass(frozen=True)
 class Members:
-    verified: tuple[views.PodView, ...]
-    foreign: tuple[views.PodView, ...]
+    verified: tuple[proj.Pod, ...]
+    foreign: tuple[proj.Pod, ...]
 
 
 def members(lookup: OwnerLookup, selector: actions.MemberSelector, namespace: str,
@@ -270,15 +170,15 @@ def members(lookup: OwnerLookup, selector: actions.MemberSelector, namespace: st
     if not selector.labels:
         return Members((), ())
     first_key, first_value = selector.labels[0]
-    verified: list[views.PodView] = []
-    foreign: list[views.PodView] = []
+    verified: list[proj.Pod] = []
+    foreign: list[proj.Pod] = []
     for pod in lookup.pods_with_label(namespace, first_key, first_value):
         if not selector.matches(pod.labels):
             continue
         if selector.uid_bearing:
             verified.append(pod)
             continue
-        resolved = resolve(lookup, pod)
+        resolved = ownership.resolve(lookup, pod)
         if isinstance(resolved, Resolved) and resolved.workload.uid == workload_uid:
             verified.append(pod)
         else:
@@ -298,17 +198,6 @@ def safe_selector(lookup: OwnerLookup, selector: actions.MemberSelector, namespa
     return actions.MemberSelector(selector.labels, uid_bearing=False, pods=pods)
 
 
-def opted_in_pod(pod: views.PodView) -> bool:
-    return pod.labels.get(views.OPT_IN_LABEL) == "true"
-
-
-def opted_in(pod: views.PodView, resolved: Resolved) -> bool:
-    """Opt-in label on the pod, its workload, or any controller between them."""
-    if opted_in_pod(pod):
-        return True
-    return any(item.labels.get(views.OPT_IN_LABEL) == "true" for item in resolved.chain)
-
-
-def workload_ref(w: views.WorkloadView) -> actions.WorkloadRef:
+def workload_ref(w: proj.Workload) -> actions.WorkloadRef:
     return actions.WorkloadRef(kind=w.kind, api_version=w.api_version, name=w.name, namespace=w.namespace,
                                uid=w.uid)

@@ -43,12 +43,13 @@ import structlog
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
-from kcover.recovery import actions, adapters, auditing, ledger, policy, views
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters, auditing, ledger, policy
 
 log = structlog.get_logger()
 
 REPORTING_CONTROLLER = "kcover.io/controller"
-SaveLogs = Callable[[actions.WorkloadRef, Sequence[views.PodView]], Awaitable[str | None]]
+SaveLogs = Callable[[actions.WorkloadRef, Sequence[proj.Pod]], Awaitable[str | None]]
 """`save_logs(workload, pods)` returns where the logs went (or None); see `recovery.logsaving`."""
 
 NODE_WRITE_ATTEMPTS = 5
@@ -170,7 +171,7 @@ class Executor:
                     f"(uid {action.workload.uid})")
         return ""
 
-    def _members(self, action: actions.RestartWorkload) -> list[views.PodView]:
+    def _members(self, action: actions.RestartWorkload) -> list[proj.Pod]:
         w = action.workload
         if action.selector.pods is not None:
             found = [self._snapshot.pod(ref.uid) for ref in action.selector.pods]
@@ -390,15 +391,15 @@ class Executor:
             meta = node.setdefault("metadata", {})
             annotations = meta.setdefault("annotations", {}) or {}
             meta["annotations"] = annotations
-            if annotations.get(views.CORDONED_BY) == "kcover":
+            if annotations.get(proj.CORDONED_BY) == "kcover":
                 return f"Node {action.node} is already cordoned by kcover"
             spec = node.setdefault("spec", {})
             kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in mine]
             spec["taints"] = kept + ours
             spec["unschedulable"] = True
-            annotations[views.CORDONED_BY] = "kcover"
-            annotations[views.CORDON_REASON] = f"{fault}: {action.reason}"[:1024]
-            annotations[views.CORDONED_AT] = clock_.rfc3339(self._clock.now())
+            annotations[proj.CORDONED_BY] = "kcover"
+            annotations[proj.CORDON_REASON] = f"{fault}: {action.reason}"[:1024]
+            annotations[proj.CORDONED_AT] = clock_.rfc3339(self._clock.now())
             return ""
 
         node, refused = await self._rewrite_node(action.node, cordon)
@@ -443,9 +444,9 @@ class Executor:
         def uncordon(node: dict[str, Any]) -> str:
             meta = node.setdefault("metadata", {})
             annotations = meta.get("annotations") or {}
-            if annotations.get(views.CORDONED_BY) != "kcover":
+            if annotations.get(proj.CORDONED_BY) != "kcover":
                 return f"Node {action.node} was not cordoned by kcover"
-            for key in (views.CORDONED_BY, views.CORDON_REASON, views.CORDONED_AT):
+            for key in (proj.CORDONED_BY, proj.CORDON_REASON, proj.CORDONED_AT):
                 annotations.pop(key, None)
             meta["annotations"] = annotations
             spec = node.setdefault("spec", {})

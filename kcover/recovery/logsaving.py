@@ -67,7 +67,7 @@ class WorkloadRef(Protocol):
 
 
 class PodRef(Protocol):
-    """A pod known by name only (the engine's `PodView`); its containers are read from the API."""
+    """A pod known by name only (the cache's `projections.Pod`); its containers are read from the API."""
 
     @property
     def namespace(self) -> str: ...

@@ -21,34 +21,38 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kcover import errors, model, settings
-from kcover.recovery import actions, adapters, views
+from kcover.kube import ownership
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters
 
 AK = actions.ActionKind
 SC = actions.SkipCode
 
 
 class ClusterSnapshot(Protocol):
-    """What the policy and executors read from the controller's cache (slim views, by index)."""
+    """What the policy and executors read from the controller's cache (`caching.ClusterCache`, by index)."""
 
-    def pod(self, uid: str) -> views.PodView | None: ...
+    def pod(self, uid: str) -> proj.Pod | None: ...
 
-    def pod_by_name(self, namespace: str, name: str) -> views.PodView | None: ...
+    def pod_by_name(self, namespace: str, name: str) -> proj.Pod | None: ...
 
-    def pods_of_workload(self, uid: str) -> Sequence[views.PodView]:
-        """Pods whose controller ownerReference has this uid."""
+    def pods_of_workload(self, uid: str) -> Sequence[proj.Pod]:
+        """Every pod belonging to the workload, through its owner chain (JobSet -> Job -> Pod, ...)."""
         ...
 
-    def pods_on_node(self, name: str) -> Sequence[views.PodView]: ...
+    def pods_on_node(self, name: str) -> Sequence[proj.Pod]: ...
 
-    def pods_with_label(self, namespace: str, key: str, value: str) -> Sequence[views.PodView]: ...
+    def pods_with_label(self, namespace: str, key: str, value: str) -> Sequence[proj.Pod]: ...
 
-    def node(self, name: str) -> views.NodeView | None: ...
+    def node(self, name: str) -> proj.Node | None: ...
 
-    def workload(self, uid: str) -> views.WorkloadView | None: ...
+    def workload(self, uid: str) -> proj.Workload | None: ...
 
-    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> views.WorkloadView | None: ...
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> proj.Workload | None: ...
 
-    def gpu_node_count(self) -> int: ...
+    def gpu_node_count(self) -> int:
+        """Nodes that are GPU nodes by the one rule (`kube.gpus`): the breaker's denominator."""
+        ...
 
     def cordoned_by_kcover(self) -> Sequence[str]:
         """Names of nodes carrying kcover's cordon annotation."""
@@ -152,7 +156,7 @@ def _epoch(moment: dt.datetime) -> float:
     return moment.timestamp()
 
 
-def _pod_ref(pod: views.PodView) -> actions.ObjectRef:
+def _pod_ref(pod: proj.Pod) -> actions.ObjectRef:
     return actions.ObjectRef("Pod", "v1", pod.name, pod.namespace, pod.uid)
 
 
@@ -206,7 +210,7 @@ class _Planner:
              audit: bool = True) -> actions.Skip:
         return actions.Skip(code, text, self.event, about=about, audit=audit)
 
-    def restart_for_pod(self, pod: views.PodView, *, sweep: bool = False) -> list[actions.Action]:
+    def restart_for_pod(self, pod: proj.Pod, *, sweep: bool = False) -> list[actions.Action]:
         """Restart the unit `pod` belongs to. In a node sweep, pods kcover may not touch are passed over."""
         about = _pod_ref(pod)
         if not namespace_allowed(pod.namespace, self.rs):
@@ -217,11 +221,11 @@ class _Planner:
             if sweep:
                 return []
             # Audited only when the pod itself opted in: a crashing Deployment pod is not kcover's business.
-            return [self.skip(resolved.code, resolved.text, about, audit=adapters.opted_in_pod(pod))]
-        if not adapters.opted_in(pod, resolved):
+            return [self.skip(resolved.code, resolved.text, about, audit=ownership.labelled(pod.labels))]
+        if not ownership.opted_in(pod, resolved):
             return [] if sweep else [self.skip(SC.NOT_OPTED_IN, f"neither Pod {pod.namespace}/{pod.name} nor "
                                                f"its {resolved.workload.kind} carries "
-                                               f"{views.OPT_IN_LABEL}=true", about, audit=False)]
+                                               f"{proj.OPT_IN_LABEL}=true", about, audit=False)]
         w = resolved.workload
         wref = adapters.workload_ref(w)
         unit = adapters.restart_unit(resolved, pod)
@@ -229,8 +233,9 @@ class _Planner:
             return []
         self.planned_keys.add(unit.ledger_key)
         what = wref.describe() + (f" {unit.description}" if unit.description else "")
-        if w.restart_forbidden:
-            return [self.skip(SC.RESTART_POLICY, f"{what} is not restarted: {w.restart_forbidden}", wref)]
+        forbidden = adapters.restart_forbidden(w)
+        if forbidden:
+            return [self.skip(SC.RESTART_POLICY, f"{what} is not restarted: {forbidden}", wref)]
         pending = History(self.history.restarts, self.history.cordons,
                           self.history.in_flight_restarts + len(self.planned_keys) - 1)
         refusal = restart_refusal(unit.ledger_key, pending, self.rs, self.now, what=what)
@@ -318,7 +323,7 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
     if kind is AK.REPORT:
         return [actions.RecordOnly(f"{event.reason}: {event.message}" if event.message else event.reason,
                                    event, about=_target_ref(target))]
-    pod: views.PodView | None = None
+    pod: proj.Pod | None = None
     if target.kind is model.TargetKind.POD:
         pod = snapshot.pod(target.uid) if target.uid else None
         if pod is None:

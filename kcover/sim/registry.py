@@ -130,6 +130,12 @@ NEW_EVENT_FIELDS: Mapping[str, FieldGetter] = {
     "reportingController": _path("reportingComponent"),
     "type": _path("type"),
 }
+RESOURCE_SLICE_FIELDS: Mapping[str, FieldGetter] = {
+    "metadata.name": _path("metadata", "name"),
+    "spec.nodeName": _path("spec", "nodeName"),
+    "spec.driver": _path("spec", "driver"),
+}
+"""kube-apiserver's ResourceSlice field labels (resource.k8s.io/v1)."""
 NAMESPACE_FIELDS: Mapping[str, FieldGetter] = {
     "metadata.name": _path("metadata", "name"),
     "status.phase": _path("status", "phase"),
@@ -149,6 +155,8 @@ RESOURCES: tuple[Resource, ...] = (
              field_labels=NEW_EVENT_FIELDS, store_key="events"),
     Resource(plural="leases", kind="Lease", group="coordination.k8s.io", put_without_rv=False),
     Resource(plural="jobs", kind="Job", group="batch", subresources=("status",), has_generation=True),
+    Resource(plural="resourceslices", kind="ResourceSlice", group="resource.k8s.io", namespaced=False,
+             field_labels=RESOURCE_SLICE_FIELDS, has_generation=True),
     _custom("pytorchjobs", "PyTorchJob", "kubeflow.org", "v1"),
     _custom("tfjobs", "TFJob", "kubeflow.org", "v1"),
     _custom("mpijobs", "MPIJob", "kubeflow.org", "v1"),

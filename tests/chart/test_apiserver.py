@@ -158,6 +158,8 @@ CONTROLLER_REQUESTS = [
     ("get", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", ""),  # cordon
     ("list", "events", "", "", "", ""), ("watch", "events", "", "", "", ""),
     ("create", "events", "", "team-a", "", ""), ("create", "events", "", "default", "", ""),
+    ("list", "resourceslices", "resource.k8s.io", "", "", ""),                    # GPU nodes (DRA)
+    ("watch", "resourceslices", "resource.k8s.io", "", "", ""),
     ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("update", "configmaps", "", NAMESPACE, LEDGER, ""),
     ("create", "configmaps", "", NAMESPACE, "", ""),
     ("get", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
@@ -175,6 +177,7 @@ CONTROLLER_DENIED = [
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "other", ""),
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
     ("delete", "nodes", "", "", "gpu-1", ""), ("patch", "nodes", "", "", "gpu-1", "status"),
+    ("create", "resourceslices", "resource.k8s.io", "", "", ""),
     ("update", "pytorchjobs", "kubeflow.org", "team-a", "j", ""), ("delete", "jobs", "batch", "team-a", "j", ""),
     ("delete", "events", "", "team-a", "e", ""), ("escalate", "clusterroles", "rbac.authorization.k8s.io", "", "", ""),
     ("impersonate", "serviceaccounts", "", NAMESPACE, "", ""),

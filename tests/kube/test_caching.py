@@ -55,7 +55,8 @@ async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeCli
     job = create(srv, "jobs.batch", "llm-worker-0", owner=jobset)
     p_train = pod(srv, "llm-worker-0-0", owner=job, labels={"jobset.sigs.k8s.io/jobset-name": "llm"})
     lws = create(srv, "leaderworkersets.leaderworkerset.x-k8s.io", "serve")
-    p_lws = pod(srv, "serve-0", labels={"leaderworkerset.sigs.k8s.io/name": "serve"}, node="n2")
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "serve", "uid": "sts-uid"}}  # not cached
+    p_lws = pod(srv, "serve-0", owner=sts, labels={"leaderworkerset.sigs.k8s.io/name": "serve"}, node="n2")
     # a Volcano Job and a batch Job of the same name: only the UID-checked owner counts
     vc = create(srv, "jobs.batch.volcano.sh", "same", labels={"kcover.io/cascading-recovery": "true"})
     batch = create(srv, "jobs.batch", "same")
@@ -87,8 +88,9 @@ async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeCli
         orphan = cache.pod(p_orphan["metadata"]["uid"])
         assert orphan is not None
         assert cache.workload_of(orphan) is None
-        assert cache.workload_by_name("Job", "default", "same", group="batch.volcano.sh") == cache.workload(vc["metadata"]["uid"])
-        assert cache.workload_by_name("JobSet", "default", "llm") == cache.workload(jobset["metadata"]["uid"])
+        assert cache.workload_by_name("batch.volcano.sh", "Job", "default", "same") == cache.workload(vc["metadata"]["uid"])
+        assert cache.workload_by_name("jobset.x-k8s.io", "JobSet", "default", "llm") == cache.workload(jobset["metadata"]["uid"])
+        assert [p.name for p in cache.pods_of_workload(lws["metadata"]["uid"])] == ["serve-0"]  # by label
         assert sorted(p.name for p in cache.pods_on_node("n2")) == ["same-0", "same-old", "serve-0"]
         assert cache.pod_by_name("default", "serve-0") == got_lws
 

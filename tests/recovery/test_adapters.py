@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from harness import objects as o
 
-from kcover.recovery import actions, adapters, ledger, views
+from kcover.kube import caching
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters, ledger
 
 
 def obj(api_version: str, kind: str, spec: dict[str, Any], **status: Any) -> dict[str, Any]:
@@ -31,7 +34,7 @@ def obj(api_version: str, kind: str, spec: dict[str, Any], **status: Any) -> dic
     (obj("apps/v1", "Deployment", {"replicas": 0}), False),
 ])
 def test_restart_forbidden(raw: dict[str, Any], forbidden: bool) -> None:
-    assert bool(adapters.restart_forbidden(raw)) is forbidden
+    assert bool(adapters.restart_forbidden(proj.workload(raw))) is forbidden
 
 
 @pytest.mark.parametrize(("group", "kind", "family"), [
@@ -50,39 +53,40 @@ def test_family(group: str, kind: str, family: adapters.Family | None) -> None:
     assert adapters.family(group, kind) is family
 
 
-def own(kind: str, api_version: str, name: str, uid: str) -> views.OwnerRef:
-    return views.OwnerRef(kind=kind, api_version=api_version, name=name, uid=uid)
-
-
-CRON_JOB = views.WorkloadView("Job", "batch/v1", "ml", "nightly-1", "job-uid",
-                              owner=own("CronJob", "batch/v1", "nightly", "cron-uid"))
-IMPOSTOR = views.WorkloadView("TFJob", "kubeflow.org/v1", "ml", "train", "pt-uid")
-LWS = views.WorkloadView("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "ml", "serve", "lws-uid")
+CRON_JOB = o.workload("batch/v1", "Job", "nightly-1", uid="job-uid", owner=o.owner("batch/v1", "CronJob", "nightly", "cron-uid"))
+IMPOSTOR = o.workload("kubeflow.org/v1", "TFJob", "train", uid="pt-uid")
+LWS = o.workload("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve", uid="lws-uid")
+JOBSET = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "js", uid="js-uid")
 
 
 @pytest.mark.parametrize(("pod", "expected"), [
-    (views.PodView("p", "ml", "nightly-1-x", owner=own("Job", "batch/v1", "nightly-1", "job-uid")), "Job nightly-1"),
-    (views.PodView("p", "ml", "x", owner=own("PyTorchJob", "kubeflow.org/v1", "train", "pt-uid")), "OwnerMismatch"),
-    (views.PodView("p", "ml", "x", owner=own("PyTorchJob", "kubeflow.org/v1", "gone", "gone-uid")), "OwnerNotCached"),
-    (views.PodView("p", "ml", "x", owner=own("DaemonSet", "apps/v1", "dcgm", "ds-uid")), "UnsupportedOwner"),
-    (views.PodView("p", "ml", "x"), "NoController"),
-    (views.PodView("p", "ml", "serve-0-1", labels={adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "0"},
-                   owner=own("StatefulSet", "apps/v1", "serve-0", "sts-uncached")), "LeaderWorkerSet serve"),
-    (views.PodView("p", "other", "x", owner=own("Job", "batch/v1", "nightly-1", "job-uid")), "OwnerMismatch"),
+    (o.pod("nightly-1-x", owner=CRON_JOB), "Job nightly-1"),
+    (o.pod("x", owner=o.owner("kubeflow.org/v1", "PyTorchJob", "train", "pt-uid")), "OwnerMismatch"),
+    (o.pod("x", owner=o.owner("kubeflow.org/v1", "PyTorchJob", "gone", "gone-uid")), "OwnerNotCached"),
+    (o.pod("x", owner=o.owner("apps/v1", "DaemonSet", "dcgm", "ds-uid")), "UnsupportedOwner"),
+    (o.pod("x"), "NoController"),
+    (o.pod("serve-0-1", labels={adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "0"},
+           owner=o.owner("apps/v1", "StatefulSet", "serve-0", "sts-uncached")), "LeaderWorkerSet serve"),
+    # a JobSet's Job left out of the cache: the JobSet its labels name, only with a matching uid label
+    (o.pod("js-a-0-0", labels={adapters.JOBSET_NAME: "js", adapters.JOBSET_UID: "js-uid"},
+           owner=o.owner("batch/v1", "Job", "js-a-0", "job-uncached")), "JobSet js"),
+    (o.pod("js-a-0-0", labels={adapters.JOBSET_NAME: "js", adapters.JOBSET_UID: "other-uid"},
+           owner=o.owner("batch/v1", "Job", "js-a-0", "job-uncached")), "OwnerNotCached"),
+    (o.pod("x", namespace="other", owner=CRON_JOB), "OwnerMismatch"),
 ])
-def test_resolve(pod: views.PodView, expected: str) -> None:
-    snap = views.MemorySnapshot(workloads=[CRON_JOB, IMPOSTOR, LWS])
-    found = adapters.resolve(snap, pod)
+def test_resolve(pod: dict[str, Any], expected: str) -> None:
+    snap = caching.ClusterCache.offline([CRON_JOB, IMPOSTOR, LWS, JOBSET])
+    found = adapters.resolve(snap, proj.pod(pod))
     got = (f"{found.workload.kind} {found.workload.name}" if isinstance(found, adapters.Resolved)
            else found.code.value)
     assert got == expected
 
 
 def test_legacy_controller_uid_label_and_name_fallback() -> None:
-    job = views.WorkloadView("Job", "batch/v1", "ml", "bj", "bj-uid")
+    job = proj.workload(o.workload("batch/v1", "Job", "bj", uid="bj-uid"))
     resolved = adapters.Resolved(job, adapters.Family.BATCH_JOB, (job,))
-    legacy = views.PodView("p", "ml", "x", labels={"controller-uid": "bj-uid", adapters.BATCH_JOB_NAME: "bj"})
-    bare = views.PodView("p", "ml", "x", labels={adapters.BATCH_JOB_NAME: "bj"})
+    legacy = proj.pod(o.pod("x", labels={"controller-uid": "bj-uid", adapters.BATCH_JOB_NAME: "bj"}))
+    bare = proj.pod(o.pod("x", labels={adapters.BATCH_JOB_NAME: "bj"}))
     assert adapters.restart_unit(resolved, legacy).selector == actions.MemberSelector(
         (("controller-uid", "bj-uid"),), uid_bearing=True)
     assert adapters.restart_unit(resolved, bare).selector == actions.MemberSelector(

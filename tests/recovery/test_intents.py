@@ -19,7 +19,8 @@ from kcover import metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import caching
 from kcover.kube import client as client_
-from kcover.recovery import adapters, engine, executing, ledger, snapshots, views
+from kcover.kube import projections as proj
+from kcover.recovery import adapters, engine, executing, ledger
 from kcover.sim import server as simserver
 
 NS = "ml"
@@ -104,7 +105,7 @@ def _seed(srv: simserver.SimServer) -> None:
     for job in ("train", "eval"):
         obj = store.create("pytorchjobs.kubeflow.org", {
             "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": {"name": job, "namespace": NS, "labels": {views.OPT_IN_LABEL: "true"}},
+            "metadata": {"name": job, "namespace": NS, "labels": {proj.OPT_IN_LABEL: "true"}},
             "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3, "restartPolicy": "OnFailure"}}}})
         for i in range(3):
             _pod(srv, job, obj["metadata"]["uid"], i)
@@ -169,7 +170,7 @@ class Replica:
         self.kube = client_.from_configuration(srv.kube_configuration())
         self.cache = caching.ClusterCache(self.kube, watch_events=False,
                                           workload_kinds=caching.workload_kinds(["pytorchjobs.kubeflow.org"]))
-        snap = snapshots.CacheSnapshot(self.cache)
+        snap = self.cache
         self.clock = clock or Clock()
         self.recovery = settings.RecoverySettings(ledger_namespace=NS, ledger_name=LEDGER,
                                                   **{"save_logs": {"enabled": False}, **recovery})

@@ -6,74 +6,59 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from harness import objects as o
 
 from kcover import errors, model, settings
-from kcover.recovery import actions, adapters, policy, views
+from kcover.kube import caching
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters, policy
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
 T = NOW.timestamp()
-OPT = {views.OPT_IN_LABEL: "true"}
+OPT = {proj.OPT_IN_LABEL: "true"}
+KF = "kubeflow.org/v1"
+KF_PT = {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
 
 
-def owner(kind: str, api_version: str, name: str, uid: str) -> views.OwnerRef:
-    return views.OwnerRef(kind=kind, api_version=api_version, name=name, uid=uid)
-
-
-def world() -> views.MemorySnapshot:
-    """ml/train as a PyTorchJob (opted in) and as a TFJob (not), a stray pod carrying the PyTorchJob's
-    label, a JobSet under a TrainJob, an LWS with two groups, a batch Job, a Volcano job, a bare pod,
-    a ReplicaSet pod; eleven GPU nodes."""
-    pt = views.WorkloadView("PyTorchJob", "kubeflow.org/v1", "ml", "train", "pt-uid", labels=OPT)
-    tf = views.WorkloadView("TFJob", "kubeflow.org/v1", "ml", "train", "tf-uid")
-    never = views.WorkloadView("PyTorchJob", "kubeflow.org/v1", "ml", "never", "never-uid", labels=OPT,
-                               restart_forbidden="every replica has restartPolicy Never")
-    tj = views.WorkloadView("TrainJob", "trainer.kubeflow.org/v1alpha1", "ml", "tj", "tj-uid", labels=OPT)
-    js = views.WorkloadView("JobSet", "jobset.x-k8s.io/v1alpha2", "ml", "tj", "js-uid",
-                            owner=owner("TrainJob", "trainer.kubeflow.org/v1alpha1", "tj", "tj-uid"))
-    jsjob = views.WorkloadView("Job", "batch/v1", "ml", "tj-node-0", "jsjob-uid",
-                               owner=owner("JobSet", "jobset.x-k8s.io/v1alpha2", "tj", "js-uid"))
-    lws = views.WorkloadView("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "ml", "serve", "lws-uid", labels=OPT)
-    job = views.WorkloadView("Job", "batch/v1", "ml", "bj", "bj-uid", labels=OPT)
-    vc = views.WorkloadView("Job", "batch.volcano.sh/v1alpha1", "ml", "vc", "vc-uid", labels=OPT)
-    sts0 = views.WorkloadView("StatefulSet", "apps/v1", "ml", "serve", "sts0-uid",
-                              owner=owner("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "serve", "lws-uid"))
-    kf = "kubeflow.org/v1"
+def world(*extra: o.Obj) -> caching.ClusterCache:
+    """ml/train as a PyTorchJob (opted in) and as a TFJob (not), a JobSet under a TrainJob, an LWS with
+    two groups (its StatefulSet is not cached, as in the product), a batch Job, a Volcano job, a bare
+    pod, a ReplicaSet pod; eleven GPU nodes. Built as the product builds it: raw objects into a cache."""
+    pt = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=OPT)
+    tf = o.workload(KF, "TFJob", "train", uid="tf-uid")
+    never = o.workload(KF, "PyTorchJob", "never", uid="never-uid", labels=OPT,
+                       spec={"pytorchReplicaSpecs": {"Worker": {"restartPolicy": "Never"}}})
+    tj = o.workload("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", uid="tj-uid", labels=OPT)
+    js = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "tj", uid="js-uid", owner=tj)
+    jsjob = o.workload("batch/v1", "Job", "tj-node-0", uid="jsjob-uid", owner=js)
+    lws = o.workload("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve", uid="lws-uid", labels=OPT)
+    job = o.workload("batch/v1", "Job", "bj", uid="bj-uid", labels=OPT)
+    vc = o.workload("batch.volcano.sh/v1alpha1", "Job", "vc", uid="vc-uid", labels=OPT)
+    sys_pt = o.workload(KF, "PyTorchJob", "train", uid="sys-pt", namespace="kube-system", labels=OPT)
+    sts0 = o.owner("apps/v1", "StatefulSet", "serve", "sts0-uid")
     pods = [
-        views.PodView("pt-0", "ml", "train-master-0", "n1",
-                      {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},
-                      owner("PyTorchJob", kf, "train", "pt-uid")),
-        views.PodView("pt-1", "ml", "train-worker-0", "n2",
-                      {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},
-                      owner("PyTorchJob", kf, "train", "pt-uid")),
-        views.PodView("tf-0", "ml", "train-chief-0", "n1",
-                      {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "tfjob-controller"},
-                      owner("TFJob", kf, "train", "tf-uid")),
-        views.PodView("never-0", "ml", "never-worker-0", "n3", {adapters.KUBEFLOW_JOB_NAME: "never"},
-                      owner("PyTorchJob", kf, "never", "never-uid")),
-        views.PodView("js-0", "ml", "tj-node-0-0", "n3",
-                      {adapters.JOBSET_NAME: "tj", adapters.JOBSET_UID: "js-uid"},
-                      owner("Job", "batch/v1", "tj-node-0", "jsjob-uid")),
-        views.PodView("lws-0", "ml", "serve-0", "n4",
-                      {adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "0"},
-                      owner("StatefulSet", "apps/v1", "serve", "sts0-uid")),
-        views.PodView("lws-1", "ml", "serve-1", "n4",
-                      {adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "1"},
-                      owner("StatefulSet", "apps/v1", "serve", "sts0-uid")),
-        views.PodView("bj-0", "ml", "bj-abc", "n5",
-                      {adapters.BATCH_JOB_NAME: "bj", adapters.BATCH_CONTROLLER_UID: "bj-uid"},
-                      owner("Job", "batch/v1", "bj", "bj-uid")),
-        views.PodView("vc-0", "ml", "vc-worker-0", "n5", {adapters.VOLCANO_JOB_NAME: "vc"},
-                      owner("Job", "batch.volcano.sh/v1alpha1", "vc", "vc-uid")),
-        views.PodView("bare", "ml", "bare", "n6", dict(OPT)),
-        views.PodView("rs-0", "ml", "web-abc", "n6", dict(OPT), owner("ReplicaSet", "apps/v1", "web-1", "rs-uid")),
-        views.PodView("sys-0", "kube-system", "train-master-0", "n6",
-                      {adapters.KUBEFLOW_JOB_NAME: "train", **OPT}, owner("PyTorchJob", kf, "train", "sys-pt")),
+        o.pod("train-master-0", uid="pt-0", node="n1", labels=KF_PT, owner=pt),
+        o.pod("train-worker-0", uid="pt-1", node="n2", labels=KF_PT, owner=pt),
+        o.pod("train-chief-0", uid="tf-0", node="n1",
+              labels={adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "tfjob-controller"},
+              owner=tf),
+        o.pod("never-worker-0", uid="never-0", node="n3", labels={adapters.KUBEFLOW_JOB_NAME: "never"}, owner=never),
+        o.pod("tj-node-0-0", uid="js-0", node="n3", labels={adapters.JOBSET_NAME: "tj", adapters.JOBSET_UID: "js-uid"},
+              owner=jsjob),
+        o.pod("serve-0", uid="lws-0", node="n4", labels={adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "0"},
+              owner=sts0),
+        o.pod("serve-1", uid="lws-1", node="n4", labels={adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "1"},
+              owner=sts0),
+        o.pod("bj-abc", uid="bj-0", node="n5",
+              labels={adapters.BATCH_JOB_NAME: "bj", adapters.BATCH_CONTROLLER_UID: "bj-uid"}, owner=job),
+        o.pod("vc-worker-0", uid="vc-0", node="n5", labels={adapters.VOLCANO_JOB_NAME: "vc"}, owner=vc),
+        o.pod("bare", uid="bare", node="n6", labels=OPT),
+        o.pod("web-abc", uid="rs-0", node="n6", labels=OPT, owner=o.owner("apps/v1", "ReplicaSet", "web-1", "rs-uid")),
+        o.pod("train-master-0", uid="sys-0", namespace="kube-system", node="n6",
+              labels={adapters.KUBEFLOW_JOB_NAME: "train", **OPT}, owner=sys_pt),
     ]
-    nodes = [views.NodeView(f"n{i}", uid=f"node-{i}", gpu=True) for i in range(1, 12)]
-    return views.MemorySnapshot(pods=pods, nodes=nodes,
-                                workloads=[pt, tf, never, tj, js, jsjob, lws, job, vc, sts0,
-                                           views.WorkloadView("PyTorchJob", kf, "kube-system", "train", "sys-pt",
-                                                              labels=OPT)])
+    nodes = [o.node(f"n{i}", uid=f"node-{i}") for i in range(1, 12)]
+    return caching.ClusterCache.offline([pt, tf, never, tj, js, jsjob, lws, job, vc, sys_pt, *pods, *nodes, *extra])
 
 
 def pod_event(uid: str, *, detector: str = "pod-status", severity: model.Severity = model.Severity.ERROR,
@@ -187,11 +172,10 @@ def test_plan(event: model.CollectorEvent, history: policy.History, overrides: d
     assert summary(policy.plan(event, world(), history, rs(**overrides), NOW)) == expected
 
 
-def snapshot_with(*, cordoned: int, gpu_nodes: int = 10) -> views.MemorySnapshot:
-    nodes = [views.NodeView(f"g{i}", gpu=True,
-                            annotations={views.CORDONED_BY: "kcover"} if i < cordoned else {},
-                            unschedulable=i < cordoned) for i in range(gpu_nodes)]
-    return views.MemorySnapshot(nodes=nodes)
+def snapshot_with(*, cordoned: int, gpu_nodes: int = 10) -> caching.ClusterCache:
+    nodes = [o.node(f"g{i}", annotations={proj.CORDONED_BY: "kcover"} if i < cordoned else {},
+                    unschedulable=i < cordoned) for i in range(gpu_nodes)]
+    return caching.ClusterCache.offline(nodes)
 
 
 @pytest.mark.parametrize(("cordoned", "gpu_nodes", "fraction", "expected"), [
@@ -224,33 +208,31 @@ def test_budget_text_says_why() -> None:
 
 
 @pytest.mark.parametrize(("node", "annotations", "history", "enabled", "expected"), [
-    ("g0", {views.CORDONED_BY: "kcover"}, {"g0": T - 700}, True, ["uncordon g0"]),
-    ("g0", {views.CORDONED_BY: "kcover"}, {"g0": T - 100}, True, ["skip UncordonHold quiet"]),
-    ("g0", {views.CORDONED_BY: "kcover"}, {"g0": T - 700}, False, []),
+    ("g0", {proj.CORDONED_BY: "kcover"}, {"g0": T - 700}, True, ["uncordon g0"]),
+    ("g0", {proj.CORDONED_BY: "kcover"}, {"g0": T - 100}, True, ["skip UncordonHold quiet"]),
+    ("g0", {proj.CORDONED_BY: "kcover"}, {"g0": T - 700}, False, []),
     ("g0", {}, {}, True, []),
-    ("g0", {views.CORDONED_BY: "kcover", views.CORDONED_AT: "2025-06-01T11:00:00Z"}, {}, True, ["uncordon g0"]),
+    ("g0", {proj.CORDONED_BY: "kcover", proj.CORDONED_AT: "2025-06-01T11:00:00Z"}, {}, True, ["uncordon g0"]),
 ])
 def test_uncordon(node: str, annotations: dict[str, str], history: dict[str, float], enabled: bool,
                   expected: list[str]) -> None:
-    snap = views.MemorySnapshot(nodes=[views.NodeView(node, gpu=True, annotations=annotations, unschedulable=True)])
+    snap = caching.ClusterCache.offline([o.node(node, annotations=annotations, unschedulable=True)])
     event = node_event(node, severity=model.Severity.INFO, fault_cleared=True)
     planned = policy.plan(event, snap, policy.History(cordons=history), rs(uncordon_enabled=enabled), NOW)
     assert summary(planned) == expected
 
 
 def test_already_cordoned_nodes_are_left_alone() -> None:
-    snap = views.MemorySnapshot(nodes=[
-        views.NodeView("a", gpu=True, unschedulable=True, annotations={views.CORDONED_BY: "kcover"}),
-        views.NodeView("b", gpu=True, unschedulable=True), *[views.NodeView(f"x{i}", gpu=True) for i in range(20)]])
+    snap = caching.ClusterCache.offline([
+        o.node("a", unschedulable=True, annotations={proj.CORDONED_BY: "kcover"}),
+        o.node("b", unschedulable=True), *[o.node(f"x{i}") for i in range(20)]])
     assert summary(policy.plan(node_event("a"), snap, H0, rs(), NOW)) == ["skip AlreadyCordoned quiet"]
     assert summary(policy.plan(node_event("b"), snap, H0, rs(), NOW)) == ["skip CordonedByOthers quiet"]
 
 
 def test_stray_pod_with_the_same_label_forces_per_pod_deletes() -> None:
-    snap = world()
-    snap.put_pod(views.PodView("stray", "ml", "debug", "n9",
-                               {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},
-                               owner("ReplicaSet", "apps/v1", "dbg", "rs-x")))
+    snap = world(o.pod("debug", uid="stray", node="n9", labels=KF_PT,
+                       owner=o.owner("apps/v1", "ReplicaSet", "dbg", "rs-x")))
     (restart,) = policy.plan(pod_event("pt-0"), snap, H0, rs(), NOW)
     assert summary([restart]) == ["restart PyTorchJob train [pods=pt-0,pt-1] w.pt-uid"]
 
@@ -264,10 +246,8 @@ def test_workload_target_restarts_through_its_pods() -> None:
 
 
 def test_one_restart_per_unit_per_event() -> None:
-    snap = world()
-    snap.put_pod(views.PodView("pt-2", "ml", "train-worker-1", "n1",
-                               {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},
-                               owner("PyTorchJob", "kubeflow.org/v1", "train", "pt-uid")))
+    pt = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=OPT)
+    snap = world(o.pod("train-worker-1", uid="pt-2", node="n1", labels=KF_PT, owner=pt))
     planned = policy.plan(node_event("n1"), snap, H0, rs(), NOW)
     assert summary(planned) == ["cordon n1", f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]
 

@@ -1,13 +1,15 @@
 """The recovery engine against a real HTTP API server (every selected backend): what the server ends up holding.
 
-The snapshot is built from the server's objects (as the cache would project them) through the
-harness's own client, so the product client's request counts show only what recovery itself sends.
+The snapshot is the product's own `ClusterCache`, filled offline from the server's objects (listed
+through the harness's own client, projected by the reflectors' list path), so the product client's
+request counts show only what recovery itself sends; one test runs it live (watching) instead.
 Pods are created through the API and set Running through `/status` by the harness (no kubelet runs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from typing import Any
 
@@ -16,7 +18,8 @@ import pytest
 from kcover import bus as bus_
 from kcover import errors, metrics, model, settings
 from kcover.kube import caching, client, watching
-from kcover.recovery import actions, adapters, engine, executing, ledger, snapshots, views
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters, engine, executing, ledger
 
 KF = "kubeflow.org/v1"
 Cluster = Any  # tests/backends.py's Cluster
@@ -66,7 +69,7 @@ async def seed(cluster: Cluster, *, operator_labels: bool = True) -> dict[str, A
             "status": {"capacity": {"nvidia.com/gpu": "8"}}})
     pt = await create(cluster, f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
         "apiVersion": KF, "kind": "PyTorchJob",
-        "metadata": {"name": "train", "namespace": ns, "labels": {views.OPT_IN_LABEL: "true"}},
+        "metadata": {"name": "train", "namespace": ns, "labels": {proj.OPT_IN_LABEL: "true"}},
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3, "restartPolicy": "OnFailure"}}}})
     tf = await create(cluster, f"/apis/kubeflow.org/v1/namespaces/{ns}/tfjobs", {
         "apiVersion": KF, "kind": "TFJob", "metadata": {"name": "train", "namespace": ns}, "spec": {}})
@@ -104,19 +107,25 @@ async def items(cluster: Cluster, path: str) -> list[dict[str, Any]]:
     return list(out)
 
 
-async def snapshot(cluster: Cluster) -> views.MemorySnapshot:
+async def cluster_objects(cluster: Cluster) -> list[dict[str, Any]]:
+    """What the controller's cache lists: the test namespace's pods and workloads, all nodes and ResourceSlices."""
     ns = cluster.namespace
-    workloads = []
+    out = [*await items(cluster, f"/api/v1/namespaces/{ns}/pods"), *await items(cluster, "/api/v1/nodes")]
     for path in (f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", f"/apis/kubeflow.org/v1/namespaces/{ns}/tfjobs",
-                 f"/apis/batch/v1/namespaces/{ns}/jobs"):
-        workloads += [adapters.workload_view(o) for o in await items(cluster, path)]
-    return views.MemorySnapshot(pods=[views.pod_view(o) for o in await items(cluster, f"/api/v1/namespaces/{ns}/pods")],
-                                nodes=[views.node_view(o) for o in await items(cluster, "/api/v1/nodes")],
-                                workloads=workloads)
+                 f"/apis/batch/v1/namespaces/{ns}/jobs", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets",
+                 "/apis/resource.k8s.io/v1/resourceslices"):
+        with contextlib.suppress(errors.NotFoundError):  # a server without that group
+            out += await items(cluster, path)
+    return out
+
+
+async def snapshot(cluster: Cluster) -> caching.ClusterCache:
+    """The product's cluster model (a `ClusterCache`), filled through its reflectors' list path."""
+    return caching.ClusterCache.offline(await cluster_objects(cluster))
 
 
 class Rig:
-    def __init__(self, cluster: Cluster, clock: Clock, snap: views.MemorySnapshot, **overrides: Any) -> None:
+    def __init__(self, cluster: Cluster, clock: Clock, snap: caching.ClusterCache, **overrides: Any) -> None:
         self.cluster = cluster
         self.kube: client.KubeClient = cluster.client
         self.clock = clock
@@ -138,8 +147,7 @@ class Rig:
         return cls(cluster, clock, await snapshot(cluster), **overrides)
 
     async def refresh(self) -> None:
-        fresh = await snapshot(self.cluster)
-        self.snap.pods, self.snap.nodes, self.snap.workloads = fresh.pods, fresh.nodes, fresh.workloads
+        self.snap.load(await cluster_objects(self.cluster))
 
 
 async def get(cluster: Cluster, path: str) -> dict[str, Any]:
@@ -358,7 +366,7 @@ async def test_batch_job_restart_selects_by_controller_uid(cluster: Cluster) -> 
     ns = cluster.namespace
     job = await create(cluster, f"/apis/batch/v1/namespaces/{ns}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "bj", "namespace": ns, "labels": {views.OPT_IN_LABEL: "true"}},
+        "metadata": {"name": "bj", "namespace": ns, "labels": {proj.OPT_IN_LABEL: "true"}},
         "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "Never",
                                                           "containers": [{"name": "c", "image": "trainer"}]}}}})
     uid = job["metadata"]["uid"]
@@ -375,7 +383,7 @@ async def test_batch_job_restart_selects_by_controller_uid(cluster: Cluster) -> 
 
 
 async def test_with_the_controller_cache_as_snapshot(cluster: Cluster) -> None:
-    """The product wiring: `CacheSnapshot` over a running `ClusterCache` (which keeps fewer labels)."""
+    """The product wiring: a running (watching) `ClusterCache` as the snapshot."""
     kube = cluster.client
     await seed(cluster)
     cache_client = cluster.new_client()
@@ -389,7 +397,7 @@ async def test_with_the_controller_cache_as_snapshot(cluster: Cluster) -> None:
             try:
                 await asyncio.wait_for(cache.wait_synced(), 10)
                 rig = await Rig.make(cluster, clock)
-                snap = snapshots.CacheSnapshot(cache)
+                snap = cache
                 rig.executor = executing.Executor(kube, snap, rig.ledger, recovery=rig.recovery, metrics_=rig.metrics,
                                                   clock=clock, identity="test-replica", is_leader=lambda: True)
                 rig.engine = engine.RecoveryEngine(None, snap, rig.ledger, rig.executor, recovery=rig.recovery,
@@ -437,7 +445,7 @@ async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applie
     ns = cluster.namespace
     other = await create(cluster, f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
         "apiVersion": KF, "kind": "PyTorchJob",
-        "metadata": {"name": "other", "namespace": ns, "labels": {views.OPT_IN_LABEL: "true"}},
+        "metadata": {"name": "other", "namespace": ns, "labels": {proj.OPT_IN_LABEL: "true"}},
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "OnFailure"}}}})
     await make_pod(cluster, "other-worker-0", "gpu-6", {adapters.KUBEFLOW_JOB_NAME: "other",
                                                          adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"},

@@ -1,0 +1,186 @@
+"""Who owns a pod, and whether it opted in: the one answer detectors, policy and executors share.
+
+Owns the workload kinds kcover restarts (`Family`), owner resolution from a pod up through controller
+ownerReferences with uid checks (`resolve`), the membership labels it may fall back on where an
+intermediate controller is not cached, and the opt-in rule.
+
+Resolution: from the pod's controller ownerReference, follow restartable kinds and the intermediate
+kinds between them (an LWS's StatefulSets and leader Pod), each step checking the cached object's uid,
+name, namespace and kind against the reference. The top is the restart unit's workload: a TrainJob
+above its JobSet above its Jobs, a JobSet above its Jobs, an LWS above its StatefulSets. Two fallbacks
+where the intermediate controller is not cached (kcover watches no StatefulSets; `jobs.batch` may
+be left out of `kube.workload_kinds`): a pod owned by a StatefulSet resolves to the LeaderWorkerSet its
+`leaderworkerset.sigs.k8s.io/name` label names, one owned by a batch Job to the JobSet its
+`jobset.sigs.k8s.io/jobset-name` label names (and, when the pod carries `jobset-uid`, only to the JobSet
+of that uid). The owner kind (not a restartable kind itself) rules out a same-named job of another kind.
+
+Opt-in rule: the label `kcover.io/cascading-recovery` opts in when its value is `true` compared
+case-insensitively (`true`, `True`, `TRUE`), on the pod or on any controller of its resolved chain.
+Every other value (`yes`, `1`, empty) does not.
+
+Pure: it reads projections through `Lookup` and does no I/O. Failures are values (`Unresolved`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kcover.kube import projections as proj
+
+KUBEFLOW_GROUP = "kubeflow.org"
+KUBEFLOW_KINDS = frozenset({"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob"})
+TRAINER_GROUP = "trainer.kubeflow.org"
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+VOLCANO_GROUP = "batch.volcano.sh"
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+
+MAX_OWNER_DEPTH = 6
+"""Longest controller chain followed (LWS worker pod -> StatefulSet -> leader Pod -> StatefulSet -> LWS)."""
+
+
+class Family(enum.StrEnum):
+    KUBEFLOW_V1 = "kubeflow-v1"
+    TRAINJOB = "trainjob"
+    JOBSET = "jobset"
+    VOLCANO = "volcano"
+    LWS = "leaderworkerset"
+    BATCH_JOB = "batch-job"
+
+
+_FAMILIES = {
+    (TRAINER_GROUP, "TrainJob"): Family.TRAINJOB,
+    (JOBSET_GROUP, "JobSet"): Family.JOBSET,
+    (VOLCANO_GROUP, "Job"): Family.VOLCANO,
+    (LWS_GROUP, "LeaderWorkerSet"): Family.LWS,
+    ("batch", "Job"): Family.BATCH_JOB,
+}
+
+
+def family(group: str, kind: str) -> Family | None:
+    """The restartable family of a (group, kind), or None."""
+    if group == KUBEFLOW_GROUP and kind in KUBEFLOW_KINDS:
+        return Family.KUBEFLOW_V1
+    return _FAMILIES.get((group, kind))
+
+
+_INTERMEDIATE = frozenset({("apps", "StatefulSet"), ("", "Pod")})
+"""Kinds followed upwards but never restarted themselves (the LWS chain)."""
+
+
+def followable(group: str, kind: str) -> bool:
+    return family(group, kind) is not None or (group, kind) in _INTERMEDIATE
+
+
+class Lookup(Protocol):
+    """The cache reads resolution needs (`caching.ClusterCache` provides them)."""
+
+    def pod(self, uid: str) -> proj.Pod | None: ...
+
+    def workload(self, uid: str) -> proj.Workload | None: ...
+
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> proj.Workload | None: ...
+
+
+class Problem(enum.StrEnum):
+    """Why a pod has no workload kcover restarts (the values are the policy's skip codes)."""
+
+    NO_CONTROLLER = "NoController"
+    OWNER_NOT_CACHED = "OwnerNotCached"
+    OWNER_MISMATCH = "OwnerMismatch"
+    UNSUPPORTED_OWNER = "UnsupportedOwner"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    workload: proj.Workload
+    family: Family
+    chain: tuple[proj.Workload | proj.Pod, ...]
+    """Controllers from the pod's direct owner up to `workload`, inclusive."""
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    problem: Problem
+    text: str
+
+
+def _by_label(lookup: Lookup, pod: proj.Pod, ref: proj.OwnerRef) -> proj.Workload | None:
+    """The workload a membership label names, for a pod whose intermediate owner `ref` is not cached."""
+    if (ref.group, ref.kind) == ("apps", "StatefulSet"):
+        name = proj.get(pod.labels, LWS_NAME)
+        return lookup.workload_by_name(LWS_GROUP, "LeaderWorkerSet", pod.namespace, name) if name else None
+    if (ref.group, ref.kind) == ("batch", "Job"):
+        name = proj.get(pod.labels, JOBSET_NAME)
+        found = lookup.workload_by_name(JOBSET_GROUP, "JobSet", pod.namespace, name) if name else None
+        uid = proj.get(pod.labels, JOBSET_UID)
+        return found if found is not None and (not uid or uid == found.uid) else None
+    return None
+
+
+def resolve(lookup: Lookup, pod: proj.Pod) -> Resolved | Unresolved:
+    """Follow controller ownerReferences from `pod` to the top-most restartable workload."""
+    ref = pod.owner
+    if ref is None:
+        return Unresolved(Problem.NO_CONTROLLER,
+                          f"Pod {pod.namespace}/{pod.name} has no controller: nothing would recreate it")
+    chain: list[proj.Workload | proj.Pod] = []
+    for _ in range(MAX_OWNER_DEPTH):
+        if not followable(ref.group, ref.kind):
+            break
+        found: proj.Workload | proj.Pod | None
+        found = lookup.pod(ref.uid) if (ref.group, ref.kind) == ("", "Pod") else lookup.workload(ref.uid)
+        if found is None:
+            named = _by_label(lookup, pod, ref)
+            if named is None:
+                return Unresolved(Problem.OWNER_NOT_CACHED,
+                                  f"owner {ref.kind} {pod.namespace}/{ref.name} (uid {ref.uid}) is not in the cache")
+            found = named
+        elif found.uid != ref.uid or found.name != ref.name or found.namespace != pod.namespace:
+            return Unresolved(Problem.OWNER_MISMATCH,
+                              f"owner {ref.kind} {pod.namespace}/{ref.name} does not match uid {ref.uid}")
+        elif isinstance(found, proj.Workload) and found.kind != ref.kind:
+            return Unresolved(Problem.OWNER_MISMATCH,
+                              f"uid {ref.uid} is a {found.kind}, the ownerReference says {ref.kind}")
+        chain.append(found)
+        if found.owner is None:
+            break
+        ref = found.owner
+    top = chain[-1] if chain else None
+    fam = family(top.group, top.kind) if isinstance(top, proj.Workload) else None
+    if not isinstance(top, proj.Workload) or fam is None:
+        return Unresolved(Problem.UNSUPPORTED_OWNER,
+                          f"Pod {pod.namespace}/{pod.name} is controlled by {ref.kind} {ref.name}"
+                          f" ({ref.api_version}), not a kind kcover restarts")
+    return Resolved(workload=top, family=fam, chain=tuple(chain))
+
+
+def jobset_in(chain: Sequence[proj.Workload | proj.Pod]) -> proj.Workload | None:
+    for item in chain:
+        if isinstance(item, proj.Workload) and (item.group, item.kind) == (JOBSET_GROUP, "JobSet"):
+            return item
+    return None
+
+
+# ------------------------------------------------------------------------------------------ opt-in
+
+def opt_in_value(value: str) -> bool:
+    """The one comparison: `true` in any letter case opts in; anything else does not."""
+    return value.lower() == "true"
+
+
+def labelled(labels: proj.Pairs) -> bool:
+    """These (projected) labels carry the opt-in label with an opting-in value."""
+    return opt_in_value(proj.get(labels, proj.OPT_IN_LABEL))
+
+
+def opted_in(pod: proj.Pod, resolved: Resolved | Unresolved | None) -> bool:
+    """The opt-in label on the pod, or on any controller of its resolved chain (workload included)."""
+    if labelled(pod.labels):
+        return True
+    return isinstance(resolved, Resolved) and any(labelled(item.labels) for item in resolved.chain)
