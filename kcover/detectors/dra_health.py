@@ -1,8 +1,10 @@
 """DRA device health detector (controller): KEP-4680 `allocatedResourcesStatus` health per device.
 
 Owns the per-device health state machine, read from the cluster cache: a device turning `Unhealthy`
-is an Error naming the claim, resourceID and the device's message; `Unknown` lasting longer than
-`unknown_warning_seconds` is a Warning; a return to `Healthy` after either is an Info. Nothing repeats
+is an Error naming the claim, resourceID and the device's message (typed: `fault.dra` from the
+resourceID `driver/pool/device`, `fault.container`); `Unknown` lasting longer than
+`unknown_warning_seconds` is a Warning; a return to `Healthy` after either is an Info with
+`cleared=True`. Nothing repeats
 while a state holds, across re-lists and detector restarts (the state lives in
 `context.extras["detector_state"][name]`). State is dropped when the pod goes away.
 
@@ -68,6 +70,19 @@ def step(track: Track | None, health: str, now: float, unknown_after: float) -> 
     if health == HEALTHY and track.reported:
         return Track(health, track.since), Emit.RECOVERED
     return track, None
+
+
+def dra_device(resource_id: str) -> model.DraDevice | None:
+    """`driver/pool/device` -> its parts, or None when it is not one. A pool name may itself hold
+    slashes (ResourceSlice pools are slash-separated DNS subdomains); driver and device never do."""
+    driver, _, rest = resource_id.partition("/")
+    pool, _, device = rest.rpartition("/")
+    if not (driver and pool and device):
+        return None
+    try:
+        return model.DraDevice(driver=driver, pool=pool, device=device)
+    except ValueError:
+        return None
 
 
 DeviceKey = tuple[str, str, str]
@@ -138,8 +153,7 @@ class DraHealthDetector:
                  emit: Emit) -> None:
         severity = {Emit.UNHEALTHY: model.Severity.ERROR, Emit.UNKNOWN: model.Severity.WARNING,
                     Emit.RECOVERED: model.Severity.INFO}[emit]
-        attributes: dict[str, Any] = {"container": container, "claim": res.claim, "resource_id": res.resource_id,
-                                      "health": res.health}
+        attributes: dict[str, Any] = {"claim": res.claim, "resource_id": res.resource_id, "health": res.health}
         if res.message:
             attributes["device_message"] = res.message
         workload = cache.workload_ref(pod)
@@ -153,7 +167,8 @@ class DraHealthDetector:
             target=model.Target(kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid,
                                 node=pod.node),
             dedupe_key=f"{self.name}/{emit.value}/{pod.uid}/{container}/{res.claim}/{res.resource_id}",
-            attributes=attributes)
+            fault=model.Fault(dra=dra_device(res.resource_id), container=container),
+            cleared=emit is Emit.RECOVERED, attributes=attributes)
         log.info("device_health_changed", pod=f"{pod.namespace}/{pod.name}", claim=res.claim,
                  resource_id=res.resource_id, health=res.health, emitted=emit.value)
         assert self._bus is not None

@@ -10,6 +10,12 @@ core/v1 Events; events.k8s.io Events are the same store). An Event is accepted w
 Updates are re-evaluated when the Event's count, series count or time moved. Refusals are logged
 with their reason and counted in `kcover_events_rejected{reason}`, once per Event revision.
 
+What the Event says about the fault is read with `kcover.codec.decode_annotations` into the published
+event's typed fields (`fault`, `recommended`, `cleared`, `occurrences`, `window_seconds`); an Event
+whose recommended action, cleared flag or pod list cannot be read is refused with the codec's reason
+(`bad_recommended_action`, `bad_fault_cleared`, `bad_pods`), and unreadable detail is dropped and
+logged. A cleared Event is published as an Info with `cleared=True`.
+
 It never writes to the API. Without a cache it raises `DetectorUnavailableError`.
 """
 
@@ -24,7 +30,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import model
+from kcover import codec, model
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, following
 from kcover.kube import caching
@@ -139,29 +145,43 @@ class EventWatcherDetector:
         cache: caching.ClusterCache = self._context.cache
         verdict = judge(new, now=self._context.clock.now(), config=self.config,
                         pod_lookup=cache.pod_by_name, node_lookup=cache.node)
-        if verdict.target is None:
+        decoded = codec.decode_annotations(dict(new.annotations))
+        if verdict.target is not None and isinstance(decoded, codec.Refused):
+            verdict = Verdict(None, decoded.reason)
+            log.info("recovery_event_undecodable", k8s_event=f"{new.namespace}/{new.name}",
+                     annotation=decoded.annotation, detail=decoded.detail)
+        if verdict.target is None or isinstance(decoded, codec.Refused):
             log.info("recovery_event_rejected", k8s_event=f"{new.namespace}/{new.name}", reason=verdict.reason,
                      involved_kind=new.involved.kind, involved=f"{new.involved.namespace}/{new.involved.name}",
                      reporter=reporter_of(new))
             self._context.metrics.events_rejected.labels(reason=verdict.reason).inc()
             return
-        self._publish(cache, new, verdict.target)
+        for annotation, why in decoded.dropped:
+            log.warning("recovery_event_detail_dropped", k8s_event=f"{new.namespace}/{new.name}",
+                        annotation=annotation, why=why)
+        self._publish(cache, new, verdict.target, decoded)
 
-    def _publish(self, cache: caching.ClusterCache, ev: proj.KubeEvent, target: model.Target) -> None:
+    def _publish(self, cache: caching.ClusterCache, ev: proj.KubeEvent, target: model.Target,
+                 decoded: codec.Decoded) -> None:
         attributes: dict[str, Any] = {"event_namespace": ev.namespace, "event_name": ev.name, "event_uid": ev.uid,
                                       "event_reason": ev.reason, "event_type": ev.type, "reporter": reporter_of(ev),
                                       "count": max(ev.event_count, ev.series_count)}
+        if decoded.detector:
+            attributes["source_detector"] = decoded.detector
         if target.kind is model.TargetKind.POD:
             pod = cache.pod(target.uid)
             workload = cache.workload_ref(pod) if pod is not None else None
             if workload is not None:
                 attributes["workload"] = workload
         event = model.CollectorEvent(
-            detector=self.name, severity=model.Severity.ERROR, reason=REASON,
-            message=ev.message or f"Event {ev.reason} asks for recovery", target=target,
-            dedupe_key=f"{self.name}/{ev.uid}/{ev.event_count}/{ev.series_count}", attributes=attributes)
+            detector=self.name, severity=model.Severity.INFO if decoded.cleared else model.Severity.ERROR,
+            reason=REASON, message=ev.message or f"Event {ev.reason} asks for recovery", target=target,
+            dedupe_key=f"{self.name}/{ev.uid}/{ev.event_count}/{ev.series_count}", fault=decoded.fault,
+            recommended=decoded.recommended, cleared=decoded.cleared, occurrences=decoded.occurrences,
+            window_seconds=decoded.window_seconds, attributes=attributes)
         log.info("recovery_event_accepted", k8s_event=f"{ev.namespace}/{ev.name}", target=target.describe(),
-                 reporter=reporter_of(ev))
+                 reporter=reporter_of(ev), recommended=decoded.recommended, cleared=decoded.cleared,
+                 fault=decoded.fault.describe())
         assert self._bus is not None
         try:
             self._bus.publish_nowait(event)

@@ -1,15 +1,24 @@
 """Node condition detector (controller): configured NodeConditions in a bad status for long enough.
 
-Owns the decision "this node's condition says its GPUs are bad", read from the cluster cache. A rule
-names a condition type and its bad status. Defaults, each set by a component that watches GPUs:
-* `KcoverGPUHealthy=False` — kcover's own agent;
-* `AcceleratedHardwareReady=False` — the Amazon EKS node monitoring agent (NVIDIA XIDs, DCGM checks).
+Owns the decisions "this node's condition says its GPUs are bad" and "they are good again", read
+from the cluster cache. A rule names a condition type and its bad status. Defaults, each set by a
+component that watches GPUs:
+* `KcoverGPUHealthy=False` — kcover's own agent; the codec (`kcover.codec.condition_recommendation`)
+  reads it as the agent's judgement that the node must be cordoned (`recommended=cordon-node`);
+* `AcceleratedHardwareReady=False` — the Amazon EKS node monitoring agent (NVIDIA XIDs, DCGM checks);
+  it recommends nothing, so the controller's rules decide.
 node-problem-detector custom plugins set `<Problem>=True` conditions of the operator's choosing: add a
 rule with `bad_status: "True"` for each.
 A condition must have been bad for `min_duration_seconds`, counted from its `lastTransitionTime` so a
-controller restart does not reset it; it is reported once per bad spell (Error), and its end is an
-Info. The reported set lives in `context.extras["detector_state"][name]` so a supervisor restart
-does not repeat it.
+controller restart does not reset it; it is reported once per bad spell (Error, `fault.check` = the
+condition type). When a condition it reported is good again (present, neither bad nor `Unknown`)
+and has stayed good for `recovered_hold_seconds`, again counted from `lastTransitionTime`, one
+`cleared=True` Info is published, so the policy may un-cordon a node kcover cordoned; while any
+configured condition of the node is still bad, nothing is cleared. A controller
+that restarted has no memory of what it reported: a node carrying kcover's cordon annotation whose
+configured conditions (at least one present) are all good for the hold gets one cleared event too.
+Conditions still inside either duration are re-checked every `tick_seconds`. The detector's memory
+lives in `context.extras["detector_state"][name]` so a supervisor restart does not repeat it.
 
 It never writes to the API. Without a cache it raises `DetectorUnavailableError`.
 """
@@ -25,7 +34,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
-from kcover import model
+from kcover import codec, model
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, following
 from kcover.kube import caching
@@ -55,7 +64,9 @@ class NodeConditionConfig(BaseModel):
 
     conditions: list[ConditionRule] = Field(default_factory=_default_rules, description="Condition rules; see the module docstring for why each default.")
     min_duration_seconds: float = Field(10.0, ge=0, description="Seconds a condition must stay bad before it is reported: rides out a flap without delaying recovery much.")
-    tick_seconds: float = Field(2.0, gt=0, description="Seconds between checks of conditions waiting out their minimum duration.")
+    recovered_hold_seconds: float = Field(600.0, ge=0, description="Seconds a reported condition must stay good before its end is published (and a node kcover cordoned may be un-cordoned): ten minutes rides out a GPU that recovers and fails again.")
+    tick_seconds: float = Field(2.0, gt=0, description="Seconds between checks of conditions waiting out their minimum duration or recovery hold.")
+    agent_condition_type: str = Field(codec.AGENT_CONDITION_TYPE, min_length=1, description="The condition kcover's agent sets (`agent.condition_type`): its bad status carries the agent's judgement that the node must be cordoned.")
 
 
 class Finding(NamedTuple):
@@ -86,12 +97,43 @@ def bad_conditions(node: proj.Node, rules: list[ConditionRule], *, now: dt.datet
     return out, waiting
 
 
+def is_good(cond: proj.Condition, rule: ConditionRule) -> bool:
+    """A condition is good when present with a definite status that is not its bad one."""
+    return cond.status in ("True", "False") and cond.status != rule.bad_status
+
+
+def held_good(node: proj.Node, rules: list[ConditionRule], types: set[str] | None, *, now: dt.datetime,
+              hold: float, good_since: dict[str, dt.datetime]) -> tuple[set[str], bool]:
+    """Of the configured conditions of `node` (only `types`, if given), those good for `hold` seconds,
+    and whether some good one is still inside the hold (pure). `good_since` gives when a good
+    condition without lastTransitionTime was first seen good."""
+    by_type = {r.type: r for r in rules}
+    out: set[str] = set()
+    waiting = False
+    for cond in node.conditions:
+        rule = by_type.get(cond.type)
+        if rule is None or (types is not None and cond.type not in types) or not is_good(cond, rule):
+            continue
+        since = good_since.get(cond.type, now)
+        if cond.last_transition:
+            with contextlib.suppress(ValueError):
+                since = clock_.parse_time(cond.last_transition)
+        if (now - since).total_seconds() >= hold:
+            out.add(cond.type)
+        else:
+            waiting = True
+    return out, waiting
+
+
 class _NodeState:
-    __slots__ = ("first_seen", "reported")
+    __slots__ = ("cleared_cordon", "first_seen", "good_since", "reported")
 
     def __init__(self) -> None:
         self.reported: set[str] = set()
         self.first_seen: dict[str, dt.datetime] = {}
+        self.good_since: dict[str, dt.datetime] = {}
+        self.cleared_cordon = False
+        """A cleared event was published while kcover's cordon is on the node: not again for it."""
 
 
 class NodeConditionDetector:
@@ -131,7 +173,8 @@ class NodeConditionDetector:
             self.nodes.pop(old.name, None)
             self._waiting.discard(old.name)
             return
-        if old is not None and old.conditions == new.conditions:
+        if old is not None and old.conditions == new.conditions \
+                and old.cordoned_by_kcover == new.cordoned_by_kcover:
             return
         self._evaluate(new)
 
@@ -142,45 +185,82 @@ class NodeConditionDetector:
             if not relevant:
                 return
             state = self.nodes[node.name] = _NodeState()
+        cfg = self.config
         now = self._context.clock.now()
-        bad_now = {c.type for r in self.config.conditions for c in node.conditions
-                   if c.type == r.type and c.status == r.bad_status}
+        by_type = {r.type: r for r in cfg.conditions}
+        bad_now = {c.type for c in node.conditions if c.type in by_type and c.status == by_type[c.type].bad_status}
+        good_now = {c.type for c in node.conditions if c.type in by_type and is_good(c, by_type[c.type])}
         for t in bad_now:
             state.first_seen.setdefault(t, now)
-        for t in list(state.first_seen):
-            if t not in bad_now:
-                del state.first_seen[t]
-        found, waiting = bad_conditions(node, self.config.conditions, now=now,
-                                        default_min=self.config.min_duration_seconds, first_seen=state.first_seen)
-        if waiting:
-            self._waiting.add(node.name)
-        else:
-            self._waiting.discard(node.name)
+        for t in good_now:
+            state.good_since.setdefault(t, now)
+        state.first_seen = {t: v for t, v in state.first_seen.items() if t in bad_now}
+        state.good_since = {t: v for t, v in state.good_since.items() if t in good_now}
+        found, waiting = bad_conditions(node, cfg.conditions, now=now, default_min=cfg.min_duration_seconds,
+                                        first_seen=state.first_seen)
         for t, finding in found.items():
             if t not in state.reported:
                 state.reported.add(t)
                 self._publish(node, finding.condition, bad=True)
-        for t in list(state.reported):
-            if t not in bad_now:
-                state.reported.discard(t)
-                cond = next((c for c in node.conditions if c.type == t), proj.Condition(t, "", "", "", ""))
-                self._publish(node, cond, bad=False)
-        if not state.reported and not state.first_seen:
+        if state.reported and not bad_now:
+            # every reported condition must be good for the hold before any end is published: a node
+            # with one condition still bad is not well, and a cleared event may un-cordon it
+            held, still = held_good(node, cfg.conditions, state.reported, now=now,
+                                    hold=cfg.recovered_hold_seconds, good_since=state.good_since)
+            waiting = waiting or still
+            if held == state.reported:
+                for t in sorted(held):
+                    self._publish(node, next(c for c in node.conditions if c.type == t), bad=False)
+                state.reported.clear()
+                state.cleared_cordon = node.cordoned_by_kcover
+        if not node.cordoned_by_kcover:
+            state.cleared_cordon = False
+        elif not state.reported and not bad_now and not state.cleared_cordon and good_now:
+            # kcover's cordon with no bad condition on record (a restarted controller): clear it once
+            # every configured condition present has been good for the hold.
+            present = {c.type for c in node.conditions if c.type in by_type}
+            held, still = held_good(node, cfg.conditions, None, now=now, hold=cfg.recovered_hold_seconds,
+                                    good_since=state.good_since)
+            if present and held == present:
+                state.cleared_cordon = True
+                self._publish_cordon_cleared(node, sorted(present))
+            waiting = waiting or (still and good_now == present)
+        if waiting:
+            self._waiting.add(node.name)
+        else:
+            self._waiting.discard(node.name)
+        if not state.reported and not state.first_seen and not state.cleared_cordon \
+                and not (node.cordoned_by_kcover and waiting):
             del self.nodes[node.name]
 
     def _publish(self, node: proj.Node, cond: proj.Condition, *, bad: bool) -> None:
         reason = BAD if bad else RECOVERED
-        word = "reports a fault" if bad else "recovered"
-        event = model.CollectorEvent(
+        word = "reports a fault" if bad else f"recovered {self.config.recovered_hold_seconds:g}s ago or more"
+        recommended = codec.condition_recommendation(cond.type, cond.status,
+                                                     agent_condition_type=self.config.agent_condition_type)
+        self._send(node, model.CollectorEvent(
             detector=self.name, severity=model.Severity.ERROR if bad else model.Severity.INFO, reason=reason,
             target=model.Target(kind=model.TargetKind.NODE, name=node.name, node=node.name),
             message=f"condition {cond.type}={cond.status or 'absent'} {word}" + (f": {cond.message}" if cond.message else ""),
             dedupe_key=f"{self.name}/{reason}/{node.name}/{cond.type}/{cond.last_transition}",
-            attributes={"condition": cond.type, "status": cond.status, "condition_reason": cond.reason,
-                        "condition_message": cond.message, "since": cond.last_transition})
+            fault=model.Fault(check=cond.type), recommended=recommended if bad else None, cleared=not bad,
+            attributes={"status": cond.status, "condition_reason": cond.reason,
+                        "condition_message": cond.message, "since": cond.last_transition}))
         log.info("node_condition_changed", node=node.name, condition=cond.type, status=cond.status, emitted=reason)
+
+    def _publish_cordon_cleared(self, node: proj.Node, types: list[str]) -> None:
+        self._send(node, model.CollectorEvent(
+            detector=self.name, severity=model.Severity.INFO, reason=RECOVERED, cleared=True,
+            target=model.Target(kind=model.TargetKind.NODE, name=node.name, node=node.name),
+            message=f"conditions {', '.join(types)} good for {self.config.recovered_hold_seconds:g}s or more on a "
+                    "node kcover cordoned",
+            dedupe_key=f"{self.name}/{RECOVERED}/{node.name}/cordon",
+            fault=model.Fault(check=",".join(types)[:128])))
+        log.info("node_condition_cordon_cleared", node=node.name, conditions=types)
+
+    def _send(self, node: proj.Node, event: model.CollectorEvent) -> None:
         assert self._bus is not None
         try:
             self._bus.publish_nowait(event)
         except bus_.BusClosedError:
-            log.debug("bus_closed_event_dropped", detector=self.name)
+            log.debug("bus_closed_event_dropped", detector=self.name, node=node.name)

@@ -6,6 +6,8 @@ event per (pod uid, container, termination ordinal) — the ordinal is `restartC
 state and `restartCount - 1` for the last state, so the same termination seen in both is reported once,
 and never again on resync, re-list or detector restart (the bounded seen-set lives in
 `context.extras["detector_state"][name]`, which outlives restarts by the supervisor).
+The event names the container in `fault.container`; its `dedupe_key` names the termination, so a
+consumer (the logscan plugin) tells terminations apart without reading `attributes`.
 
 It skips pods kcover itself is deleting (`deletionTimestamp` set or annotation `kcover.io/restarting`)
 and terminations older than `max_age_seconds` (history a new controller should not replay). It never
@@ -151,7 +153,7 @@ class PodStatusDetector:
     def _publish(self, cache: caching.ClusterCache, pod: proj.Pod, f: Failure) -> None:
         reason = "ContainerOOMKilled" if f.reason == "OOMKilled" else "ContainerError"
         kind_word = "init container" if f.init else "container"
-        attributes: dict[str, Any] = {"container": f.container, "init_container": f.init, "exit_code": f.exit_code,
+        attributes: dict[str, Any] = {"init_container": f.init, "exit_code": f.exit_code,
                                       "termination_reason": f.reason, "restart_count": f.restart_count,
                                       "finished_at": f.finished_at}
         workload = cache.workload_ref(pod)
@@ -162,7 +164,8 @@ class PodStatusDetector:
             target=model.Target(kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid,
                                 node=pod.node),
             message=f"{kind_word} {f.container} terminated: {f.reason or 'no reason'}, exit code {f.exit_code}",
-            dedupe_key=f"{self.name}/{pod.uid}/{f.container}/{f.ordinal}", attributes=attributes)
+            dedupe_key=f"{self.name}/{pod.uid}/{f.container}/{f.ordinal}", fault=model.Fault(container=f.container),
+            attributes=attributes)
         log.info("container_failure_detected", pod=f"{pod.namespace}/{pod.name}", container=f.container,
                  exit_code=f.exit_code, termination_reason=f.reason, restart_count=f.restart_count)
         assert self._bus is not None

@@ -211,6 +211,8 @@ class KubeEvent(NamedTuple):
     event_time: str
     series_last_observed: str
     first_timestamp: str
+    annotations: Pairs = ()
+    """Only annotations whose key starts with `kcover.io/`: the fault the Event carries (`kcover.codec`)."""
 
 
 # --------------------------------------------------------------------------------------- helpers
@@ -444,4 +446,5 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
         event_time=_s(raw.get("eventTime")),
         series_last_observed=_s(series.get("lastObservedTime")),
         first_timestamp=_s(raw.get("firstTimestamp")),
+        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
     )

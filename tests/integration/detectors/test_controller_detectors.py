@@ -78,7 +78,8 @@ class Controller:
         self.bus = bus
         self.stop = asyncio.Event()
         cfg_dra = dra_health.DraHealthConfig(unknown_warning_seconds=0.5, tick_seconds=0.1)
-        cfg_nc = node_condition.NodeConditionConfig(min_duration_seconds=0.5, tick_seconds=0.1)
+        cfg_nc = node_condition.NodeConditionConfig(min_duration_seconds=0.5, tick_seconds=0.1,
+                                                    recovered_hold_seconds=0.5)
         self.detectors: list[Any] = [
             pod_status.PodStatusDetector("pod-status", pod_status.PodStatusConfig(), self.context),
             dra_health.DraHealthDetector("dra-health", cfg_dra, self.context),
@@ -247,12 +248,16 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         err = by_reason["ContainerError"]
         assert err.target == model.Target(kind=model.TargetKind.POD, namespace=NS, name="bert-0", uid=bert0.uid,
                                           node="gpu-0")
-        assert err.attributes["container"] == "trainer"
+        assert err.fault == model.Fault(container="trainer")
         assert err.attributes["exit_code"] == 3
         assert err.attributes["restart_count"] == 0
         assert err.attributes["workload"] == {"kind": "PyTorchJob", "name": "bert", "uid": job["metadata"]["uid"],
                                               "apiVersion": "kubeflow.org/v1"}
         dra = by_reason["DeviceUnhealthy"]
+        assert dra.fault == model.Fault(container="trainer",
+                                        dra=model.DraDevice(driver="gpu.nvidia.com", pool="pool", device="gpu-1"))
+        assert (by_reason["NodeConditionBad"].recommended, by_reason["NodeConditionBad"].fault.check) == \
+            (model.Action.CORDON_NODE, "KcoverGPUHealthy")
         assert dra.attributes["claim"] == "claim:gpu/gpu"
         assert dra.attributes["resource_id"] == "gpu.nvidia.com/pool/gpu-1"
         assert dra.attributes["device_message"] == "XID 79: GPU has fallen off the bus"
@@ -291,4 +296,5 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         got = await collect(sub, 2)
         assert shape(got) == [("dra-health", "DeviceRecovered", "Info", "bert-1"),
                               ("node-condition", "NodeConditionRecovered", "Info", "gpu-2")]
+        assert [e.cleared for e in got] == [True, True]
         assert await quiet(sub, 0.3) == []
