@@ -1,9 +1,10 @@
 """The `kcover` command line: the composition root.
 
-Owns reading files and the environment, building settings with their provenance, wiring the real
-implementations (kube client, NVML, subprocess runner) into the controller and the agent, and the
-process lifecycle (signals, one TaskGroup, the health server, hot reload). Exit codes: 0 success,
-1 invalid configuration or a failed check, 2 usage errors (argparse).
+Owns reading files and the environment, building settings with their provenance and checking all of
+the configuration (`kcover.checking`: rules, detector configs, XID policy) before a role starts or a
+reload applies, handing the roles in `wiring` what they need, and the process lifecycle (signals,
+one TaskGroup, the health server, hot reload). Exit codes: 0 success, 1 invalid configuration or a
+failed check, 2 usage errors (argparse).
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ import yaml
 from pydantic import ValidationError
 
 import kcover
-from kcover import errors, logs, metrics, reloading, serving, settings, wiring
+from kcover import checking, errors, logs, metrics, reloading, serving, settings, wiring
 from kcover.bench import running as bench_running
-from kcover.detectors import registry
+from kcover.detectors import contract, registry
 from kcover.sim import running as sim_running
 
 log = structlog.get_logger()
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------- settings I/O
@@ -62,6 +60,16 @@ def load_settings(config_path: str, cli_values: Mapping[str, Any], *, environ: M
     env = os.environ if environ is None else environ
     data = read_config_file(config_path, required=required)
     return settings.layer(file_data=data, file_name=config_path, environ=env, cli=cli_values)
+
+
+def checked_loader(config_path: str, cli_values: Mapping[str, Any], *, role: contract.Role,
+                   detectors: registry.Registry, environ: Mapping[str, str] | None = None) -> reloading.Loader:
+    """The reloader's `load`: read the layers and check all of the configuration as `role` uses it."""
+    def load() -> settings.Layered:
+        layered = load_settings(config_path, cli_values, environ=environ)
+        checking.validate(layered.settings, detectors, role=role)
+        return layered
+    return load
 
 
 def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,35 +114,47 @@ def cmd_detectors(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    """Validate settings and detector configs together, so one run lists every problem."""
+    """Validate a file as the roles would: settings, rules, detector configs, XID policy; list every problem."""
     problems: list[str] = []
-    headline = ""
     try:
         data = read_config_file(args.file, required=True)
     except errors.ConfigError as exc:
-        headline, problems = exc.args[0], exc.errors
         data = None
+        problems = [str(exc).splitlines()[0], *exc.errors]
     if data is not None:
-        try:
-            settings.layer(file_data=data, file_name=args.file)
-        except errors.ConfigError as exc:
-            headline, problems = exc.args[0], list(exc.errors)
-        raw_detectors = data.get("detectors") or {}
-        try:
-            detectors = settings.DetectorsSettings.model_validate(raw_detectors)
-        except ValidationError:
-            pass  # already reported above, field by field
-        else:
-            found = registry.discover().check_entries(detectors.entries)
-            problems.extend(found)
-            headline = headline or ("invalid detector configuration" if found else "")
-    if headline:
-        print(f"{args.file}: invalid: {headline}", file=sys.stderr)
+        problems = check_file_data(data, args.file, registry.discover())
+    if problems:
+        print(f"{args.file}: invalid", file=sys.stderr)
         for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
     print(f"{args.file}: valid")
     return 0
+
+
+def check_file_data(data: Mapping[str, Any], file_name: str, detectors: registry.Registry) -> list[str]:
+    """Every problem of a settings file's content. When the schema refuses it, the rules, detector configs
+    and XID policy are still checked from what the file holds, so one run lists everything."""
+    try:
+        cfg = settings.layer(file_data=data, file_name=file_name).settings
+    except errors.ConfigError as exc:
+        found = list(exc.errors) or [str(exc)]
+    else:
+        return checking.problems(cfg, detectors)
+    recovery = data.get("recovery") if isinstance(data.get("recovery"), Mapping) else {}
+    rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
+    if isinstance(rules, list):
+        found += checking.rule_problems(rules)
+    try:
+        entries = settings.DetectorsSettings.model_validate(data.get("detectors") or {}).entries
+    except ValidationError:
+        pass  # already reported above, field by field
+    else:
+        found += detectors.check_entries(entries)
+    agent = data.get("agent")
+    if isinstance(agent, Mapping) and isinstance(agent.get("xid_policy_file"), str):
+        found += checking.xid_policy_problems(agent["xid_policy_file"])
+    return found
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -198,9 +218,11 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
                 if hooks.reconfigure is not None:
                     await hooks.reconfigure(new, changed)
 
+            role_ = contract.Role(args.command)
             reloader = reloading.Reloader(
-                args.config, lambda: load_settings(args.config, _cli_overrides(args), required=False), apply,
-                config, metrics_, interval_seconds=config.server.config_poll_seconds)
+                args.config, checked_loader(args.config, _cli_overrides(args), role=role_, detectors=registry.discover()),
+                apply, config, metrics_, interval_seconds=config.server.config_poll_seconds,
+                watch=lambda cfg: checking.watched_files(cfg, role=role_))
             group.create_task(reloader.run(stop), name="config-reloader")
 
             group.create_task(role(config, metrics_, health, stop, hooks), name=f"{args.command}-main")
@@ -212,9 +234,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
 def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
     try:
         layered = load_settings(args.config, _cli_overrides(args), required=args.config_given)
-        problems = registry.discover().check_entries(layered.settings.detectors.entries)
-        if problems:
-            raise errors.ConfigError("invalid detector configuration", problems)
+        checking.validate(layered.settings, registry.discover(), role=contract.Role(args.command))
     except errors.ConfigError as exc:
         print(f"kcover: {exc}", file=sys.stderr)
         return 1
@@ -270,8 +290,6 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-
-
     parser = build_parser(wiring.ROLES)
     args = parser.parse_args(argv)
     # Until a role has read its settings, log warnings and errors to stderr only.

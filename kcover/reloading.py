@@ -1,13 +1,17 @@
-"""Hot reload of the configuration file.
+"""Hot reload of the configuration file, and of the files it names whose content is configuration.
 
 Owns noticing that the file changed and deciding whether the new settings may be applied. A
 ConfigMap volume update swaps the `..data` symlink atomically, so inotify on the path is unreliable:
-this polls the *resolved* target's identity (realpath, inode, size, mtime) and content hash.
+this polls the *resolved* target's identity (realpath, inode, size, mtime) and content hash. The
+files the settings name (`watch`, e.g. the agent's XID policy file) are polled the same way: an edit
+of one, at the same path, reloads as if its setting had changed (`apply` gets that setting's path).
 
-An invalid new file keeps the old configuration, logs every field-level error, and counts
-`kcover_config_reload_failures_total`. Settings marked `restart_required` that changed are logged as
-`config_change_needs_restart` (the new value is not applied; the old one stays in force).
-It does not read the file itself: the caller's `load` callable does (only `cli.py` reads files).
+The caller's `load` callable reads and checks everything (only `cli.py` reads files; it checks the
+rules, detector configs and the XID policy with `kcover.checking`), so nothing is applied unless all
+of it is valid. An invalid change keeps the old configuration, logs every problem
+(`config_reload_refused` with `field_errors`), and counts `kcover_config_reload_failures_total`; so
+does an `apply` that raises `errors.ConfigError`. Settings marked `restart_required` that changed are
+logged as `config_change_needs_restart` (the new value is not applied; the old one stays in force).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -26,6 +30,8 @@ log = structlog.get_logger()
 
 Loader = Callable[[], settings.Layered]
 Apply = Callable[[settings.Settings, set[str]], Awaitable[None]]
+Watch = Callable[[settings.Settings], Mapping[str, str]]
+"""Settings -> {setting path: file} for the files besides the settings file whose content is configuration."""
 
 
 @dataclass(frozen=True)
@@ -71,51 +77,74 @@ def merge_live(current: settings.Settings, new: settings.Settings) -> tuple[sett
 
 
 class Reloader:
-    """Polls `path`; on a valid change calls `apply(effective_settings, changed_paths)`."""
+    """Polls `path` (and the files `watch` names); on a valid change calls `apply(effective_settings, changed_paths)`."""
 
     def __init__(self, path: str, load: Loader, apply: Apply, current: settings.Settings,
-                 metrics_: metrics.Metrics, *, interval_seconds: float = 2.0) -> None:
+                 metrics_: metrics.Metrics, *, interval_seconds: float = 2.0, watch: Watch | None = None) -> None:
         self.path = path
         self._load = load
         self._apply = apply
         self.current = current
         self._metrics = metrics_
         self.interval_seconds = interval_seconds
+        self._watch = watch or (lambda _: {})
         self._identity = identify(path)
+        self._watched = self._identify_watched(current)
+
+    def _identify_watched(self, cfg: settings.Settings) -> dict[str, tuple[str, FileIdentity | None]]:
+        return {setting: (file, identify(file)) for setting, file in self._watch(cfg).items()}
+
+    def _edited(self) -> set[str]:
+        """Settings whose file (same path as now configured) has new content since the last check."""
+        out = set()
+        for setting, (file, known) in self._watched.items():
+            now = identify(file)
+            if now != known and (now is None or known is None or now.digest != known.digest):
+                out.add(setting)
+            self._watched[setting] = (file, now)
+        return out
 
     async def check_once(self) -> bool:
-        """Reload if the file changed. Returns True when new settings were applied."""
+        """Reload if the file or a watched file changed. Returns True when new settings were applied."""
         identity = await asyncio.to_thread(identify, self.path)
-        if identity is None or identity == self._identity:
-            return False
-        if self._identity is not None and identity.digest == self._identity.digest:
+        edited = await asyncio.to_thread(self._edited)
+        changed_file = identity is not None and identity != self._identity
+        if changed_file and self._identity is not None and identity is not None \
+                and identity.digest == self._identity.digest:
             self._identity = identity  # same content behind a new symlink target
+            changed_file = False
+        if not changed_file and not edited:
             return False
-        self._identity = identity
+        if changed_file:
+            self._identity = identity
+        target = identity.target if identity is not None else self.path
         try:
             layered = await asyncio.to_thread(self._load)
         except errors.ConfigError as exc:
-            self._metrics.config_reload_failures.inc()
-            log.error("config_reload_refused", path=self.path, target=identity.target, error=str(exc).splitlines()[0],
-                      field_errors=exc.errors, kept="previous configuration")
+            self._refused(exc, target=target, edited=edited)
             return False
         effective, applied, blocked = merge_live(self.current, layered.settings)
         for path in sorted(blocked):
             log.warning("config_change_needs_restart", setting=path, path=self.path,
                         detail="this setting cannot change while running; the old value stays until restart")
+        applied |= {setting for setting in edited if setting not in blocked}
         if not applied:
             return False
         try:
             await self._apply(effective, applied)
         except errors.ConfigError as exc:
-            self._metrics.config_reload_failures.inc()
-            log.error("config_reload_refused", path=self.path, error=str(exc).splitlines()[0],
-                      field_errors=exc.errors, kept="previous configuration")
+            self._refused(exc, target=target, edited=edited)
             return False
         self.current = effective
+        self._watched = await asyncio.to_thread(self._identify_watched, effective)
         self._metrics.config_reloads.inc()
         log.info("config_reloaded", path=self.path, changed=sorted(applied))
         return True
+
+    def _refused(self, exc: errors.ConfigError, *, target: str, edited: set[str]) -> None:
+        self._metrics.config_reload_failures.inc()
+        log.error("config_reload_refused", path=self.path, target=target, error=str(exc).splitlines()[0],
+                  field_errors=exc.errors, edited_files=sorted(edited), kept="previous configuration")
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

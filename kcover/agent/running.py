@@ -1,12 +1,16 @@
 """Composition of the node agent: bus, detector supervisor (role agent), reporter.
 
 Owns wiring one agent process: loads the XID policy (`agent.xid_policy_file` over the shipped one),
-builds the detector context (NVML backend, command runner, pod lookup), runs the supervisor and the
-reporter until `stop` is set, then closes the bus so the reporter drains what was queued. It does
-not read the environment (`cli.py` does) and never imports the controller.
+builds the detector context (NVML backend, Kubernetes client, pod lookup; the DCGM detector runs its
+tools as subprocesses), runs the supervisor and the reporter until `stop` is set, then closes the bus
+so the reporter drains what was queued. `reconfigure()` applies a reload; a changed XID policy (a new
+path, or new content at the same path: the reloader watches it) is loaded first and the NVML and DCGM
+detectors restart with it. It does not read the environment (`cli.py` does) and never imports the
+controller.
 
-Fails with `errors.ConfigError` on an invalid XID policy or detector settings before anything runs;
-a detector that cannot run here (no GPU, no DCGM) is only marked unavailable.
+Fails with `errors.ConfigError` on an invalid XID policy or detector settings before anything runs,
+and from `reconfigure()` before anything is changed (the old policy and detectors stay); a detector
+that cannot run here (no GPU, no DCGM) is only marked unavailable.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class Agent:
     """One node agent. Build it, `await run(stop)`, and call `reconfigure()` on a config reload."""
 
     def __init__(self, config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
-                 health: serving.Health | None, node: str, nvml: Any = None, command_runner: Any = None,
+                 health: serving.Health | None, node: str, nvml: Any = None,
                  clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
                  reporter_tick_seconds: float = 0.5, pod_lookup: podresources.PodLookup | None = None) -> None:
         self.config = config
@@ -62,7 +66,7 @@ class Agent:
         pods = pod_lookup or podresources.PodResources(config.agent.pod_resources_socket)
         self.context = contract.DetectorContext(
             role=contract.Role.AGENT, metrics=metrics, clock=self.clock, node_name=node, nvml=nvml,
-            command_runner=command_runner, gateway=client,
+            gateway=client,
             extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device})
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
                             block_timeout_seconds=config.bus.block_timeout_seconds)
@@ -74,14 +78,20 @@ class Agent:
                                            tick_seconds=reporter_tick_seconds)
 
     async def reconfigure(self, new: settings.Settings, changed: set[str]) -> None:
-        """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy."""
-        if any(p.startswith("detectors.") for p in changed):
-            self.supervisor.reconfigure(new.detectors)
-        if "agent.xid_policy_file" in changed:
-            self.policy = xid_policy.load(new.agent.xid_policy_file)
-            self.context.extras["xid_policy"] = self.policy
+        """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy.
+
+        `agent.xid_policy_file` in `changed` re-reads the policy (new path or new content). Raises
+        ConfigError, changing nothing, when the policy or the detector settings are invalid."""
+        reload_policy = "agent.xid_policy_file" in changed
+        policy = await asyncio.to_thread(xid_policy.load, new.agent.xid_policy_file) if reload_policy else None
+        self.supervisor.wanted(new.detectors)  # validate before touching anything
+        if policy is not None:
+            self.policy = policy
+            self.context.extras["xid_policy"] = policy
+            log.info("xid_policy_reloaded", file=new.agent.xid_policy_file or "shipped")
+        if policy is not None or any(p.startswith("detectors.") for p in changed):
             self.supervisor.reconfigure(new.detectors, restart=[n for n in new.detectors.entries
-                                                                if n in ("nvml", "dcgm")])
+                                                                if policy is not None and n in ("nvml", "dcgm")])
         self.bus.configure(dedupe_window_seconds=new.bus.dedupe_window_seconds,
                            block_timeout_seconds=new.bus.block_timeout_seconds)
         self.reporter.config = new.agent
@@ -109,11 +119,11 @@ class Agent:
 
 
 async def run(config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
-              health: serving.Health | None, stop: asyncio.Event, nvml: Any = None, command_runner: Any = None,
+              health: serving.Health | None, stop: asyncio.Event, nvml: Any = None,
               clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
               reporter_tick_seconds: float = 0.5, node: str = "") -> None:
     """Run one node agent until `stop` is set (node from `agent.node_name` unless given)."""
     agent = Agent(config, client=client, metrics=metrics, health=health,
-                  node=node or node_name(config, {}), nvml=nvml, command_runner=command_runner, clock=clock,
+                  node=node or node_name(config, {}), nvml=nvml, clock=clock,
                   detector_registry=detector_registry, reporter_tick_seconds=reporter_tick_seconds)
     await agent.run(stop)

@@ -217,13 +217,13 @@ class Controller:
     async def reconfigure(self, new: settings.Settings, changed: set[str] | None = None) -> None:
         """Apply tunables live: bus, detectors, lease timings, recovery. Raises ConfigError, applying nothing."""
         self.supervisor.wanted(new.detectors)  # validate before touching anything
+        if self.engine is not None:
+            self.engine.reconfigure(new.recovery)  # validates the rules before it changes anything
         self.bus.configure(dedupe_window_seconds=new.bus.dedupe_window_seconds,
                            block_timeout_seconds=new.bus.block_timeout_seconds)
         touched = self.supervisor.reconfigure(new.detectors)
         if self.elector is not None:
             self.elector.reconfigure(new.lease)
-        if self.engine is not None:
-            self.engine.reconfigure(new.recovery)
         self.settings = new
         log.info("controller_reconfigured", detectors_restarted=touched, changed=sorted(changed or ()))
 

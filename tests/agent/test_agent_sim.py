@@ -6,14 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+import yaml
 
-from kcover import metrics, settings
+from kcover import checking, cli, metrics, reloading, settings
 from kcover.agent import running
+from kcover.detectors import contract, registry
 from kcover.kube import client
-from kcover.nvml import fake
+from kcover.nvml import fake, xid_policy
 
 simserver = pytest.importorskip("kcover.sim.server")
 
@@ -177,3 +181,63 @@ async def test_a_missing_node_is_retried_with_backoff_not_every_tick() -> None:
         attempts = srv.request_counts.get("PATCH nodes/status", 0)
         # backoff of 0.5-1 s, 1-2 s, 2-4 s: at most 4 tries in 3.5 s, against 70 without it
         assert 1 <= attempts <= 4, attempts
+
+
+async def test_an_xid_policy_edited_in_place_applies_live_and_an_invalid_edit_is_refused(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The settings file stays as it is; only the XID policy file's content changes (same path). XID 14 is
+    ignored by the shipped policy; the edit makes it cordon-node, the NVML detector restarts with it, and
+    the node's condition says so. An edit that does not parse as a policy keeps the one in force."""
+    policy_file = tmp_path / "xid-policy.yaml"
+    policy_file.write_text("xids: {}\n")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "agent": {"node_name": NODE, "condition_hold_seconds": 0.5, "min_write_interval_seconds": 0.0,
+                  "xid_policy_file": str(policy_file)},
+        "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.05}},
+                                  "dcgm": {"enabled": False}}}}))
+    load = cli.checked_loader(str(config_file), {}, role=contract.Role.AGENT, detectors=registry.discover(),
+                              environ={})
+    config = load().settings
+    nvml = fake.FakeNvml(8)
+    m = metrics.Metrics()
+    agent = running.Agent(config, client=cluster.kube, metrics=m, health=None, node=NODE, nvml=nvml,
+                          reporter_tick_seconds=0.05)
+    assert agent.policy.decide(14, [], 0).action is xid_policy.Action.IGNORE
+    reloader = reloading.Reloader(str(config_file), load, agent.reconfigure, config, m,
+                                  watch=lambda cfg: checking.watched_files(cfg, role=contract.Role.AGENT))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop), name="agent")
+    try:
+
+        async def registered() -> bool:
+            return bool(nvml.registered)
+
+        await cluster.until(registered)
+        policy_file.write_text("xids:\n  14: {name: EDITED, class: hardware, severity: Error, action: cordon-node}\n")
+        assert await reloader.check_once() is True
+        assert agent.policy.decide(14, [], 0).action is xid_policy.Action.CORDON_NODE
+
+        async def cordon_recommended() -> str:
+            nvml.xid(14, gpu_index=3)  # again until the restarted detector has registered
+            cond = await cluster.condition()
+            return str(cond["reason"]) if cond and cond["status"] == "False" else ""
+
+        assert await cluster.until(cordon_recommended) == "XID14"
+
+        in_force = agent.policy
+        policy_file.write_text("xids:\n  14: {action: explode}\n")
+        with structlog.testing.capture_logs() as logs:
+            assert await reloader.check_once() is False
+        assert agent.policy is in_force
+        assert agent.context.extras["xid_policy"] is in_force
+        assert m.registry.get_sample_value("kcover_config_reload_failures_total") == 1
+        (refused,) = [e for e in logs if e["event"] == "config_reload_refused"]
+        assert refused["edited_files"] == ["agent.xid_policy_file"]
+        assert any(line.startswith(f"agent.xid_policy_file: {policy_file}: xids.14.action:")
+                   for line in refused["field_errors"])
+        assert await reloader.check_once() is False  # refused once, not at every poll
+        assert m.registry.get_sample_value("kcover_config_reload_failures_total") == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -45,6 +45,42 @@ def test_config_check_reports_field_level_errors(tmp_path: Path) -> None:
     assert "detectors.entries.nope: unknown detector; installed:" in out.stderr
 
 
+BAD_XID_POLICY = "xids:\n  79: {action: explode}\n"
+
+
+@pytest.mark.parametrize("schema_error", [False, True])
+def test_config_check_lists_rule_detector_and_xid_policy_problems_in_one_run(tmp_path: Path,
+                                                                            schema_error: bool) -> None:
+    """What the roles would refuse (a rule's unknown action, a detector config, the XID policy file), all at
+    once, exit 1; also when the settings schema refuses the file too."""
+    xid = tmp_path / "xid-policy.yaml"
+    xid.write_text(BAD_XID_POLICY)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recovery:\n"
+                   + ("  event_cooldown_seconds: 30\n" if schema_error else "")
+                   + "  rules:\n  - {detector: pod-status, action: reboot-the-cluster}\n"
+                   "detectors:\n  entries:\n    pod-status: {config: {reasons: 5, bogus: 1}}\n"
+                   f"agent:\n  xid_policy_file: {xid}\n")
+    out = kcover("config", "check", str(bad))
+    assert out.returncode == 1
+    assert "recovery.rules[0]:" in out.stderr
+    assert "reboot-the-cluster" in out.stderr
+    assert "detectors.entries.pod-status.config.reasons: Input should be a valid list" in out.stderr
+    assert "detectors.entries.pod-status.config.bogus: Extra inputs are not permitted" in out.stderr
+    assert f"agent.xid_policy_file: {xid}: xids.79.action:" in out.stderr
+    assert ("recovery.event_cooldown_seconds: removed setting" in out.stderr) is schema_error
+
+
+def test_config_check_accepts_valid_rules_and_xid_policy(tmp_path: Path) -> None:
+    xid = tmp_path / "xid-policy.yaml"
+    xid.write_text("xids:\n  79: {action: cordon-node, severity: Error}\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("recovery:\n  rules:\n  - {detector: pod-status, reason: OOM*, action: ignore}\n"
+                    f"agent:\n  xid_policy_file: {xid}\n")
+    out = kcover("config", "check", str(good))
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("recovery: [unclosed", "not valid YAML"),
     ("- a list\n", "the top level must be a mapping"),

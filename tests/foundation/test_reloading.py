@@ -116,3 +116,38 @@ def test_merge_live_keeps_restart_required_values() -> None:
     assert effective.lease.namespace == "kcover-system"
     assert effective.lease.retry_period_seconds == 3
     assert detector_settings({}).entries["nvml"].enabled is False
+
+
+async def test_reload_applies_nothing_unless_rules_and_detector_configs_are_valid_too(tmp_path: Path) -> None:
+    """The settings schema accepts the file, but a rule names an unknown action and a detector config is
+    wrong: nothing is applied, the refusal is counted once and logged with both problems."""
+    cm = ConfigMapDir(tmp_path)
+    cm.publish(base_config("v1"))
+    m = metrics.Metrics()
+    load = cli.checked_loader(str(cm.path), {}, role=contract.Role.CONTROLLER, detectors=make_registry(),
+                              environ={})
+    applied: list[set[str]] = []
+
+    async def apply(new: settings.Settings, changed: set[str]) -> None:
+        applied.append(changed)
+
+    reloader = reloading.Reloader(str(cm.path), load, apply, load().settings, m)
+    bad = base_config("v1", cooldown=120)
+    bad["recovery"]["rules"] = [{"detector": "pod-status", "action": "reboot-the-cluster"}]
+    bad["detectors"]["entries"]["ticker"]["config"]["interval_seconds"] = "often"
+    cm.publish(bad)
+    with structlog.testing.capture_logs() as logs:
+        assert await reloader.check_once() is False
+    assert applied == []
+    assert reloader.current.recovery.workload_cooldown_seconds == 60
+    assert m.registry.get_sample_value("kcover_config_reload_failures_total") == 1
+    (refused,) = [e for e in logs if e["event"] == "config_reload_refused"]
+    assert any(line.startswith("recovery.rules[0]:") and "reboot-the-cluster" in line
+               for line in refused["field_errors"])
+    assert any(line.startswith("detectors.entries.ticker.config.interval_seconds:") for line in refused["field_errors"])
+
+    bad["recovery"]["rules"] = [{"detector": "pod-status", "action": "ignore"}]
+    bad["detectors"]["entries"]["ticker"]["config"]["interval_seconds"] = 0.5
+    cm.publish(bad)
+    assert await reloader.check_once() is True
+    assert applied == [{"recovery.workload_cooldown_seconds", "recovery.rules", "detectors.entries.ticker"}]
