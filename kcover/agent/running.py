@@ -70,6 +70,7 @@ class Agent:
             extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device})
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
                             block_timeout_seconds=config.bus.block_timeout_seconds)
+        metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         self.subscription = self.bus.subscribe("agent-reporter", capacity=config.bus.subscriber_capacity)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), self.context, self.bus,
                                                  config.detectors, metrics)

@@ -77,6 +77,7 @@ class Controller:
         self.identity = cfg.lease.identity or default_identity()
         self.bus = bus_.Bus(dedupe_window_seconds=cfg.bus.dedupe_window_seconds,
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
+        metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
                                            cache=self.cache,
