@@ -33,7 +33,7 @@ class LogscanConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source_detector: str = Field("pod-status", description="Detector whose events (Pod targets with a `container` attribute) trigger a scan.")
+    source_detector: str = Field("pod-status", description="Detector whose events (Pod targets naming a container in `fault.container`) trigger a scan.")
     reasons: list[str] = Field(default_factory=list, description="Event reasons that trigger a scan, e.g. `ContainerError`, `ContainerOOMKilled` (pod-status's reasons); empty means every reason of the source detector.")
     log_source: LogSource = Field(LogSource.AUTO, description="Which container instance's log to read.")
     tail_lines: int = Field(200, ge=1, le=10_000, description="Lines read from the end of the log. 200 holds a Python traceback plus the NCCL lines around it.")
@@ -41,7 +41,7 @@ class LogscanConfig(BaseModel):
     max_lines: int = Field(5, ge=1, le=50, description="Matching lines kept in the event's `lines` attribute.")
     max_line_length: int = Field(300, ge=20, le=4096, description="Characters kept of each matching line.")
     concurrency: int = Field(8, ge=1, le=256, description="Logs read at once, at most, so a wave of failures does not flood the API server.")
-    remember: int = Field(50_000, ge=100, description="Containers (pod uid, container, restart count) remembered as already classified; the oldest are forgotten first. 50,000 covers a third of a 150,000-pod cluster failing at once.")
+    remember: int = Field(50_000, ge=100, description="Container failures (pod uid, container, the source event's key) remembered as already classified; the oldest are forgotten first. 50,000 covers a third of a 150,000-pod cluster failing at once.")
     patterns: list[classifying.Pattern] = Field(default_factory=lambda: list(classifying.DEFAULT_PATTERNS),
                                                 description="Regex table; replaces the defaults when set.")
     severities: dict[classifying.FailureClass, model.Severity] = Field(

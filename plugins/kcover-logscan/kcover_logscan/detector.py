@@ -3,7 +3,9 @@
 Owns the loop that takes the source detector's Pod events off the bus, reads the failed container's
 log tail through the `LogReader` in `context.extras["log_reader"]` (bounded in lines, bytes and
 concurrency), classifies it with the pure table in `classifying` and publishes one enrichment event
-per (pod uid, container, restart count, finish time). It never writes to the API. Without a log reader it raises
+per container failure. It reads only the source event's typed fields: the container from
+`fault.container`, the failure's identity from its `dedupe_key` (pod-status gives one key per
+termination), never its `attributes`. It never writes to the API. Without a log reader it raises
 `DetectorUnavailableError`; a failed read is logged and forgotten, so a later event retries it.
 """
 
@@ -26,45 +28,35 @@ log = structlog.get_logger()
 LOG_READER_KEY = "log_reader"
 """`context.extras` key of the `reading.LogReader` the composition root provides."""
 
-TriggerKey = tuple[str, str, str, str]
-"""(pod uid, container, restart count, finished at) of one container failure. pod-status reports the
-container's current `restart_count` for both `state` and `lastState` terminations; `finished_at`
-tells those two apart when present."""
-
-
-def restart_count(event: model.CollectorEvent) -> str:
-    """The source event's `restart_count` attribute (pod-status's name; `restartCount` also accepted)."""
-    value = event.attributes.get("restart_count", event.attributes.get("restartCount", ""))
-    return str(value)
+TriggerKey = tuple[str, str, str]
+"""(pod uid, container, source event key) of one container failure: the source's key names the
+termination (pod-status: pod uid, container and termination ordinal)."""
 
 
 def trigger_key(event: model.CollectorEvent, config: config_.LogscanConfig) -> TriggerKey | None:
     """The container failure `event` reports, or None when logscan has nothing to do with it. Pure."""
     if event.detector != config.source_detector or event.target.kind is not model.TargetKind.POD:
         return None
-    if config.reasons and event.reason not in config.reasons:
+    if event.cleared or (config.reasons and event.reason not in config.reasons):
         return None
-    container = event.attributes.get("container")
-    if not isinstance(container, str) or not container or not event.target.name:
+    container = event.fault.container
+    if not container or not event.target.name:
         return None
-    return (event.target.uid or f"{event.target.namespace}/{event.target.name}", container, restart_count(event),
-            str(event.attributes.get("finished_at") or ""))
+    return (event.target.uid or f"{event.target.namespace}/{event.target.name}", container, event.key)
 
 
 def build_event(source: model.CollectorEvent, found: classifying.Classification, *, detector: str,
                 severity: model.Severity, previous: bool) -> model.CollectorEvent:
     """The enrichment event for `source`, classified as `found`. Pure."""
-    container = str(source.attributes["container"])
-    restarts = restart_count(source)
+    container = source.fault.container
     first = found.lines[0] if found.lines else ""
     return model.CollectorEvent(
         detector=detector, target=source.target, severity=severity,
         reason=classifying.reason_for(found.failure_class),
         message=f"container {container} failed with a {found.failure_class.value} error: {first}",
-        dedupe_key=f"{detector}/{source.target.uid}/{container}/{restarts}/{source.attributes.get('finished_at') or ''}",
+        dedupe_key=f"{detector}/{source.key}", fault=model.Fault(container=container),
         attributes={"class": found.failure_class.value, "pattern": found.pattern, "lines": list(found.lines),
-                    "source_event": source.id, "source_reason": source.reason, "container": container,
-                    "restart_count": restarts, "previous": previous})
+                    "source_event": source.id, "source_reason": source.reason, "previous": previous})
 
 
 class LogscanDetector:

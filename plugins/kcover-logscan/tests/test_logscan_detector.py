@@ -47,14 +47,15 @@ class FakeReader:
             self.active -= 1
 
 
-def pod_event(pod: str = "llama-worker-3", *, container: str = "pytorch", restarts: int = 0,
-              detector: str = "pod-status", reason: str = "ContainerError",
-              finished_at: str = "2026-03-02T11:03:18Z") -> model.CollectorEvent:
+def pod_event(pod: str = "llama-worker-3", *, container: str = "pytorch", ordinal: int = 0,
+              detector: str = "pod-status", reason: str = "ContainerError", cleared: bool = False) -> model.CollectorEvent:
+    """As pod-status publishes it: the container in `fault.container`, one key per termination."""
     target = model.Target(kind=model.TargetKind.POD, namespace="team-a", name=pod, uid=f"uid-{pod}", node="gpu-node-2")
     return model.CollectorEvent(detector=detector, target=target, severity=model.Severity.ERROR, reason=reason,
-                                message="container pytorch exited with code 1",
-                                attributes={"container": container, "restart_count": restarts, "exit_code": 1,
-                                            "termination_reason": "Error", "finished_at": finished_at})
+                                message="container pytorch exited with code 1", cleared=cleared,
+                                dedupe_key=f"{detector}/uid-{pod}/{container}/{ordinal}",
+                                fault=model.Fault(container=container),
+                                attributes={"exit_code": 1, "termination_reason": "Error"})
 
 
 class Running:
@@ -109,6 +110,7 @@ async def test_failed_container_is_classified_from_its_log() -> None:
     assert event.attributes["class"] == "hardware-suspect"
     assert event.attributes["pattern"] == "cuda-illegal-memory-access"
     assert event.attributes["source_event"] == source.id
+    assert event.fault == model.Fault(container="pytorch")
     assert event.attributes["lines"] == [
         "RuntimeError: CUDA error: an illegal memory access was encountered",
         "[rank3]:[E1104 07:40:02.551902 ProcessGroupNCCL.cpp:1595] [PG 0 Rank 3] Process group watchdog thread "
@@ -122,18 +124,18 @@ async def test_same_container_failure_is_classified_once() -> None:
     running = Running(reader)
     await running.publish(pod_event(), pod_event(), pod_event(reason="ContainerError"))
     first = await running.settle()
-    await running.publish(pod_event(restarts=1))  # the next failure of the restarted container
+    await running.publish(pod_event(ordinal=1))  # the next failure of the restarted container
     second = await running.finish()
     assert [e.reason for e in first + second] == ["LogClassifiedCommunication"] * 2
-    assert [e.attributes["restart_count"] for e in first + second] == ["0", "1"]
+    assert [e.dedupe_key for e in first + second] == ["logscan/pod-status/uid-llama-worker-3/pytorch/0",
+                                                      "logscan/pod-status/uid-llama-worker-3/pytorch/1"]
     assert len(reader.calls) == 2
 
 
-async def test_state_and_last_state_terminations_are_told_apart_by_finish_time() -> None:
+async def test_state_and_last_state_terminations_are_told_apart_by_the_source_key() -> None:
     reader = FakeReader({("team-a", "llama-worker-3", "pytorch", False): logtails.NCCL_REMOTE_ERROR})
     running = Running(reader)
-    await running.publish(pod_event(restarts=1, finished_at="2026-03-02T11:03:18Z"),
-                          pod_event(restarts=1, finished_at="2026-03-02T11:05:40Z"))
+    await running.publish(pod_event(ordinal=1), pod_event(ordinal=0))
     assert len(await running.finish()) == 2
 
 
@@ -141,7 +143,7 @@ async def test_auto_falls_back_to_the_previous_instance() -> None:
     reader = FakeReader({("team-a", "llama-worker-3", "pytorch", False): "starting up\nloading shards\n",
                          ("team-a", "llama-worker-3", "pytorch", True): logtails.DEVICE_SIDE_ASSERT})
     running = Running(reader)
-    await running.publish(pod_event(restarts=2))
+    await running.publish(pod_event(ordinal=2))
     (event,) = await running.finish()
     assert [c["previous"] for c in reader.calls] == [False, True]
     assert event.reason == "LogClassifiedApplication"
@@ -161,8 +163,13 @@ async def test_unclassified_logs_emit_nothing() -> None:
     pod_event(detector="node-condition"),
     pod_event(reason="ContainerOOMKilled"),
     pod_event(container=""),
+    pod_event(cleared=True),
     model.CollectorEvent(detector="pod-status", reason="ContainerError", severity=model.Severity.ERROR,
-                         target=model.Target(kind=model.TargetKind.NODE, name="gpu-node-2"), attributes={"container": "x"}),
+                         target=model.Target(kind=model.TargetKind.NODE, name="gpu-node-2"),
+                         fault=model.Fault(container="x")),
+    model.CollectorEvent(detector="pod-status", reason="ContainerError", severity=model.Severity.ERROR,
+                         target=model.Target(kind=model.TargetKind.POD, namespace="team-a", name="p", uid="u"),
+                         attributes={"container": "pytorch"}),  # meaning in attributes is not read
 ])
 async def test_other_events_are_ignored(event: model.CollectorEvent) -> None:
     reader = FakeReader()

@@ -1,7 +1,7 @@
 """The metax detector's configuration model.
 
 Owns the schema, defaults and units of the `metax` detector's settings; the defaults are the Go
-kcover's MetaX day-2 limits. Validation refuses a malformed `run_at` or an unknown time zone.
+kcover's MetaX day-2 limits and its answer to a failed day-2 check: cordon the node. Validation refuses a malformed `run_at` or an unknown time zone.
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import zoneinfo
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kcover_metax import scheduling
+from kcover import model
+from kcover_metax import checking, scheduling
+
+
+def _cordon_on_every_failure() -> dict[checking.Check, model.Action]:
+    return dict.fromkeys(checking.Check, model.Action.CORDON_NODE)
 
 
 class MetaxConfig(BaseModel):
@@ -30,6 +35,14 @@ class MetaxConfig(BaseModel):
     command_timeout_seconds: float = Field(60.0, gt=0, description="Seconds one `mx-smi` or `ibv_devinfo` call may take before it is killed; mx-smi on 8 GPUs answers in a few seconds.")
     mx_smi: str = Field("mx-smi", min_length=1, description="Path (or name in PATH) of mx-smi.")
     ibv_devinfo: str = Field("ibv_devinfo", min_length=1, description="Path (or name in PATH) of ibv_devinfo.")
+    actions: dict[checking.Check, model.Action] = Field(
+        default_factory=_cordon_on_every_failure,
+        description="Action recommended when a check fails, per check (`gpu-count`, `temperature`, `ecc`, `hca`); checks not listed recommend `cordon-node`, as the Go kcover cordons a node that fails its day-2 checks. The controller's `recovery.node_judgement` decides how far it is honoured.")
+
+    @field_validator("actions")
+    @classmethod
+    def _every_check(cls, value: dict[checking.Check, model.Action]) -> dict[checking.Check, model.Action]:
+        return {**_cordon_on_every_failure(), **value}
 
     @field_validator("run_at")
     @classmethod

@@ -2,8 +2,9 @@
 
 Owns the schedule (daily at `run_at` in `timezone`, optionally also at start), running `mx-smi -L`,
 `mx-smi --show-temperature`, `mx-smi --count-ecc` and `ibv_devinfo` through a `CommandRunner`, and
-publishing one Node-target event per failed check (and an Info event when a failed check passes
-again). Parsing and the rules are pure (`parsing`, `checking`). It never writes to the API.
+publishing one Node-target event per failed check (`fault.check` the check, `recommended` its
+configured action, cordon-node by default) and a `cleared=True` Info when a failed check passes
+again. Parsing and the rules are pure (`parsing`, `checking`). It never writes to the API.
 
 Runs only on nodes whose capacity (`context.extras["node_capacity"]`) lists `metax-tech.com/gpu`,
 unless `force`; elsewhere, or without `mx-smi`, it raises `DetectorUnavailableError`. A check whose
@@ -52,8 +53,10 @@ def has_capacity(capacity: object, resource: str) -> bool:
 
 
 def build_event(result: checking.CheckResult, *, detector: str, node: str, error: bool = False,
+                action: model.Action | None = None,
                 attributes: Mapping[str, Any] | None = None) -> model.CollectorEvent:
-    """The event reporting `result` on `node` (a failure, a recovery, or a check that could not run). Pure."""
+    """The event reporting `result` on `node` (a failure, recommending `action`; a recovery, cleared; or a
+    check that could not run, recommending nothing). Pure."""
     reason, severity = REASONS[result.check]
     if error:
         reason, severity = CHECK_FAILED, model.Severity.WARNING
@@ -64,8 +67,9 @@ def build_event(result: checking.CheckResult, *, detector: str, node: str, error
         detector=detector, severity=severity, reason=reason, message=result.message,
         target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
         dedupe_key=f"{detector}/{result.check.value}/{state}/{node}",
-        attributes={"check": result.check.value, "state": state, "offenders": list(result.offenders),
-                    **(attributes or {})})
+        fault=model.Fault(check=result.check.value),
+        recommended=None if error or result.ok else action, cleared=result.ok and not error,
+        attributes={"offenders": list(result.offenders), **(attributes or {})})
 
 
 class MetaxDetector:
@@ -164,7 +168,7 @@ class MetaxDetector:
             self._failing.discard(check)
         else:
             self._failing.add(check)
-        return build_event(outcome, detector=self.name, node=node)
+        return build_event(outcome, detector=self.name, node=node, action=self.config.actions[check])
 
     def _error(self, check: checking.Check, message: str, node: str) -> model.CollectorEvent:
         log.warning("metax_check_error", check=check.value, error=message)

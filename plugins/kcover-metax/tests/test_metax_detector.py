@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kcover_metax import checking, running
 from kcover_metax import config as config_
 from kcover_metax import detector as detector_
-from kcover_metax import running
 
 from kcover import bus as bus_
-from kcover import errors, model
+from kcover import codec, errors, model
 from kcover import metrics as metrics_
+from kcover.agent import reporting
 from kcover.detectors import contract
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -139,12 +140,16 @@ async def test_each_failed_check_is_one_node_event_and_recovery_is_reported() ->
     assert events["MetaxGpuOverheating"].attributes["offenders"] == ["GPU#1=39.25C"]
     assert events["MetaxDoubleBitEccExceeded"].attributes["offenders"] == ["GPU#1=4"]
     assert events["MetaxInfinibandPortDown"].attributes["offenders"] == ["mlx5_1/1=PORT_DOWN"]
+    assert {(e.fault.check, e.recommended, e.cleared) for e in events.values()} == {
+        ("gpu-count", model.Action.CORDON_NODE, False), ("temperature", model.Action.CORDON_NODE, False),
+        ("ecc", model.Action.CORDON_NODE, False), ("hca", model.Action.CORDON_NODE, False)}
 
     answers[("mx-smi", "-L")] = ok(GPU_LIST_8)
     await detector.check_once(bus)
     again = sub.get_nowait()
     recovered = [e for e in again if e.severity is model.Severity.INFO]
-    assert [(e.reason, e.attributes["state"]) for e in recovered] == [("MetaxGpuUnavailable", "ok")]
+    assert [(e.reason, e.cleared, e.recommended, e.fault.check) for e in recovered] == \
+        [("MetaxGpuUnavailable", True, None, "gpu-count")]
     assert {e.reason for e in again} - {"MetaxGpuUnavailable"} == {
         "MetaxGpuOverheating", "MetaxDoubleBitEccExceeded", "MetaxInfinibandPortDown"}
 
@@ -159,7 +164,7 @@ async def test_a_check_that_cannot_run_is_a_warning(answer: running.CommandResul
     answers[("mx-smi", "--count-ecc")] = answer
     (event,) = await make(FakeRunner(answers), capacity=METAX_NODE).check_once(bus_.Bus())
     assert (event.reason, event.severity) == ("MetaxCheckFailed", model.Severity.WARNING)
-    assert event.attributes["check"] == "ecc"
+    assert (event.fault.check, event.recommended, event.cleared) == ("ecc", None, False)
     assert event.message.startswith(message)
 
 
@@ -224,3 +229,31 @@ async def test_subprocess_runner_runs_and_times_out(tmp_path: Path) -> None:
         await runner.run(["sh", "-c", "sleep 30"], timeout_seconds=0.2)
     with pytest.raises(running.CommandNotFoundError):
         await runner.run([str(tmp_path / "mx-smi")], timeout_seconds=1)
+
+
+async def test_day2_failure_becomes_a_need_recovery_event_and_a_bad_node_condition() -> None:
+    answers = healthy_answers()
+    answers[("mx-smi", "-L")] = ok((FIXTURES / "kcover-mx-smi-L-excerpt.txt").read_text())
+    (event,) = await make(FakeRunner(answers), capacity=METAX_NODE).check_once(bus_.Bus())
+    when = dt.datetime(2026, 4, 23, 3, 0, tzinfo=dt.UTC)
+    body = reporting.event_body(event, node="mx-node-3", reporter="kcover.io/agent", when=when)
+    annotations = body["metadata"]["annotations"]
+    assert annotations[codec.NEED_RECOVERY] == "true"
+    assert (annotations[codec.RECOMMENDED_ACTION], annotations[codec.CHECK]) == ("cordon-node", "gpu-count")
+    decoded = codec.decode_annotations(annotations)
+    assert isinstance(decoded, codec.Decoded)
+    assert (decoded.recommended, decoded.fault.check) == (model.Action.CORDON_NODE, "gpu-count")
+    faults: dict[str, reporting.Fault] = {}
+    reporting.apply(faults, event, now=0.0)
+    assert reporting.condition(faults, 1.0, hold_seconds=300).status == "False"
+
+
+async def test_the_recommended_action_is_configurable_per_check() -> None:
+    answers = healthy_answers()
+    answers[("mx-smi", "-L")] = ok((FIXTURES / "kcover-mx-smi-L-excerpt.txt").read_text())
+    detector = make(FakeRunner(answers), capacity=METAX_NODE, actions={"gpu-count": "report"})
+    (event,) = await detector.check_once(bus_.Bus())
+    assert event.recommended is model.Action.REPORT
+    assert detector.config.actions[checking.Check.ECC] is model.Action.CORDON_NODE
+    body = reporting.event_body(event, node="mx-node-3", reporter="kcover.io/agent", when=dt.datetime.now(dt.UTC))
+    assert codec.NEED_RECOVERY not in body["metadata"]["annotations"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kcover import model
+from kcover_script_detector import checking
 
 
 class ScriptTarget(enum.StrEnum):
@@ -34,6 +35,16 @@ class ScriptSpec(BaseModel):
                         description="CamelCase reason of the events this check emits, e.g. `NTPProblem`.")
     severity: model.Severity = Field(model.Severity.ERROR, description="Severity of the event emitted when the script reports a problem (exit 1).")
     target: ScriptTarget = Field(ScriptTarget.NODE, description="What the check is about; only `node` for now.")
+    actions: dict[checking.Status, model.Action] = Field(
+        default_factory=lambda: {checking.Status.PROBLEM: model.Action.CORDON_NODE},
+        description="Action recommended per status the script enters: `problem` (exit 1) recommends `cordon-node` unless set, as a node check that fails means the node is unfit; `unknown` recommends nothing unless set. `healthy` is the end of a problem, never an action.")
+
+    @field_validator("actions")
+    @classmethod
+    def _no_action_for_healthy(cls, value: dict[checking.Status, model.Action]) -> dict[checking.Status, model.Action]:
+        if checking.Status.HEALTHY in value:
+            raise ValueError("healthy is the end of a problem and takes no action")
+        return {checking.Status.PROBLEM: model.Action.CORDON_NODE, **value}
 
 
 class ScriptDetectorConfig(BaseModel):

@@ -3,7 +3,9 @@
 Owns the run loop: one named task per configured script, each running its script every
 `interval_seconds` (the first run at start), all sharing one semaphore of `concurrency` slots, and
 publishing only transitions (problem entered, unknown for `unknown_threshold` runs in a row,
-healthy again) as Node-target events. It does not interpret what scripts check and never writes to
+healthy again) as Node-target events: `fault.check` is the script's name, `recommended` the action
+configured for the status entered (`cordon-node` for a problem unless set), and healthy again is
+`cleared=True`. It does not interpret what scripts check and never writes to
 the API. A script's failure is an unknown result, never an exception; setting `stop` cancels running
 scripts (their process groups are killed) and returns.
 """
@@ -41,8 +43,9 @@ def build_event(spec: config_.ScriptSpec, transition: checking.Transition, resul
         detector=detector, target=target, severity=severity, reason=spec.reason, message=message,
         # The status is part of the key: a recovery right after a problem is not a duplicate of it.
         dedupe_key=f"{detector}/{spec.name}/{status.value}/{node}",
-        attributes={"script": spec.name, "status": status.value,
-                    "previous": transition.previous.value if transition.previous else None,
+        fault=model.Fault(check=spec.name), recommended=spec.actions.get(status),
+        cleared=status is checking.Status.HEALTHY,
+        attributes={"status": status.value, "previous": transition.previous.value if transition.previous else None,
                     "exit_code": result.returncode, "timed_out": result.timed_out})
 
 
@@ -86,6 +89,7 @@ class ScriptDetector:
             if transition is not None:
                 event = build_event(spec, transition, result, detector=self.name, node=self.context.node_name)
                 log.info("script_state_changed", script=spec.name, status=transition.status.value,
-                         previous=event.attributes["previous"], message=event.message)
+                         previous=transition.previous.value if transition.previous else None,
+                         message=event.message)
                 await bus.publish(event)
             await asyncio.sleep(max(0.0, started + spec.interval_seconds - loop.time()))

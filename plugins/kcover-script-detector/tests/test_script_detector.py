@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import stat
 from collections.abc import Callable
@@ -12,13 +13,17 @@ from typing import Any
 
 import pydantic
 import pytest
+from kcover_script_detector import checking
 from kcover_script_detector import config as config_
 from kcover_script_detector import detector as detector_
 
 from kcover import bus as bus_
+from kcover import codec, model
 from kcover import metrics as metrics_
-from kcover import model
+from kcover.agent import reporting
 from kcover.detectors import contract
+
+NOW = dt.datetime(2026, 4, 23, 3, 0, tzinfo=dt.UTC)
 
 NPD_STYLE = """\
 #!/bin/bash
@@ -137,10 +142,12 @@ async def test_npd_style_script_reports_problem_once_and_recovery(tmp_path: Path
     assert problem.reason == "FabricManagerDown"
     assert problem.message == "fabric manager is failed: NVLink fabric unavailable"
     assert problem.target == model.Target(kind=model.TargetKind.NODE, name="gpu-node-7", node="gpu-node-7")
-    assert problem.attributes["status"] == "problem"
+    assert (problem.fault.check, problem.recommended, problem.cleared) == \
+        ("fabricmanager", model.Action.CORDON_NODE, False)
     assert problem.attributes["exit_code"] == 1
     assert recovered.severity is model.Severity.INFO
     assert recovered.message == "fabric manager is active"
+    assert (recovered.fault.check, recovered.recommended, recovered.cleared) == ("fabricmanager", None, True)
     assert recovered.attributes["previous"] == "problem"
 
 
@@ -165,7 +172,7 @@ async def test_unknown_is_reported_after_consecutive_unknowns_only(tmp_path: Pat
     await running.finish()
     (event,) = running.events
     assert event.severity is model.Severity.WARNING
-    assert event.attributes["status"] == "unknown"
+    assert (event.fault.check, event.recommended, event.cleared) == ("flaky", None, False)
     assert event.message == "cannot tell"
 
 
@@ -252,3 +259,49 @@ def test_invalid_config_is_refused(scripts: list[dict[str, Any]]) -> None:
 
 def test_process_alive_sees_this_process() -> None:
     assert process_alive(os.getpid())
+
+
+P, U, H = checking.Status.PROBLEM, checking.Status.UNKNOWN, checking.Status.HEALTHY
+
+
+@pytest.mark.parametrize(("actions", "status", "previous", "recommended", "need_recovery"), [
+    ({}, P, None, model.Action.CORDON_NODE, True),
+    ({"problem": "restart-workload"}, P, H, model.Action.RESTART_WORKLOAD, True),
+    ({"problem": "report"}, P, None, model.Action.REPORT, False),
+    ({}, U, None, None, False),
+    ({"unknown": "cordon-node"}, U, H, model.Action.CORDON_NODE, True),
+    ({"unknown": "cordon-node"}, H, P, None, False),
+])
+def test_each_status_recommends_its_configured_action(
+        actions: dict[str, str], status: checking.Status, previous: checking.Status | None,
+        recommended: model.Action | None, need_recovery: bool) -> None:
+    spec = config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem",
+                                              "actions": actions})
+    event = detector_.build_event(spec, checking.Transition(status, previous), checking.Result(status, "text", 1),
+                                  detector="script", node="gpu-node-7")
+    assert (event.recommended, event.cleared, event.fault.check) == (recommended, status is H, "ntp")
+    body = reporting.event_body(event, node="gpu-node-7", reporter="kcover.io/agent", when=NOW)
+    annotations = body["metadata"]["annotations"]
+    assert (annotations.get(codec.NEED_RECOVERY) == "true") is need_recovery
+    decoded = codec.decode_annotations(annotations)
+    assert isinstance(decoded, codec.Decoded)
+    assert (decoded.recommended, decoded.cleared, decoded.fault.check) == (recommended, status is H, "ntp")
+
+
+def test_a_failing_node_check_sets_the_agent_condition_false() -> None:
+    spec = config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem"})
+    problem = detector_.build_event(spec, checking.Transition(P, None), checking.Result(P, "drift", 1),
+                                    detector="script", node="gpu-node-7")
+    faults: dict[str, reporting.Fault] = {}
+    reporting.apply(faults, problem, now=0.0)
+    assert reporting.condition(faults, 1.0, hold_seconds=60).status == "False"
+    healthy = detector_.build_event(spec, checking.Transition(H, P), checking.Result(H, "ok", 0),
+                                    detector="script", node="gpu-node-7")
+    reporting.apply(faults, healthy, now=2.0)
+    assert reporting.condition(faults, 63.0, hold_seconds=60).status == "True"
+
+
+def test_healthy_takes_no_action() -> None:
+    with pytest.raises(pydantic.ValidationError, match="healthy"):
+        config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem",
+                                           "actions": {"healthy": "report"}})
