@@ -402,8 +402,7 @@ async def log_classified(run: Run) -> None:
     classified = await c.until(lambda: c.detection(_about_pod("logscan", pod), f.injected_at), WAIT,
                                "logscan to classify the log")
     run.check("logscan classified the failure as communication",
-              classified.event.attributes.get("class") == "communication",
-              str(classified.event.attributes.get("class")))
+              classified.event.reason == "LogClassifiedCommunication", classified.event.reason)
     await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
     await run.recovered(f, job, old)
     await asyncio.sleep(SETTLE)
