@@ -163,9 +163,9 @@ async def pod_fault(cluster: Cluster, name: str, clock: Clock) -> model.Collecto
                                                     uid=pod["metadata"]["uid"]))
 
 
-def node_fault(node: str, clock: Clock, **attrs: Any) -> model.CollectorEvent:
+def node_fault(node: str, clock: Clock, *, recommended: model.Action | None = None) -> model.CollectorEvent:
     return model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="XID79",
-                                message="GPU has fallen off the bus", observed_at=clock.now(), attributes=attrs,
+                                message="GPU has fallen off the bus", observed_at=clock.now(), recommended=recommended,
                                 target=model.Target(kind=model.TargetKind.NODE, name=node, node=node))
 
 
@@ -295,7 +295,7 @@ async def test_cordon_writes_taint_and_annotations_and_keeps_other_taints(
     # a real kube-apiserver's TaintNodesByCondition admission adds node.kubernetes.io/not-ready on create
     before = (await get(cluster, "/api/v1/nodes/gpu-0"))["spec"]["taints"]
     assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in before
-    results = await rig.engine.handle_event(node_fault("gpu-0", clock, recommended_action="cordon-node"))
+    results = await rig.engine.handle_event(node_fault("gpu-0", clock, recommended=model.Action.CORDON_NODE))
     assert [r.outcome for r in results] == [executing.Outcome.DONE]
     node = (await get(cluster, "/api/v1/nodes/gpu-0"))
     assert node["spec"]["unschedulable"] is True
@@ -323,7 +323,7 @@ async def test_cordon_and_restart_and_uncordon(cluster: Cluster) -> None:
     clock.moment += dt.timedelta(seconds=120)
     cleared = model.CollectorEvent(detector="node-condition", severity=model.Severity.INFO, reason="XID79Cleared",
                                    target=model.Target(kind=model.TargetKind.NODE, name="gpu-2", node="gpu-2"),
-                                   observed_at=clock.now(), attributes={"fault_cleared": True})
+                                   observed_at=clock.now(), cleared=True)
     results = await rig.engine.handle_event(cleared)
     assert [r.outcome for r in results] == [executing.Outcome.DONE]
     node = (await get(cluster, "/api/v1/nodes/gpu-2"))
