@@ -186,6 +186,17 @@ class SaveLogsSettings(_Group):
     concurrency: int = Field(8, ge=1, description="Log requests in flight at once: 8 saves a 1,000-container job within the timeout without a burst on the API server; memory stays under concurrency x max_bytes_per_container.")
 
 
+class NodeJudgement(enum.StrEnum):
+    """How a fault source's recommended action combines with the controller's rule for the fault."""
+
+    CEILING = "ceiling"
+    """The rule's action is a ceiling: a recommendation at or below it wins, one above it is cut to it."""
+    SOURCE = "source"
+    """The recommendation wins outright, even above the rule (the rules still decide faults with none)."""
+    RULES = "rules"
+    """Recommendations are ignored: only the rules decide."""
+
+
 class RecoverySettings(_Group):
     dry_run: bool = Field(False, description="Plan and record every action (Event, metrics) but write nothing.")
     workload_cooldown_seconds: float = Field(60.0, ge=0, description="Seconds after a restart during which the same workload is not restarted again; longer than the default 30 s termination grace so the old pods are gone.")
@@ -196,19 +207,22 @@ class RecoverySettings(_Group):
     max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the ledger write to the end of the DeleteCollection, cordons and other actions not counted); a restart planned past it is refused with `BreakerOpen`. A change applies to the next restart planned.")
     taint_key: str = Field("kcover.io/unhealthy", description="Key of the taint kcover puts on nodes it cordons.")
     taint_no_execute: bool = Field(False, description="Also add a NoExecute taint (evicts pods that do not tolerate it).")
-    uncordon_enabled: bool = Field(False, description="Un-cordon nodes kcover cordoned once their fault cleared for the hold time.")
-    uncordon_hold_seconds: float = Field(600.0, ge=0, description="Seconds a fault must stay cleared before kcover un-cordons.")
+    uncordon_enabled: bool = Field(False, description="Un-cordon a node kcover cordoned itself (never one an admin cordoned) when the fault's source reports it cleared: the node-condition detector does once the condition has stayed good for its `recovered_hold_seconds`. Off by default: returning a node to service is left to a person until the hold is trusted.")
     namespaces_allow: list[str] = Field(default_factory=list, description="Only these namespaces are acted on; empty means all.")
     namespaces_deny: list[str] = Field(default_factory=lambda: ["kube-system"], description="Namespaces never acted on.")
     ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger ConfigMap and kcover's Lease.", json_schema_extra=_RESTART)
     ledger_name: str = Field("kcover-ledger", description="ConfigMap recording cooldowns, budgets and breaker state.", json_schema_extra=_RESTART)
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
+    node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
 
     removed: ClassVar[Mapping[str, str]] = {
         "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "
                                   "back by recovery.workload_cooldown_seconds and recovery.node_cooldown_seconds. "
                                   "Delete the line.",
+        "uncordon_hold_seconds": "it was never read; how long a node's condition must stay good before kcover "
+                                 "un-cordons it is detectors.entries.node-condition.config.recovered_hold_seconds. "
+                                 "Move the value there.",
     }
 
 

@@ -2,9 +2,12 @@
 
 Owns wiring and lifecycle only. Every replica keeps its cluster cache warm and runs its detectors;
 only the replica holding the Lease hands bus events to the recovery engine, and the engine's work
-is cancelled the moment leadership is lost (followers discard what they observe: the leader's own
-detectors see the same faults). `reconfigure()` applies new tunables live; fields marked
-`restart_required` are the reloader's business. Readiness: caches synced and no detector failed.
+is cancelled the moment leadership is lost. A follower does not act on what it observes: it holds
+the events (up to `bus.subscriber_capacity`) and, when it becomes leader, replays those younger than
+twice `lease.lease_duration_seconds`, since a leader that died before acting leaves faults nobody else
+would act on; the ledger's cooldowns make replaying what the old leader did handle harmless.
+`reconfigure()` applies new tunables live; fields marked `restart_required` are the reloader's
+business. Readiness: caches synced and no detector failed.
 
 It decides nothing about faults (detectors, `kcover.recovery`) and does not read files or the
 environment (`cli.py`). How it fails: a component that raises out of its own retry loop ends the
@@ -99,8 +102,8 @@ class Controller:
             self.engine = factory(recovering.EngineDeps(settings=cfg, client=client, cache=self.cache,
                                                         metrics=metrics, clock=self.clock, is_leader=self.is_leader,
                                                         epoch=self._epoch, identity=self.identity))
-        self.discarded = 0
-        """Events a follower did not act on (it holds recent ones, see `_held`)."""
+        self.held_while_following = 0
+        """Events this replica observed while following: not acted on then, held for a replay (see `_held`)."""
         self._held: collections.deque[tuple[float, model.CollectorEvent]] = collections.deque(
             maxlen=cfg.bus.subscriber_capacity)
         """(monotonic time, event) a follower observed: replayed when it becomes leader, because a leader
@@ -180,7 +183,7 @@ class Controller:
                 if self.engine is not None:
                     now = self.clock.monotonic()
                     self._held.extend((now, ev) for ev in batch)
-                self.discarded += len(batch)
+                self.held_while_following += len(batch)
                 continue
             if self._resumed_epoch != self._epoch():
                 self._resumed_epoch = self._epoch()

@@ -145,9 +145,6 @@ class LeaderElector:
         if not self.is_leader():
             raise errors.NotLeaderError(f"{self.identity} does not hold lease {self.settings.name}")
 
-    async def wait_leading(self) -> None:
-        await self.leading.wait()
-
     @property
     def observed_holder(self) -> str:
         return self._observed.holder if self._observed else ""

@@ -81,7 +81,6 @@ class SkipCode(enum.StrEnum):
     ALREADY_CORDONED = "AlreadyCordoned"
     CORDONED_BY_OTHERS = "CordonedByOthers"
     NOT_CORDONED_BY_KCOVER = "NotCordonedByKcover"
-    HOLD = "UncordonHold"
     PRECONDITION_FAILED = "PreconditionFailed"
     SAVE_LOGS_FAILED = "SaveLogsFailed"
     NO_WORKLOADS = "NoWorkloads"

@@ -237,10 +237,6 @@ class Ledger:
     def path(self) -> str:
         return f"/api/v1/namespaces/{self.namespace}/configmaps/{self.name}"
 
-    @property
-    def loaded(self) -> bool:
-        return self._loaded
-
     def history(self, in_flight_restarts: int = 0, *, dry_run: bool = False) -> policy.History:
         """Restarts and cordons the ledger holds; with `dry_run`, plus what dry runs recorded in memory."""
         state = self._state.merged(self._dry) if dry_run else self._state

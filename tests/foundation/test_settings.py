@@ -148,3 +148,11 @@ def test_lease_timings_are_judged_on_the_merged_layers() -> None:
     assert (layered.settings.lease.lease_duration_seconds, layered.settings.lease.renew_deadline_seconds) == (6, 4)
     with pytest.raises(pydantic.ValidationError, match="settings_relation"):
         settings.Settings.model_validate({"lease": {"lease_duration_seconds": 6}})
+
+
+def test_uncordon_hold_moved_to_the_node_condition_detector() -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        settings.layer(file_data={"recovery": {"uncordon_hold_seconds": 60}}, file_name="f.yaml")
+    (line,) = info.value.errors
+    assert "recovery.uncordon_hold_seconds: removed setting:" in line
+    assert "detectors.entries.node-condition.config.recovered_hold_seconds" in line

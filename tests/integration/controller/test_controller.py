@@ -132,7 +132,7 @@ async def test_one_leader_acts_followers_stay_ready(cluster: Cluster,
     await leader.controller.bus.publish(_event("p1"))
     await follower.controller.bus.publish(_event("p1"))
     await _until(lambda: bool(leader.engine.batches), 2.0)
-    await _until(lambda: follower.controller.discarded == 1, 2.0)
+    await _until(lambda: follower.controller.held_while_following == 1, 2.0)
     assert [e.target.name for batch in leader.engine.batches for e in batch] == ["p1"]
     assert follower.engine.batches == []
 
@@ -281,7 +281,7 @@ async def test_only_the_leader_restarts_a_failed_job_and_saves_its_logs(
                 assert len(saved) == 1
                 assert (saved[0] / "train-worker-1" / "pytorch.log").read_text() == "step 41\nNCCL watchdog timeout\n"
             follower = next(c for c in controllers if not c.is_leader())
-            assert follower.discarded >= 1
+            assert follower.held_while_following >= 1
         finally:
             for stop in stops:
                 stop.set()

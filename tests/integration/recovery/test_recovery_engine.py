@@ -314,7 +314,7 @@ async def test_cordon_writes_taint_and_annotations_and_keeps_other_taints(
 async def test_cordon_and_restart_and_uncordon(cluster: Cluster) -> None:
     await seed(cluster)
     clock = Clock()
-    rig = await Rig.make(cluster, clock, uncordon_enabled=True, uncordon_hold_seconds=60)
+    rig = await Rig.make(cluster, clock, uncordon_enabled=True)
     results = await rig.engine.handle_event(node_fault("gpu-2", clock))
     assert [type(r.action).__name__ for r in results] == ["CordonNode", "RestartWorkload"]
     assert "train-worker-2" not in await alive(cluster)
