@@ -111,7 +111,7 @@ async def test_xid79_sets_the_condition_and_posts_a_recovery_event(cluster: Clus
     assert ev["reportingComponent"] == "kcover.io/agent"
     assert ev["reportingInstance"] == NODE
     assert ev["metadata"]["annotations"]["kcover.io/need-recovery"] == "true"
-    assert ev["metadata"]["annotations"]["kcover.io/recommended-action"] == "cordon-node"
+    assert ev["metadata"]["annotations"]["kcover.io/recommended-action"] == "cordon-node-and-restart"
 
     async def healthy_again() -> bool:
         cond = await cluster.condition()

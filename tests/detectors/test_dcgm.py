@@ -72,7 +72,7 @@ def test_parse_exporter_xid_with_pod_labels() -> None:
     text = _with_value(_read("dcgm-exporter", "lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom"),
                        "DCGM_FI_DEV_XID_ERRORS", "79")
     [finding] = dcgm.parse_exporter(text, xid_policy.load())
-    assert (finding.xid, finding.gpu_index, finding.action) == (79, 0, A.CORDON_NODE)
+    assert (finding.xid, finding.gpu_index, finding.action) == (79, 0, A.CORDON_NODE_AND_RESTART)
     assert finding.gpu_uuid == "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"
     assert finding.pods == ("default/cuda-75454ffb9f-8ljq7",)
 
@@ -194,7 +194,7 @@ async def test_exporter_mode_reads_metrics_over_http() -> None:
         await runner.cleanup()
     assert len(events) == 1
     ev = events[0]
-    assert (ev.reason, ev.fault.xid, ev.recommended) == ("XID48", 48, model.Action.CORDON_NODE)
+    assert (ev.reason, ev.fault.xid, ev.recommended) == ("XID48", 48, model.Action.CORDON_NODE_AND_RESTART)
     assert ev.fault.check == "exporter/DCGM_FI_DEV_XID_ERRORS"
     assert ev.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
                                      device_id="GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c")

@@ -63,7 +63,7 @@ async def running() -> AsyncIterator[Running]:
     await asyncio.wait_for(task, 3)
 
 
-async def test_xid79_is_a_device_fault_recommending_cordon(running: Running) -> None:
+async def test_xid79_is_a_device_fault_recommending_cordon_and_restart(running: Running) -> None:
     running.nvml.xid(79, gpu_index=2)
     event = await running.next()
     assert event.reason == "XID79"
@@ -71,7 +71,7 @@ async def test_xid79_is_a_device_fault_recommending_cordon(running: Running) -> 
     assert event.target == model.Target(kind=model.TargetKind.DEVICE, node="gpu-node-1", name="gpu-node-1",
                                         device_id="GPU-fake-0002")
     assert event.fault == model.Fault(xid=79, gpu_index=2, gpu_uuid="GPU-fake-0002")
-    assert event.recommended is model.Action.CORDON_NODE
+    assert event.recommended is model.Action.CORDON_NODE_AND_RESTART
     assert (event.cleared, event.occurrences, event.window_seconds) == (False, 1, 0.0)
     assert event.attributes["class"] == "hardware"
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in event.message

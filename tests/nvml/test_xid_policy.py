@@ -35,14 +35,14 @@ DECISIONS = [
     (109, [10.0], 1000.0, A.CORDON_NODE, "application"),
     (43, [1.0] * 50, 1000.0, A.REPORT, "application"),
     # hardware / driver / nvlink per the catalog
-    (48, [], 0.0, A.CORDON_NODE, "hardware"),
+    (48, [], 0.0, A.CORDON_NODE_AND_RESTART, "hardware"),  # the work on the GPU is lost
     (63, [], 0.0, A.REPORT, "hardware"),
     (64, [], 0.0, A.CORDON_NODE, "hardware"),
     (74, [], 0.0, A.CORDON_NODE, "nvlink"),
-    (79, [], 0.0, A.CORDON_NODE, "hardware"),
+    (79, [], 0.0, A.CORDON_NODE_AND_RESTART, "hardware"),  # the work on the GPU is lost
     (92, [], 0.0, A.REPORT, "hardware"),
     (94, [], 0.0, A.RESTART_WORKLOAD, "hardware"),
-    (95, [], 0.0, A.CORDON_NODE, "hardware"),
+    (95, [], 0.0, A.CORDON_NODE_AND_RESTART, "hardware"),  # the work on the GPU is lost
     (119, [], 0.0, A.CORDON_NODE, "driver"),
     (120, [], 0.0, A.CORDON_NODE, "driver"),
     (149, [], 0.0, A.REPORT, "nvlink"),
@@ -87,7 +87,8 @@ def test_policy_follows_the_catalog_buckets(policy: xid_policy.XidPolicy) -> Non
         if bucket == "RESTART_APP":
             assert first.action is A.RESTART_WORKLOAD, code
         elif bucket in ("RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR") and code != 109:
-            assert first.action is A.CORDON_NODE, code
+            lost = code in (48, 79, 95)  # the work on the GPU is already lost: restart it too
+            assert first.action is (A.CORDON_NODE_AND_RESTART if lost else A.CORDON_NODE), code
         elif code in (14, 106, 107):  # IGNORE rows that are test/fake errors: not even reported
             assert first.action is A.IGNORE, code
         elif code != 109:
@@ -100,7 +101,7 @@ def test_override_file_replaces_entries_per_code(tmp_path: Path) -> None:
                         "unknown: {class: unknown, severity: Error, action: report}\n")
     policy = xid_policy.load(str(override))
     assert policy.decide(13, [], 0.0).action is A.CORDON_NODE
-    assert policy.decide(79, [], 0.0).action is A.CORDON_NODE  # untouched entries stay
+    assert policy.decide(79, [], 0.0).action is A.CORDON_NODE_AND_RESTART  # untouched entries stay
     assert policy.decide(4242, [], 0.0).severity is model.Severity.ERROR
 
 

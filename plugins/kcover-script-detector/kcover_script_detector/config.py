@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kcover import model
 from kcover_script_detector import checking
@@ -35,16 +35,16 @@ class ScriptSpec(BaseModel):
                         description="CamelCase reason of the events this check emits, e.g. `NTPProblem`.")
     severity: model.Severity = Field(model.Severity.ERROR, description="Severity of the event emitted when the script reports a problem (exit 1).")
     target: ScriptTarget = Field(ScriptTarget.NODE, description="What the check is about; only `node` for now.")
-    actions: dict[checking.Status, model.Action] = Field(
-        default_factory=lambda: {checking.Status.PROBLEM: model.Action.CORDON_NODE},
-        description="Action recommended per status the script enters: `problem` (exit 1) recommends `cordon-node` unless set, as a node check that fails means the node is unfit; `unknown` recommends nothing unless set. `healthy` is the end of a problem, never an action.")
+    action: model.Action = Field(model.Action.CORDON_NODE, description="Action recommended to the controller when the script reports a problem (exit 1, e.g. `critical: ib0 link down`): `cordon-node` by default, as a node check that fails means the node is unfit for work. `recovery.node_judgement` decides how far the controller honours it.")
+    unknown_action: model.Action | None = Field(None, description="Action recommended when the check stays unknown for `unknown_threshold` runs; none by default (a check that cannot tell is reported, not acted on).")
 
-    @field_validator("actions")
-    @classmethod
-    def _no_action_for_healthy(cls, value: dict[checking.Status, model.Action]) -> dict[checking.Status, model.Action]:
-        if checking.Status.HEALTHY in value:
-            raise ValueError("healthy is the end of a problem and takes no action")
-        return {checking.Status.PROBLEM: model.Action.CORDON_NODE, **value}
+    def recommended(self, status: checking.Status) -> model.Action | None:
+        """The action this check recommends on entering `status`; a return to healthy recommends nothing."""
+        if status is checking.Status.PROBLEM:
+            return self.action
+        if status is checking.Status.UNKNOWN:
+            return self.unknown_action
+        return None
 
 
 class ScriptDetectorConfig(BaseModel):

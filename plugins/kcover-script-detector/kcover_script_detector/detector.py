@@ -4,7 +4,8 @@ Owns the run loop: one named task per configured script, each running its script
 `interval_seconds` (the first run at start), all sharing one semaphore of `concurrency` slots, and
 publishing only transitions (problem entered, unknown for `unknown_threshold` runs in a row,
 healthy again) as Node-target events: `fault.check` is the script's name, `recommended` the action
-configured for the status entered (`cordon-node` for a problem unless set), and healthy again is
+configured for the status entered (`action` for a problem, `cordon-node` unless set;
+`unknown_action` for unknown), and healthy again is
 `cleared=True`. It does not interpret what scripts check and never writes to
 the API. A script's failure is an unknown result, never an exception; setting `stop` cancels running
 scripts (their process groups are killed) and returns.
@@ -43,7 +44,7 @@ def build_event(spec: config_.ScriptSpec, transition: checking.Transition, resul
         detector=detector, target=target, severity=severity, reason=spec.reason, message=message,
         # The status is part of the key: a recovery right after a problem is not a duplicate of it.
         dedupe_key=f"{detector}/{spec.name}/{status.value}/{node}",
-        fault=model.Fault(check=spec.name), recommended=spec.actions.get(status),
+        fault=model.Fault(check=spec.name), recommended=spec.recommended(status),
         cleared=status is checking.Status.HEALTHY,
         attributes={"status": status.value, "previous": transition.previous.value if transition.previous else None,
                     "exit_code": result.returncode, "timed_out": result.timed_out})

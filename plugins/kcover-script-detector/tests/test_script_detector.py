@@ -266,17 +266,16 @@ P, U, H = checking.Status.PROBLEM, checking.Status.UNKNOWN, checking.Status.HEAL
 
 @pytest.mark.parametrize(("actions", "status", "previous", "recommended", "need_recovery"), [
     ({}, P, None, model.Action.CORDON_NODE, True),
-    ({"problem": "restart-workload"}, P, H, model.Action.RESTART_WORKLOAD, True),
-    ({"problem": "report"}, P, None, model.Action.REPORT, False),
+    ({"action": "restart-workload"}, P, H, model.Action.RESTART_WORKLOAD, True),
+    ({"action": "report"}, P, None, model.Action.REPORT, False),
     ({}, U, None, None, False),
-    ({"unknown": "cordon-node"}, U, H, model.Action.CORDON_NODE, True),
-    ({"unknown": "cordon-node"}, H, P, None, False),
+    ({"unknown_action": "cordon-node"}, U, H, model.Action.CORDON_NODE, True),
+    ({"unknown_action": "cordon-node"}, H, P, None, False),
 ])
 def test_each_status_recommends_its_configured_action(
         actions: dict[str, str], status: checking.Status, previous: checking.Status | None,
         recommended: model.Action | None, need_recovery: bool) -> None:
-    spec = config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem",
-                                              "actions": actions})
+    spec = config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem", **actions})
     event = detector_.build_event(spec, checking.Transition(status, previous), checking.Result(status, "text", 1),
                                   detector="script", node="gpu-node-7")
     assert (event.recommended, event.cleared, event.fault.check) == (recommended, status is H, "ntp")
@@ -301,7 +300,7 @@ def test_a_failing_node_check_sets_the_agent_condition_false() -> None:
     assert reporting.condition(faults, 63.0, hold_seconds=60).status == "True"
 
 
-def test_healthy_takes_no_action() -> None:
-    with pytest.raises(pydantic.ValidationError, match="healthy"):
+def test_an_unknown_action_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="action"):
         config_.ScriptSpec.model_validate({"name": "ntp", "path": "/bin/true", "reason": "NTPProblem",
-                                           "actions": {"healthy": "report"}})
+                                           "action": "reboot"})
