@@ -3,8 +3,9 @@
 Owns what the agent writes to the API, and only that: the `KcoverGPUHealthy` condition on its own
 Node (strategic-merge PATCH of nodes/{name}/status, conditions merge by type) and core/v1 Events
 about the Node (reportingComponent `kcover.io/agent`, reportingInstance the node name, MicroTime
-eventTime, namespace `default`). Events whose recommended action is restart-workload or cordon-node
-carry `kcover.io/need-recovery: "true"`, so the controller's event watcher acts on them.
+eventTime, namespace `default`). Events of faults whose source recommends a restart or a cordon
+carry `kcover.io/need-recovery: "true"` (`codec.needs_recovery`), so the controller's event watcher
+acts on them; cleared faults never do (the controller learns the end from the condition).
 
 Node-level faults (recommended action cordon-node or cordon-node-and-restart) set the condition
 False (`codec.condition_status`). A fault with a `check` (a health poll, a DCGM check, a plugin's
