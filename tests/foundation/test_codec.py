@@ -43,7 +43,7 @@ _events = st.builds(
     window_seconds=st.floats(min_value=0, allow_nan=False, allow_infinity=True))
 
 
-@settings(max_examples=EXAMPLES, derandomize=True, deadline=None)
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
 @given(_events)
 def test_decode_restores_every_typed_field(event: model.CollectorEvent) -> None:
     encoded = codec.encode_annotations(event)
@@ -72,7 +72,7 @@ _values: st.SearchStrategy[Any] = (st.text() | st.sampled_from(["true", "FALSE",
                                    | st.floats() | st.lists(st.text(max_size=3), max_size=3))
 
 
-@settings(max_examples=EXAMPLES, derandomize=True, deadline=None)
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
 @given(st.dictionaries(_keys, _values, max_size=12))
 def test_decode_never_raises_on_arbitrary_annotations(annotations: dict[str, Any]) -> None:
     decoded = codec.decode_annotations(annotations)
