@@ -13,6 +13,8 @@ no I/O. It never raises on odd input; an empty rule counts no node.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,8 +39,13 @@ class GpuRule:
     def of(cls, resources: Sequence[str], dra_drivers: Iterable[str]) -> GpuRule:
         return cls(tuple(resources), frozenset(dra_drivers))
 
+    @functools.cached_property
+    def _pattern(self) -> re.Pattern[str]:
+        """All globs as one compiled regex: the breaker checks every node's resources per cordon."""
+        return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in self.resources) or r"(?!)")
+
     def is_gpu_resource(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.resources)
+        return self._pattern.match(name) is not None
 
     def gpu_capacity(self, node: proj.Node) -> int:
         """GPU devices the node's capacity lists (MIG slices count one each)."""
