@@ -136,7 +136,8 @@ async def main() -> None:
             gc.collect()
             rss1 = rss_bytes()
             pods = len(cache.pods)
-            roots: list[Any] = [cache.pods, cache._pod_by_name, cache._pods_by_node, cache._pods_by_owner]
+            roots: list[Any] = [cache.pods, cache._pod_by_name, cache._pods_by_node, cache._pods_by_owner,
+                                cache._pods_by_label]
             deep = deep_size(roots)
             print(f"initial sync: {sync_s:.1f} s for {pods} pods, {len(cache.nodes)} nodes, {len(cache.workloads)} workloads")
             print(f"memory per cached pod: RSS delta {(rss1 - rss0) / pods:.0f} B (includes client buffers, nodes, "
