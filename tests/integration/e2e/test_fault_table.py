@@ -83,11 +83,10 @@ class World:
         return {by_uid.get(str(e["involvedObject"].get("uid")), "?") for e in events if e.get("reason") == RESTARTED}
 
     async def replaced(self, job: str) -> bool:
-        """All of the job's pods are new (none of the uids it started with) and running."""
+        """All of the job's pods were recreated by its operator: two live pods, none with a uid it started with."""
         pods = await self.pods(job)
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        return len(live) == 2 == len(pods) and not ({str(p["metadata"]["uid"]) for p in live} & self.pod_uids[job]) \
-            and all((p.get("status") or {}).get("phase") == "Running" for p in live)
+        return len(live) == 2 == len(pods) and not ({str(p["metadata"]["uid"]) for p in live} & self.pod_uids[job])
 
     async def untouched(self, job: str) -> bool:
         pods = await self.pods(job)
@@ -218,7 +217,8 @@ async def _xid13_thrice(world: World) -> None:
 
 
 async def _xid79(world: World) -> None:
-    world.nvml.xid(79, gpu_index=3)
+    world.nvml.xid(79, gpu_index=3)  # the GPU fell off the bus: NVML also loses it until it is reset
+    world.nvml.gpu_lost(3)
     await _until(world.cordoned, "the node to be cordoned after XID 79")
     await _until(lambda: world.replaced("hit"), "job hit to come back")
     await _until(lambda: world.replaced("neighbour"), "job neighbour to come back")
@@ -290,7 +290,8 @@ class Row:
 
 
 def _dcgm(world: World) -> dict[str, Any]:
-    table = (FIXTURES / "dcgmi-diag" / "dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt").read_text()
+    # GPU Memory fails on every GPU (CUDA cannot initialise): a hardware verdict, not a diag internal error.
+    table = (FIXTURES / "dcgmi-diag" / "nccl-tests-264-r3-fail-cuda-init-dcgm3.3.8-h100x8-table.txt").read_text()
     (world.tmp / "diag.txt").write_text(table)
     dcgmi = _program(world.tmp, "dcgmi", f'case "$1" in diag) cat "{world.tmp}/diag.txt";; *) exit 1;; esac\n')
     return {"dcgm": {"enabled": True, "config": {"dcgmi_path": dcgmi, "diag_interval_seconds": 3600,
