@@ -151,6 +151,9 @@ class KubeSettings(_Group):
     backoff_initial_seconds: float = Field(0.5, gt=0, description="Seconds: first retry delay after a failed list or watch.")
     backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
     request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
+    retry_deadline_seconds: float = Field(10.0, ge=0, description="Seconds a request keeps being retried after a 429, a 5xx or a connection error, waits included; 0 turns retries off. 10 s rides out an API server restart or a burst of priority-and-fairness throttling without holding a recovery past a typical cooldown. A leader's writes are further bounded by its term (see docs/architecture.md, Fencing).")
+    retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (full jitter, doubling) when the server gave no Retry-After.")
+    retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
         default_factory=lambda: ["jobs.batch", "pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
                                  "paddlejobs.kubeflow.org", "xgboostjobs.kubeflow.org", "jaxjobs.kubeflow.org",
@@ -215,6 +218,7 @@ class RecoverySettings(_Group):
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
     node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
+    resume_interval_seconds: float = Field(2.0, gt=0, description="Seconds between the leader's passes over the ledger's pending restarts (recorded, not carried out: a failed delete, or a dead leader's): each pass retries those still within `workload_cooldown_seconds` and gives up the older ones with a KcoverRecoveryFailed Event. Short, since a pending restart is a job not yet recovered; a pass with nothing pending reads nothing.")
 
     removed: ClassVar[Mapping[str, str]] = {
         "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "

@@ -20,6 +20,7 @@ from kcover import metrics, serving, settings
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
+from kcover.kube import retrying
 
 Reconfigure = Callable[[settings.Settings, set[str]], Awaitable[None]]
 
@@ -42,7 +43,8 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
                           stop: asyncio.Event, hooks: RoleHooks) -> None:
     structlog.contextvars.bind_contextvars(component="controller")
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
-                                 request_timeout=config.kube.request_timeout_seconds)
+                                 request_timeout=config.kube.request_timeout_seconds,
+                                 retry=retrying.policy_from(config.kube))
     async with kube:
         cfg = config
         if not cfg.lease.identity:
@@ -59,7 +61,8 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
     node = agent_running.node_name(config, hooks.environ)
     structlog.contextvars.bind_contextvars(component="agent", node=node)
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
-                                 request_timeout=config.kube.request_timeout_seconds)
+                                 request_timeout=config.kube.request_timeout_seconds,
+                                 retry=retrying.policy_from(config.kube))
     async with kube:
         agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node)
         hooks.reconfigure = agent.reconfigure

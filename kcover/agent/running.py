@@ -27,6 +27,7 @@ from kcover.agent import podresources, reporting
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
+from kcover.kube import retrying
 from kcover.nvml import xid_policy
 
 log = structlog.get_logger()
@@ -71,6 +72,7 @@ class Agent:
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
                             block_timeout_seconds=config.bus.block_timeout_seconds)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
+        metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
         self.subscription = self.bus.subscribe("agent-reporter", capacity=config.bus.subscriber_capacity)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), self.context, self.bus,
                                                  config.detectors, metrics)

@@ -26,7 +26,7 @@ import collections
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from kcover.agent import running as agent_running
 from kcover.bench import objects, rawapi, seeding
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
+from kcover.kube import retrying
 from kcover.nvml import fake
 
 log = structlog.get_logger()
@@ -56,9 +57,12 @@ class TimedClient(client_.KubeClient):
         self.changed = asyncio.Event()
 
     async def request(self, method: str, path: str, *, query: client_.Query | None = None, body: Any = None,
-                      content_type: str | None = None, timeout: float | None = None) -> Any:
+                      content_type: str | None = None, timeout: float | None = None, deadline: float | None = None,
+                      fence: retrying.Fence | None = None, retry: bool = True,
+                      before_retry: Callable[[], Awaitable[Any]] | None = None) -> Any:
         result = await super().request(method, path, query=query, body=body, content_type=content_type,
-                                       timeout=timeout)
+                                       timeout=timeout, deadline=deadline, fence=fence, retry=retry,
+                                       before_retry=before_retry)
         if method != "GET":
             selector = str(dict(query or {}).get("labelSelector", "")) if isinstance(query, Mapping) else ""
             self.writes.append((time.perf_counter(), method, path, selector))

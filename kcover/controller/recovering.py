@@ -4,7 +4,7 @@ Owns the default `EngineFactory` of `running.Controller`: it builds `recovery.en
 over the cluster cache, the ledger ConfigMap and the executor, hands the executor a log-saving hook
 (`recovery.logsaving.save`), and re-reads the ledger at the start of every leadership epoch so a new
 leader never plans with what it remembered from an earlier term. `resume()` (called by the controller
-when a term starts) waits for the cache, reloads the ledger and has the executor finish restarts an
+when a term starts, and periodically while it leads) waits for the cache, reloads the ledger and has the executor finish restarts an
 earlier leader recorded but did not carry out. It decides nothing itself.
 
 How it fails: as the engine does (errors per event are logged and counted there). A log save that
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
-from kcover.kube import caching
+from kcover.kube import caching, retrying
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 from kcover.recovery import actions, engine, executing, ledger, logsaving
@@ -39,6 +39,8 @@ class EngineDeps:
     epoch: Callable[[], int]
     """The leadership epoch (`LeaderElector.leadership_epoch`); it changes on every acquisition."""
     identity: str
+    fence: retrying.Fence | None = None
+    """Bounds each write attempt to the leader's term (the `LeaderElector`); None without leader election."""
 
 
 class LeaderEngine:
@@ -81,7 +83,7 @@ def build(deps: EngineDeps) -> LeaderEngine:
     snap = deps.cache  # the cache is the policy's snapshot: one cluster model
     ledger_ = ledger.Ledger(deps.client, namespace=live.recovery.ledger_namespace,
                             name=live.recovery.ledger_name, is_leader=deps.is_leader,
-                            retention_seconds=live.retention_seconds)
+                            retention_seconds=live.retention_seconds, fence=deps.fence)
     sink = logsaving.LogSaveMetrics(deps.metrics.registry)
 
     async def save_logs(workload: actions.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:
@@ -93,7 +95,7 @@ def build(deps: EngineDeps) -> LeaderEngine:
 
     executor = executing.Executor(deps.client, snap, ledger_, recovery=live.recovery, metrics_=deps.metrics,
                                   clock=deps.clock, identity=deps.identity, is_leader=deps.is_leader,
-                                  save_logs=save_logs, epoch=deps.epoch)
+                                  save_logs=save_logs, epoch=deps.epoch, fence=deps.fence)
     inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
                                   is_leader=deps.is_leader)
     return LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced)

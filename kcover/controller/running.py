@@ -33,7 +33,7 @@ from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import recovering
 from kcover.detectors import contract, registry, supervising
-from kcover.kube import caching, leasing, podlogs
+from kcover.kube import caching, leasing, podlogs, retrying
 from kcover.kube import client as client_
 
 log = structlog.get_logger()
@@ -48,8 +48,9 @@ class Health(Protocol):
 class Engine(Protocol):
     """What the controller needs of the recovery engine.
 
-    An engine may also define `async resume()`: called once at the start of each leadership term (and
-    at start without leader election), before any batch, fenced like `handle`; the default engine
+    An engine may also define `async resume()`: called at the start of each leadership term (and at
+    start without leader election), before any batch, then every `recovery.resume_interval_seconds`
+    while leading, fenced like `handle`; the default engine
     finishes there the restarts a dead leader recorded in the ledger but did not carry out."""
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
@@ -81,6 +82,7 @@ class Controller:
         self.bus = bus_.Bus(dedupe_window_seconds=cfg.bus.dedupe_window_seconds,
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
+        metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
                                            cache=self.cache,
@@ -101,7 +103,8 @@ class Controller:
             factory = engine_factory or recovering.build
             self.engine = factory(recovering.EngineDeps(settings=cfg, client=client, cache=self.cache,
                                                         metrics=metrics, clock=self.clock, is_leader=self.is_leader,
-                                                        epoch=self._epoch, identity=self.identity))
+                                                        epoch=self._epoch, identity=self.identity,
+                                                        fence=self.elector))
         self.held_while_following = 0
         """Events this replica observed while following: not acted on then, held for a replay (see `_held`)."""
         self._held: collections.deque[tuple[float, model.CollectorEvent]] = collections.deque(
@@ -133,6 +136,7 @@ class Controller:
             tg.create_task(self.cache.run(stop), name="cache")
             tg.create_task(self._detectors(stop), name="detectors")
             tg.create_task(self._consume(stop), name="recovery")
+            tg.create_task(self._resume_pending(stop), name="recovery-resume")
             if self.elector is not None:
                 tg.create_task(self.elector.run(inner), name="leader-election")
             await stop.wait()
@@ -144,6 +148,22 @@ class Controller:
         if await self.cache.wait_synced(stop):
             log.info("cache_synced", reflectors=len(self.cache.reflectors))
             await self.supervisor.run(stop)
+
+    async def _resume_pending(self, stop: asyncio.Event) -> None:
+        """While leading, pass over the ledger's pending restarts every `recovery.resume_interval_seconds`.
+
+        A restart whose delete failed (the API kept refusing past the retry deadline) stays pending in the
+        ledger; this is what tries it again, for as long as it is valid, instead of only when a term starts."""
+        resume: Callable[[], Coroutine[Any, Any, None]] | None = getattr(self.engine, "resume", None)
+        if resume is None:
+            return
+        while not await _wait(stop, self.settings.recovery.resume_interval_seconds):
+            if not self.is_leader() or self._resumed_epoch != self._epoch():
+                continue  # the term's first resume is `_consume`'s
+            try:
+                await self._fenced(resume, "recovery-resume", 0, stop=stop)
+            except Exception:  # task boundary: a failed pass is logged, the next one tries again
+                log.exception("recovery_resume_crashed")
 
     def _on_leadership(self, leading: bool) -> None:
         if leading:
@@ -240,3 +260,12 @@ async def run(cfg: settings.Settings, *, client: client_.KubeClient, metrics: me
     controller = Controller(cfg, client=client, metrics=metrics, health=health, clock=clock,
                             detector_registry=detector_registry, engine_factory=engine_factory)
     await controller.run(stop)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait up to `seconds`; True when `stop` is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

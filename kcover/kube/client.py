@@ -6,6 +6,8 @@ the mapping of error responses (Status objects and plain-text 429s) onto `errors
 subclasses. It never deserialises into kubernetes-asyncio models: that costs 12-35x plain parsing.
 
 Every request is counted by "<VERB> <resource>" in `request_counts`, which `kcover bench` reads.
+Every request is retried as `retrying` says (429, 5xx, connection errors, within a deadline); a
+write made for a leader passes its `retrying.Fence`, which keeps each attempt inside the term.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from kcover import errors
+from kcover.kube import retrying
 
 log = structlog.get_logger()
 
@@ -102,10 +105,14 @@ def error_from(status: int, body: bytes, headers: Mapping[str, str]) -> errors.K
 class KubeClient:
     """Raw-JSON access to one API server. Create with `connect()` or `from_configuration()`."""
 
-    def __init__(self, api: k8s_client.ApiClient, *, request_timeout: float = 30.0) -> None:
+    def __init__(self, api: k8s_client.ApiClient, *, request_timeout: float = 30.0,
+                 retry: retrying.Policy = retrying.DEFAULT) -> None:
         self._api = api
         self.request_timeout = request_timeout
+        self.retry = retry
+        """How requests are retried; replace it to reconfigure (`retrying.NO_RETRY` turns retries off)."""
         self.request_counts: collections.Counter[str] = collections.Counter()
+        self.retry_stats = retrying.Stats()
 
     @property
     def host(self) -> str:
@@ -135,8 +142,25 @@ class KubeClient:
         return response
 
     async def request(self, method: str, path: str, *, query: Query | None = None, body: Any = None,
-                      content_type: str | None = None, timeout: float | None = None) -> Any:
-        """One request; returns parsed JSON (or text for text/plain). Raises KubeError subclasses."""
+                      content_type: str | None = None, timeout: float | None = None,
+                      deadline: float | None = None, fence: retrying.Fence | None = None, retry: bool = True,
+                      before_retry: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        """One request, retried as `self.retry` says; returns parsed JSON (or text for text/plain).
+
+        `timeout` bounds each attempt (default `request_timeout`), `deadline` all of them (default
+        `self.retry.deadline_seconds`); `fence` bounds each attempt of a leader's
+        write to its term (and refuses it with `errors.NotLeaderError` once over); `retry=False` makes one
+        attempt; `before_retry` (see `retrying.call`) lets a caller whose request is not idempotent check
+        first. Raises KubeError subclasses."""
+        policy = self.retry if retry else retrying.NO_RETRY
+        return await retrying.call(
+            lambda budget: self._once(method, path, query=query, body=body, content_type=content_type,
+                                      timeout=budget),
+            policy=policy, timeout=timeout if timeout is not None else self.request_timeout,
+            what=f"{method} {resource_of(path)}", deadline_seconds=deadline, fence=fence, before_retry=before_retry, stats=self.retry_stats)
+
+    async def _once(self, method: str, path: str, *, query: Query | None, body: Any, content_type: str | None,
+                    timeout: float) -> Any:
         response = await self._send(method, path, query=query, body=body, content_type=content_type,
                                     timeout=timeout)
         async with response:
@@ -176,12 +200,13 @@ def _qs(value: str | int | bool) -> str:
     return str(value)
 
 
-def from_configuration(configuration: k8s_client.Configuration, *, request_timeout: float = 30.0) -> KubeClient:
-    return KubeClient(k8s_client.ApiClient(configuration), request_timeout=request_timeout)
+def from_configuration(configuration: k8s_client.Configuration, *, request_timeout: float = 30.0,
+                       retry: retrying.Policy = retrying.DEFAULT) -> KubeClient:
+    return KubeClient(k8s_client.ApiClient(configuration), request_timeout=request_timeout, retry=retry)
 
 
 async def connect(kubeconfig: str = "", *, environ: Mapping[str, str] | None = None,
-                  request_timeout: float = 30.0) -> KubeClient:
+                  request_timeout: float = 30.0, retry: retrying.Policy = retrying.DEFAULT) -> KubeClient:
     """Explicit kubeconfig, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
     env = os.environ if environ is None else environ
     configuration = k8s_client.Configuration()
@@ -199,4 +224,4 @@ async def connect(kubeconfig: str = "", *, environ: Mapping[str, str] | None = N
     except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
         raise errors.ConfigError(f"no usable Kubernetes credentials: {exc}") from exc
     log.info("kube_client_configured", source=source, host=configuration.host)
-    return from_configuration(configuration, request_timeout=request_timeout)
+    return from_configuration(configuration, request_timeout=request_timeout, retry=retry)

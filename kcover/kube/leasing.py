@@ -140,6 +140,20 @@ class LeaderElector:
             return False
         return self._clock.monotonic() - self._last_renew < self.settings.renew_deadline_seconds
 
+    def write_seconds_left(self) -> float:
+        """The `retrying.Fence` of this replica's writes: how long a write started now may take.
+
+        Until the last successful renewal plus the renew deadline plus half the safety margin
+        (`lease_duration - renew_deadline`): a successor takes over no sooner than the lease duration
+        after it saw that renewal, so an attempt bounded by this ends, on this side, before another
+        term can begin, with half the margin left for clock rates and the network. 0 when not leading.
+        """
+        if not self.is_leader():
+            return 0.0
+        lease = self.settings
+        margin = max(0.0, lease.lease_duration_seconds - lease.renew_deadline_seconds)
+        return self._last_renew + lease.renew_deadline_seconds + margin / 2 - self._clock.monotonic()
+
     def ensure_leader(self) -> None:
         """Raise `errors.NotLeaderError` unless `is_leader()`; call it right before a write."""
         if not self.is_leader():
@@ -233,14 +247,14 @@ class LeaderElector:
         try:
             async with asyncio.timeout(max(budget, 0.001)):
                 try:
-                    lease = await self._client.request("GET", path, timeout=budget)
+                    lease = await self._client.request("GET", path, timeout=budget, deadline=budget)
                 except errors.NotFoundError:
                     record = claim(None, self.identity, duration_seconds=self._duration, now=now_wall)
                     body = {"apiVersion": API_VERSION, "kind": "Lease",
                             "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                             "spec": record.spec()}
                     created = await self._client.request("POST", lease_path(self.settings.namespace),
-                                                         body=body, timeout=budget)
+                                                         body=body, timeout=budget, deadline=budget)
                     self._observe(created)
                     return True
                 self._observe(lease)
@@ -254,7 +268,7 @@ class LeaderElector:
                 record = claim(observed, self.identity, duration_seconds=self._duration, now=now_wall)
                 body = dict(lease)
                 body["spec"] = {**(lease.get("spec") or {}), **record.spec()}
-                updated = await self._client.request("PUT", path, body=body, timeout=budget)
+                updated = await self._client.request("PUT", path, body=body, timeout=budget, deadline=budget)
                 self._observe(updated)
                 return True
         except errors.ConflictError:
@@ -286,7 +300,7 @@ class LeaderElector:
         timeout = self.settings.renew_deadline_seconds
         try:
             async with asyncio.timeout(timeout):
-                updated = await self._client.request("PUT", path, body=body, timeout=timeout)
+                updated = await self._client.request("PUT", path, body=body, timeout=timeout, deadline=timeout)
             self._observe(updated)
             log.info("lease_released", lease=self.settings.name, identity=self.identity)
         except (errors.KubeError, TimeoutError) as exc:

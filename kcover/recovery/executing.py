@@ -44,6 +44,7 @@ from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
+from kcover.kube import retrying
 from kcover.recovery import actions, adapters, auditing, ledger, policy
 
 log = structlog.get_logger()
@@ -77,7 +78,7 @@ class Executor:
     def __init__(self, kube: kube_client.KubeClient, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger, *,
                  recovery: settings.RecoverySettings, metrics_: metrics.Metrics, clock: clock_.Clock,
                  identity: str, is_leader: Callable[[], bool], save_logs: SaveLogs | None = None,
-                 epoch: Callable[[], int] = lambda: 1) -> None:
+                 epoch: Callable[[], int] = lambda: 1, fence: retrying.Fence | None = None) -> None:
         self._kube = kube
         self._snapshot = snapshot
         self._ledger = ledger_
@@ -88,6 +89,12 @@ class Executor:
         self._is_leader = is_leader
         self._save_logs = save_logs
         self._epoch = epoch
+        self._fence = fence
+        """Bounds every write's attempts to this replica's term (`LeaderElector`); None without election."""
+        self._in_flight: set[str] = set()
+        """Ids of the intents being carried out here now: `resume()` leaves them to the task doing them."""
+        self._failures: dict[str, str] = {}
+        """Intent id -> why its last attempt here failed (for the KcoverRecoveryFailed Event)."""
 
     # ---------------------------------------------------------------------------------------- plumbing
 
@@ -110,7 +117,9 @@ class Executor:
         namespace = body["metadata"]["namespace"]
         try:
             self._guard()
-            await self._kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+            await self._kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body, fence=self._fence)
+        except errors.ConflictError:
+            pass  # AlreadyExists: an attempt whose answer was lost did write it (the name is the same)
         except errors.KubeError as exc:
             log.warning("recovery_event_failed", reason=reason, object=about.describe(), error=str(exc))
 
@@ -222,6 +231,9 @@ class Executor:
         intent = self._intent(action, now, f"{what} after {fault}: {action.cause.message}")
 
         def record(state: ledger.State) -> tuple[actions.SkipCode, str, bool] | None:
+            held = state.intents.get(action.ledger_key)
+            if held is not None and held.id == intent.id:
+                return None  # an earlier attempt of this very write landed, its answer was lost
             refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
             if refusal is None:
                 state.restarts.setdefault(action.ledger_key, []).append(now)
@@ -229,12 +241,16 @@ class Executor:
                 state.intents[action.ledger_key] = intent
             return refusal
 
-        refusal = await self._ledger.update(record, now=now)
-        if refusal is not None:
-            code, text, audit = refusal
-            return await self._refuse(action, code, text, w, audit=audit)
-        return await self._carry_out(action, intent, what=what,
-                                     why=f"after {fault}: {action.cause.message}")
+        self._in_flight.add(intent.id)
+        try:
+            refusal = await self._ledger.update(record, now=now)
+            if refusal is not None:
+                code, text, audit = refusal
+                return await self._refuse(action, code, text, w, audit=audit)
+            return await self._carry_out(action, intent, what=what,
+                                         why=f"after {fault}: {action.cause.message}")
+        finally:
+            self._in_flight.discard(intent.id)
 
     async def _carry_out(self, action: actions.RestartWorkload, intent: ledger.Intent, *, what: str,
                          why: str) -> Result:
@@ -256,7 +272,16 @@ class Executor:
                     self._ledger.complete(action.ledger_key, intent.id)
                     return await self._refuse(action, actions.SkipCode.SAVE_LOGS_FAILED,
                                               f"saving logs of {what} failed ({exc!r}); not restarting", w)
-        deleted = await self._delete(action)
+        try:
+            deleted = await self._delete(action, intent)
+        except errors.KubeError as exc:
+            # the intent stays pending in the ledger: the leader's periodic resume tries again while it is
+            # valid, and a KcoverRecoveryFailed Event says so if it never succeeds
+            self._failures[intent.id] = str(exc)[:300]
+            self._count(action, "failed_attempt")
+            log.warning("restart_attempt_failed", workload=what, intent=intent.id, error=str(exc)[:300])
+            raise
+        self._failures.pop(intent.id, None)
         self._ledger.complete(action.ledger_key, intent.id)
         self._count(action, "done")
         self._observe(action.cause)
@@ -280,24 +305,62 @@ class Executor:
         return out
 
     async def resume(self) -> list[Result]:
-        """Finish the restarts an earlier leader recorded (pending, within the cooldown) but did not carry out.
-
-        Run by a new leader before it handles events, with the ledger loaded and the cache synced."""
+        """Finish the restarts recorded (pending) but not carried out: an earlier leader's, or this leader's own
+        whose delete failed. Run when a term starts and then periodically, with the ledger loaded and the
+        cache synced. An intent stays valid for the workload cooldown; one that is still not carried out
+        then is given up: its restart is taken off the budget and a KcoverRecoveryFailed Event says why."""
         if self.settings.dry_run:
             return []
         now = self._clock.now().timestamp()
-        mine = (self.identity, self._epoch())
         out: list[Result] = []
         for key, intent in sorted(self._ledger.pending().items(), key=lambda item: item[1].at):
-            if (intent.leader, intent.epoch) == mine or now - intent.at >= self.settings.workload_cooldown_seconds:
-                continue
+            if intent.id in self._in_flight:
+                continue  # being carried out by the task that recorded or resumed it
+            self._in_flight.add(intent.id)
             try:
+                if now - intent.at >= self.settings.workload_cooldown_seconds:
+                    result = await self._give_up(key, intent, now)
+                    if result is not None:
+                        out.append(result)
+                    continue
                 out.append(await self._finish(key, intent, now))
             except errors.NotLeaderError:
                 raise
             except errors.KubeError as exc:  # one intent's failure must not keep the others from finishing
                 log.warning("restart_intent_resume_failed", key=key, intent=intent.id, error=str(exc))
+            finally:
+                self._in_flight.discard(intent.id)
         return out
+
+    async def _give_up(self, key: str, intent: ledger.Intent, now: float) -> Result | None:
+        """An intent past its validity: done if its pods are gone, else refunded and reported as failed."""
+        action = intent_action(key, intent)
+        if not self._live(intent):
+            self._ledger.complete(key, intent.id)
+            return None
+        why = self._failures.pop(intent.id, "") or "its pods are still running and no attempt succeeded in time"
+
+        def refund(state: ledger.State) -> str | None:
+            current = state.intents.get(key)
+            if current is None or current.id != intent.id:
+                return "another replica finished it"
+            del state.intents[key]
+            times = state.restarts.get(key, [])
+            if intent.at in times:
+                times.remove(intent.at)  # a restart that did not happen does not use up the budget
+            return None
+
+        taken = await self._ledger.update(refund, now=now)
+        if taken is not None:
+            return None
+        what = action.workload.describe() + (f" {intent.unit}" if intent.unit else "")
+        self._count(action, "failed")
+        log.error("restart_failed", workload=what, intent=intent.id, leader=intent.leader, cause=intent.fault,
+                  error=why)
+        await self.emit(action.workload, reason="KcoverRecoveryFailed", action="RestartWorkload", warning=True,
+                        message=f"could not restart {what} within {self.settings.workload_cooldown_seconds:.0f}s "
+                                f"({why}); the restart was not counted against its budget. Fault: {intent.message}")
+        return Result(Outcome.SKIPPED, action, f"failed: {why}")
 
     async def _finish(self, key: str, intent: ledger.Intent, now: float) -> Result:
         action = intent_action(key, intent)
@@ -306,6 +369,9 @@ class Executor:
             self._ledger.complete(key, intent.id)
             log.info("restart_intent_done", workload=what, intent=intent.id, leader=intent.leader)
             return Result(Outcome.SKIPPED, action, "already carried out: its pods are gone or replaced")
+        if (intent.leader, intent.epoch) == (self.identity, self._epoch()):
+            log.info("restart_intent_retried", workload=what, intent=intent.id, age_seconds=round(now - intent.at, 3))
+            return await self._carry_out(action, intent, what=what, why=f"(retried) after {intent.message}")
         claimed = dataclasses.replace(intent, leader=self.identity, epoch=self._epoch())
 
         def claim(state: ledger.State) -> str | None:
@@ -329,12 +395,24 @@ class Executor:
                                      why=f"(finishing the restart {intent.leader} recorded at "
                                          f"{recorded:%H:%M:%S}Z and did not carry out) after {intent.message}")
 
-    async def _delete(self, action: actions.RestartWorkload) -> int:
+    async def _delete(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
         ns = action.workload.namespace
         if action.selector.pods is None:
             self._guard()
-            listed = await self._kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
-                                              query={"labelSelector": action.selector.render()})
+            path = f"/api/v1/namespaces/{ns}/pods"
+            query = {"labelSelector": action.selector.render()}
+
+            async def already_deleted() -> dict[str, Any] | None:
+                """Before a retry: did an attempt whose answer was lost delete the pods? Then do not delete
+                again (the operator may have recreated them already: deleting those would restart twice)."""
+                listed = await self._kube.request("GET", path, query=query)
+                left = [p for p in (listed.get("items") or []) if (p.get("metadata") or {}).get("uid") in intent.uids
+                        and not (p.get("metadata") or {}).get("deletionTimestamp")]
+                self._guard()
+                return None if left else {"items": list(intent.uids)}
+
+            listed = await self._kube.request("DELETE", path, query=query, fence=self._fence,
+                                              before_retry=already_deleted)
             items = listed.get("items") if isinstance(listed, dict) else None
             return len(items) if isinstance(items, list) else 0
         deleted = 0
@@ -343,7 +421,7 @@ class Executor:
             body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": ref.uid}}
             try:
                 await self._kube.request("DELETE", f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}",
-                                         body=body)
+                                         body=body, fence=self._fence)
             except (errors.NotFoundError, errors.ConflictError):
                 continue  # already gone, or the name now belongs to a new pod
             deleted += 1
@@ -427,7 +505,7 @@ class Executor:
                 return node, refused
             self._guard()
             try:
-                await self._kube.request("PUT", path, body=node)
+                await self._kube.request("PUT", path, body=node, fence=self._fence)
             except errors.ConflictError:
                 continue
             return node, ""

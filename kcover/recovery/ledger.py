@@ -45,6 +45,7 @@ import structlog
 
 from kcover import errors
 from kcover.kube import client as kube_client
+from kcover.kube import retrying
 from kcover.recovery import policy
 
 log = structlog.get_logger()
@@ -215,8 +216,10 @@ class Ledger:
     """In-memory copy of the ledger ConfigMap plus fenced read-modify-write of it."""
 
     def __init__(self, kube: kube_client.KubeClient, *, namespace: str, name: str,
-                 is_leader: Callable[[], bool], retention_seconds: Callable[[], float]) -> None:
+                 is_leader: Callable[[], bool], retention_seconds: Callable[[], float],
+                 fence: retrying.Fence | None = None) -> None:
         self._kube = kube
+        self._fence = fence
         self.namespace = namespace
         self.name = name
         self._is_leader = is_leader
@@ -340,10 +343,10 @@ class Ledger:
                                 "data": data}
         if self._exists:
             body["metadata"]["resourceVersion"] = self._rv
-            result = await self._kube.request("PUT", self.path, body=body)
+            result = await self._kube.request("PUT", self.path, body=body, fence=self._fence)
         else:
             result = await self._kube.request("POST", f"/api/v1/namespaces/{self.namespace}/configmaps",
-                                              body=body)
+                                              body=body, fence=self._fence)
         self.writes += 1
         self._rv = str(result["metadata"]["resourceVersion"])
         self._exists = True

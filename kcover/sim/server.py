@@ -59,8 +59,10 @@ class SimServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
+        # handler_cancellation: a request whose client went away before it was served is not carried out,
+        # as kube-apiserver drops a request whose context was cancelled before it reached storage
         self._runner = web.AppRunner(self.api.app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=1.0)
+                                     shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()

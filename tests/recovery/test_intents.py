@@ -17,7 +17,7 @@ import pytest
 
 from kcover import metrics, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import caching
+from kcover.kube import caching, retrying
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 from kcover.recovery import adapters, engine, executing, ledger
@@ -165,9 +165,10 @@ class Replica:
     """One controller replica's recovery half: its own client, cache, ledger, executor and engine."""
 
     def __init__(self, srv: simserver.SimServer, identity: str, *, leading: Callable[[], bool] = lambda: True,
-                 clock: Clock | None = None, **recovery: Any) -> None:
+                 clock: Clock | None = None, fence: retrying.Fence | None = None,
+                 retry: retrying.Policy = retrying.DEFAULT, **recovery: Any) -> None:
         self.identity = identity
-        self.kube = client_.from_configuration(srv.kube_configuration())
+        self.kube = client_.from_configuration(srv.kube_configuration(), retry=retry)
         self.cache = caching.ClusterCache(self.kube, watch_events=False,
                                           workload_kinds=caching.workload_kinds(["pytorchjobs.kubeflow.org"]))
         snap = self.cache
@@ -175,10 +176,10 @@ class Replica:
         self.recovery = settings.RecoverySettings(ledger_namespace=NS, ledger_name=LEDGER,
                                                   **{"save_logs": {"enabled": False}, **recovery})
         self.ledger = ledger.Ledger(self.kube, namespace=NS, name=LEDGER, is_leader=leading,
-                                    retention_seconds=lambda: 3600.0)
+                                    retention_seconds=lambda: 3600.0, fence=fence)
         self.executor = executing.Executor(self.kube, snap, self.ledger, recovery=self.recovery,
                                            metrics_=metrics.Metrics(), clock=self.clock, identity=identity,
-                                           is_leader=leading, epoch=lambda: 1)
+                                           is_leader=leading, epoch=lambda: 1, fence=fence)
         self.engine = engine.RecoveryEngine(None, snap, self.ledger, self.executor, recovery=self.recovery,
                                             clock=self.clock, is_leader=leading)
         self.stop = asyncio.Event()
@@ -312,15 +313,24 @@ async def test_a_pending_intent_whose_pods_were_replaced_is_not_carried_out_agai
     assert len(_restart_events(srv)) == 1
 
 
-async def test_an_intent_older_than_the_cooldown_is_left_to_the_detectors(srv: simserver.SimServer) -> None:
+async def test_an_intent_older_than_the_cooldown_is_given_up_refunded_and_reported(srv: simserver.SimServer) -> None:
     clock = Clock()
     async with Replica(srv, "a", leading=lambda: not _pending(srv), clock=clock) as a:
         await a.engine.handle([a.fault("train-worker-1")])
     assert _pending(srv)
+    (entry,) = _ledger_entries(srv).values()
+    assert len(entry["t"]) == 1  # the restart was counted when it was recorded
     clock.moment += dt.timedelta(seconds=61)  # default workload cooldown: 60 s
     async with Replica(srv, "b", clock=clock) as b:
-        assert await b.engine.resume() == []
+        (result,) = await b.engine.resume()
+        assert result.outcome is executing.Outcome.SKIPPED
     assert srv.request_counts.get("DELETECOLLECTION pods", 0) == 0
+    assert not _pending(srv)
+    assert all(not v.get("t") for v in _ledger_entries(srv).values())  # a restart that never happened: refunded
+    failed = [e for e in srv.store.iter_objects("events") if e.get("reason") == "KcoverRecoveryFailed"]
+    assert len(failed) == 1
+    assert failed[0]["involvedObject"]["name"] == "train"
+    assert "not counted against its budget" in failed[0]["message"]
 
 
 async def test_dry_run_acts_once_per_cooldown_and_writes_no_ledger(srv: simserver.SimServer) -> None:
@@ -369,3 +379,83 @@ async def test_dry_run_cordons_once_per_node_cooldown(srv: simserver.SimServer) 
         node = next(n for n in srv.store.iter_objects("nodes") if n["metadata"]["name"] == "gpu-2")
         assert not node["spec"].get("unschedulable")
         assert _ledger_entries(srv) == {}
+
+
+# ------------------------------------------------------------------------------------------ retries and fencing
+
+QUICK = retrying.Policy(deadline_seconds=0.3, initial_seconds=0.01, max_delay_seconds=0.05)
+
+
+async def test_a_restart_whose_delete_keeps_failing_stays_pending_and_is_retried_without_using_budget(
+        srv: simserver.SimServer) -> None:
+    async with Replica(srv, "a", retry=QUICK) as a:
+        old = {p["metadata"]["uid"] for p in _job_pods(srv, "train")}
+        srv.faults.resources = frozenset({"pods"})
+        srv.faults.error_rate = 1.0  # every pods request answers 500 past the retry deadline
+        await a.engine.handle([a.fault("train-worker-1")])
+        assert a.engine.counts["errors"] == 1
+        assert srv.request_counts["DELETECOLLECTION pods"] >= 1
+        assert a.kube.retry_stats.retries["server_error"] > 0, "retried before giving up"
+        assert not _restart_events(srv)
+        [(key, intent)] = _pending(srv).items()
+        assert intent["l"] == "a"
+        assert len(_ledger_entries(srv)[key]["t"]) == 1
+
+        srv.faults.reset()  # the API server recovers: the leader's next pass finishes its own pending restart
+        [done] = await a.engine.resume()
+        assert done.outcome is executing.Outcome.DONE
+        assert len(_restart_events(srv)) == 1
+        assert not {p["metadata"]["uid"] for p in _job_pods(srv, "train")
+                    if not p["metadata"].get("deletionTimestamp")} & old
+        await a.caught_up(srv, "train")
+        await a.engine.handle_event(a.fault("eval-worker-0"))  # any later write drops the completed intent
+        entry = _ledger_entries(srv)[key]
+        assert "p" not in entry
+        assert len(entry["t"]) == 1, "one restart, one budget slot, however many attempts it took"
+
+
+class Term:
+    """A leader's fence that the test deposes at will."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def write_seconds_left(self) -> float:
+        return self.seconds
+
+
+async def test_a_deposed_leaders_delayed_delete_cannot_restart_twice(srv: simserver.SimServer) -> None:
+    term = Term(0.3)  # what is left of a's term when it starts the restart
+    async with Replica(srv, "a", leading=lambda: term.seconds > 0, fence=term, retry=QUICK) as a:
+        srv.faults.resources = frozenset({"pods"})
+        srv.faults.latency_seconds = 1.0  # the API server holds a's DeleteCollection past a's term
+        original = a.kube._once
+
+        async def deposed_during_the_first_delete(method: str, path: str, **kwargs: Any) -> Any:
+            try:
+                return await original(method, path, **kwargs)
+            finally:
+                if method == "DELETE":
+                    term.seconds = 0.0  # a loses the Lease while its delete is held
+
+        vars(a.kube)["_once"] = deposed_during_the_first_delete
+        await a.engine.handle([a.fault("train-worker-1")])
+    assert a.engine.counts["not_leader"] + a.engine.counts["errors"] == 1
+    srv.faults.reset()
+    assert not _restart_events(srv)
+
+    async with Replica(srv, "b") as b:  # the successor finishes a's restart
+        [done] = await b.engine.resume()
+        assert done.outcome is executing.Outcome.DONE
+        uid = next(p["metadata"]["uid"] for p in srv.store.iter_objects("pytorchjobs.kubeflow.org")
+                   if p["metadata"]["name"] == "train")
+        for p in _job_pods(srv, "train"):  # the operator's part: the old pods go, new ones come
+            srv.store.delete("pods", NS, p["metadata"]["name"], grace_seconds=0)
+        for i in range(3):
+            _pod(srv, "train", uid, i)
+        new = {p["metadata"]["uid"] for p in _job_pods(srv, "train")}
+        await asyncio.sleep(1.5)  # past the moment a's held request would have been served
+    assert {p["metadata"]["uid"] for p in _job_pods(srv, "train")
+            if not p["metadata"].get("deletionTimestamp")} == new, "the new pods were not deleted"
+    assert srv.request_counts["DELETECOLLECTION pods"] == 2  # a's (abandoned after 0.3 s, never applied) and b's
+    assert len(_restart_events(srv)) == 1
