@@ -36,11 +36,12 @@ class DetectorContext:
     cache: Any = None
     """Controller: the synced cluster cache (`kcover.kube.caching.ClusterCache`)."""
     gateway: Any = None
-    """Controller and agent: read-only use of the Kubernetes gateway (`kcover.kube.gateway.Gateway`)."""
+    """Agent: the agent's `kcover.kube.client.KubeClient`, for reads (the controller reads through `cache`)."""
     nvml: Any = None
     """Agent: the NVML backend (`kcover.nvml.backend.Nvml`), real or simulated."""
     command_runner: Any = None
-    """Agent: runs node commands such as `dcgmi` (`kcover.agent` wires a subprocess runner)."""
+    """Runs node commands such as `dcgmi`; None (what both roles pass) means the detector's own asyncio
+    subprocess runner. Tests hand the DCGM detector a scripted runner here."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Anything else a composition root wants to hand plugins; keys are documented where they are set."""
 
