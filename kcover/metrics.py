@@ -24,6 +24,9 @@ class Metrics:
         self.detector_available = Gauge("kcover_detector_available",
                                         "0 when the detector reports it cannot run here (no GPU, no DCGM).",
                                         ["detector"], registry=r)
+        self.detector_dropped = Counter("kcover_detector_dropped",
+                                        "Events an isolated detector published that did not reach the bus, by reason "
+                                        "(rate_limited, queue_full, closed).", ["detector", "reason"], registry=r)
         self.detector_restarts = Counter("kcover_detector_restarts", "Detector restarts after a failure.",
                                          ["detector"], registry=r)
         self.events_rejected = Counter("kcover_events_rejected", "Annotated Events refused, by reason.",

@@ -115,6 +115,8 @@ class BusSettings(_Group):
 class DetectorEntry(_Group):
     enabled: bool = Field(True, description="Run this detector (on the role it belongs to).")
     config: dict[str, Any] = Field(default_factory=dict, description="The detector's own settings, validated against its config model.")
+    isolated: bool | None = Field(None, description="Run it in its own thread and event loop behind a rate-limited bridge to the bus (`detectors.plugin_*`), so blocking or flooding cannot stall the process. Unset: third-party plugins are isolated, kcover's built-in detectors keep the fast path.")
+    required: bool | None = Field(None, description="Whether its failure makes the process not ready (/readyz 503). Unset: built-in detectors are required, plugins optional (a failed plugin shows in `kcover_detector_up`, the log and /readyz's text, and the pod stays ready).")
 
 
 BUILTIN_DETECTORS = ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm")
@@ -140,6 +142,10 @@ class DetectorsSettings(_Group):
         merged.update(value)
         return merged
     restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
+    plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
+    plugin_burst: int = Field(1000, ge=1, description="Events an isolated detector may publish at once above its rate (the bucket's size): a node-wide burst of one event per pod.")
+    plugin_queue_capacity: int = Field(1000, ge=1, description="Events an isolated detector may have waiting for the main loop; past it new ones are dropped and counted.")
+    stop_grace_seconds: float = Field(5.0, gt=0, description="Seconds an isolated detector is given to return after it was asked to stop; then it is abandoned (its thread left behind, unable to publish) so shutdown stays bounded.")
 
 
 class KubeSettings(_Group):

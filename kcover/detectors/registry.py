@@ -22,6 +22,8 @@ from kcover.detectors import contract
 log = structlog.get_logger()
 
 GROUP = "kcover.detectors"
+BUILTIN_DISTRIBUTION = "kcover"
+"""The distribution of kcover's own detectors: they run inline and are required for readiness by default."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,11 @@ class DetectorInfo:
     version: str
     cls: type[contract.Detector] | None
     error: str = ""
+
+    @property
+    def builtin(self) -> bool:
+        """Shipped in kcover's own distribution (as opposed to a third-party plugin)."""
+        return self.distribution == BUILTIN_DISTRIBUTION
 
     @property
     def roles(self) -> frozenset[contract.Role]:

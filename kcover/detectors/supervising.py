@@ -6,6 +6,12 @@ in /readyz and `kcover_detector_up`, and never takes the process down. One that 
 `DetectorUnavailableError` is reported once as unavailable (no GPU, no DCGM) and retried at the
 slowest rate without counting as unhealthy. `reconfigure()` restarts in place exactly the detectors
 whose settings changed.
+
+Third-party detectors run isolated (`isolating`: their own thread and loop, a rate-limited bridge to
+the bus) unless their entry says `isolated: false`; built-ins run inline on the process's loop. A
+failed detector makes the process not ready only when it is required (built-ins by default): a
+failed optional plugin shows in `health()`, `kcover_detector_up` and the readiness text, and the
+process stays ready. Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pydantic import BaseModel
 from kcover import bus as bus_
 from kcover import errors, metrics, settings
 from kcover.aio import backoff
-from kcover.detectors import contract, registry
+from kcover.detectors import contract, isolating, registry
 
 log = structlog.get_logger()
 
@@ -35,6 +41,8 @@ class _Running:
     task: asyncio.Task[None] | None = None
     state: str = "starting"
     detail: str = ""
+    isolated: bool = False
+    required: bool = True
     restarts: int = 0
     backoff: backoff.Backoff = field(default_factory=backoff.Backoff)
 
@@ -88,8 +96,11 @@ class Supervisor:
     def _start(self, name: str, entry: settings.DetectorEntry, config: BaseModel) -> None:
         assert self._group is not None
         stop = asyncio.Event()
+        info = self._registry.get(name)
         running = _Running(name, entry, config, stop=stop, backoff=backoff.Backoff(initial=self._settings.restart_initial_seconds,
-                                           maximum=self._settings.restart_max_seconds))
+                                           maximum=self._settings.restart_max_seconds),
+                           isolated=entry.isolated if entry.isolated is not None else not info.builtin,
+                           required=entry.required if entry.required is not None else info.builtin)
         running.task = self._group.create_task(self._keep_running(running), name=f"detector:{name}")
         self._running[name] = running
 
@@ -106,10 +117,15 @@ class Supervisor:
         while not running.stop.is_set():
             cls = self._registry.load(name)
             try:
-                detector = cls(name, running.config, self._context)
-                running.state, running.detail = "running", ""
-                up.set(1)
-                await detector.run(self._bus, running.stop)
+                if running.isolated:
+                    running.state, running.detail = "running", ""
+                    up.set(1)
+                    await self._isolated(running, cls).run(running.stop)
+                else:
+                    detector = cls(name, running.config, self._context)
+                    running.state, running.detail = "running", ""
+                    up.set(1)
+                    await detector.run(self._bus, running.stop)
                 if not running.stop.is_set():
                     raise errors.PluginError("run() returned before it was asked to stop")
             except asyncio.CancelledError:
@@ -142,6 +158,14 @@ class Supervisor:
                 await asyncio.wait_for(running.stop.wait(), delay)
         running.state = "stopped"
         up.set(0)
+
+    def _isolated(self, running: _Running, cls: type[contract.Detector]) -> isolating.Isolated:
+        s = self._settings
+        limits = isolating.Limits(rate_per_second=s.plugin_rate_per_second, burst=s.plugin_burst,
+                                  queue_capacity=s.plugin_queue_capacity, stop_grace_seconds=s.stop_grace_seconds)
+        context = isolating.context_for(self._context, asyncio.get_running_loop())
+        return isolating.Isolated(running.name, lambda: cls(running.name, running.config, context), self._bus,
+                                  limits, self._metrics.detector_dropped)
 
     def reconfigure(self, detector_settings: settings.DetectorsSettings, *,
                     restart: Iterable[str] = ()) -> list[str]:
@@ -176,8 +200,19 @@ class Supervisor:
         """Detector name to state: starting, running, failed, unavailable, stopped."""
         return {name: r.state for name, r in self._running.items()}
 
+    def describe(self) -> dict[str, dict[str, str | bool | int]]:
+        """Per detector: state, detail, isolated, required, restarts (for `/detectors` and `kcover detectors`)."""
+        return {name: {"state": r.state, "detail": r.detail, "isolated": r.isolated, "required": r.required,
+                       "restarts": r.restarts} for name, r in sorted(self._running.items())}
+
     def readiness(self) -> tuple[bool, str]:
-        failed = {n: r.detail for n, r in self._running.items() if r.state == "failed"}
-        if failed:
-            return False, "; ".join(f"{n}: {d}" for n, d in sorted(failed.items()))
-        return True, f"{len(self._running)} detectors"
+        """Ready unless a required detector failed; failed optional ones are named, not counted against it."""
+        failed = {n: r for n, r in self._running.items() if r.state == "failed"}
+        required = {n: r.detail for n, r in failed.items() if r.required}
+        optional = {n: r.detail for n, r in failed.items() if not r.required}
+        if required:
+            return False, "; ".join(f"{n}: {d}" for n, d in sorted(required.items()))
+        text = f"{len(self._running)} detectors"
+        if optional:
+            text += "; optional failed: " + "; ".join(f"{n}: {d}" for n, d in sorted(optional.items()))
+        return True, text

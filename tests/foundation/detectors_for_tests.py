@@ -71,3 +71,103 @@ class Missing:
 
 class AgentOnly(Ticker):
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
+
+
+# ------------------------------------------------------------------------------ misbehaving plugins
+
+class MisbehaviourConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    events: int = 1_000_000
+    """Flooder: how many events it publishes, as fast as it can."""
+    block_seconds: float = 12.0
+    """Sleeper: how long each synchronous `time.sleep` blocks its loop."""
+
+
+def _event(detector: str, n: int) -> model.CollectorEvent:
+    return model.CollectorEvent(detector=detector, target=model.Target(kind=model.TargetKind.NODE, name="n"),
+                                severity=model.Severity.INFO, reason="Flood", message=str(n), dedupe_key=f"{detector}-{n}")
+
+
+class Flooder:
+    """Publishes `events` events in a tight loop, then idles until stopped."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = MisbehaviourConfig
+    done: ClassVar[list[int]] = []
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        assert isinstance(config, MisbehaviourConfig)
+        self.name, self.config = name, config
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        for n in range(self.config.events):
+            bus.publish_nowait(_event(self.name, n))
+            if n % 10_000 == 0:
+                await asyncio.sleep(0)
+        self.done.append(self.config.events)
+        await stop.wait()
+
+
+class Sleeper:
+    """Blocks its own loop with synchronous `time.sleep` calls until stopped (checks stop in between)."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = MisbehaviourConfig
+    sleeping: ClassVar[list[bool]] = [False]
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        assert isinstance(config, MisbehaviourConfig)
+        self.config = config
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        import time
+
+        while not stop.is_set():
+            self.sleeping[0] = True
+            time.sleep(self.config.block_seconds)  # noqa: ASYNC251  (the misbehaviour under test)
+            self.sleeping[0] = False
+            await asyncio.sleep(0)
+
+
+class Stubborn:
+    """Ignores stop: blocks forever in a synchronous call."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = contract.EmptyConfig
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        pass
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        import threading
+
+        threading.Event().wait()  # never set, never returns
+
+
+class Echo:
+    """Subscribes to the bus and republishes every Tick as an Echo (as logscan derives events from others)."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = contract.EmptyConfig
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        self.name = name
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        sub = bus.subscribe(self.name)
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                getter = asyncio.ensure_future(sub.get_batch())
+                await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    return
+                for event in getter.result():
+                    if event.reason == "Tick":
+                        await bus.publish(model.CollectorEvent(
+                            detector=self.name, target=event.target, severity=event.severity, reason="Echo",
+                            message=event.message, dedupe_key=f"echo-{event.message}"))
+        finally:
+            stopped.cancel()
+            sub.unsubscribe()

@@ -24,8 +24,9 @@ def make_registry() -> registry.Registry:
 
 
 def detector_settings(entries: Mapping[str, Any], **extra: Any) -> settings.DetectorsSettings:
+    """Entries run inline unless they say otherwise: these tests are about supervision (isolation: test_isolating)."""
     data = {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}
-    data.update(entries)
+    data.update({name: {"isolated": False, **entry} for name, entry in entries.items()})
     return settings.DetectorsSettings.model_validate({"entries": data, **extra})
 
 
@@ -66,7 +67,8 @@ async def test_runs_enabled_detectors_of_its_role_only(start: Any) -> None:
 @pytest.mark.looptime
 async def test_crashing_detector_is_restarted_with_backoff_and_reported(start: Any) -> None:
     d.Crasher.attempts.clear()
-    sup, _, m = await start({"crasher": {}, "ticker": {}}, restart_initial_seconds=1, restart_max_seconds=8)
+    sup, _, m = await start({"crasher": {"required": True}, "ticker": {}}, restart_initial_seconds=1,
+                            restart_max_seconds=8)
     await asyncio.sleep(30)
     gaps = [b - a for a, b in zip(d.Crasher.attempts, d.Crasher.attempts[1:], strict=False)]
     assert len(d.Crasher.attempts) >= 4
@@ -80,6 +82,18 @@ async def test_crashing_detector_is_restarted_with_backoff_and_reported(start: A
     assert m.registry.get_sample_value("kcover_detector_restarts_total", {"detector": "crasher"}) == len(d.Crasher.attempts)
     assert m.registry.get_sample_value("kcover_detector_up", {"detector": "crasher"}) == 0
     assert m.registry.get_sample_value("kcover_detector_up", {"detector": "ticker"}) == 1
+
+
+@pytest.mark.looptime
+async def test_a_failed_optional_plugin_is_reported_and_leaves_the_process_ready(start: Any) -> None:
+    sup, _, m = await start({"crasher": {}, "ticker": {}})  # "tests" is a third-party distribution: optional
+    await asyncio.sleep(3)
+    assert sup.health() == {"crasher": "failed", "ticker": "running"}
+    ok, detail = sup.readiness()
+    assert ok
+    assert "optional failed: crasher: RuntimeError: sensor on fire" in detail
+    assert sup.describe()["crasher"]["required"] is False
+    assert m.registry.get_sample_value("kcover_detector_up", {"detector": "crasher"}) == 0
 
 
 @pytest.mark.looptime
