@@ -209,7 +209,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(health.heartbeat(stop), name="heartbeat")
-            hooks = wiring.RoleHooks(environ=dict(os.environ))
+            hooks = wiring.RoleHooks(environ=dict(os.environ), fake_nvml_file=getattr(args, "fake_nvml", None) or "")
 
             async def apply(new: settings.Settings, changed: set[str]) -> None:
                 if any(p.startswith("logging.") for p in changed):

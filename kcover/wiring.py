@@ -21,6 +21,9 @@ from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.kube import retrying
+from kcover.nvml import scripted
+
+log = structlog.get_logger()
 
 Reconfigure = Callable[[settings.Settings, set[str]], Awaitable[None]]
 
@@ -32,6 +35,8 @@ class RoleHooks:
     environ: Mapping[str, str]
     """The process environment, read by `cli.py` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster variables)."""
     reconfigure: Reconfigure | None = None
+    fake_nvml_file: str = ""
+    """`kcover agent --fake-nvml FILE`: use `nvml.scripted`'s fake driven by FILE instead of the real NVML."""
 
 
 RoleMain = Callable[[settings.Settings, metrics.Metrics, serving.Health, asyncio.Event, RoleHooks],
@@ -64,7 +69,10 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
                                  request_timeout=config.kube.request_timeout_seconds,
                                  retry=retrying.policy_from(config.kube))
     async with kube:
-        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node)
+        nvml = scripted.from_file(hooks.fake_nvml_file) if hooks.fake_nvml_file else None
+        if nvml is not None:
+            log.warning("fake_nvml_in_use", file=nvml.path)
+        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml)
         hooks.reconfigure = agent.reconfigure
         await agent.run(stop)
 
@@ -76,6 +84,9 @@ def _controller_args(p: argparse.ArgumentParser) -> None:
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", help="the node this agent runs on (default: $NODE_NAME)")
+    p.add_argument("--fake-nvml", metavar="FILE",
+                   help="testing only: a fake NVML with 8 GPUs whose faults are lines appended to FILE "
+                        "(`xid 79 0`; see kcover.nvml.scripted), for clusters of fake nodes")
 
 
 ROLES: dict[str, tuple[str, RoleMain, AddArgs]] = {
