@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +198,49 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- long-running roles
 
+EXIT_MARGIN_SECONDS = 5.0
+"""Seconds past `server.shutdown_grace_seconds` after which the process exits whatever is left running."""
+
+
+def _exit_guard(seconds: float) -> None:
+    """A daemon thread that ends the process after `seconds`: shutdown stays bounded even when something
+    never returns (a thread stuck in a blocking call that asyncio.run would wait for at exit)."""
+    def guard() -> None:
+        time.sleep(seconds)
+        log.error("shutdown_forced", after_seconds=seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=guard, name="kcover-exit-guard", daemon=True).start()
+
+
+async def _bound_shutdown(stop: asyncio.Event, role_task: asyncio.Task[None], grace: Callable[[], float]) -> None:
+    """After `stop`, give the role `grace()` seconds to finish (releasing the Lease), then cancel it."""
+    await stop.wait()
+    seconds = grace()
+    _exit_guard(seconds + EXIT_MARGIN_SECONDS)
+    done, _ = await asyncio.wait({role_task}, timeout=seconds)
+    if not done:
+        log.warning("shutdown_grace_exceeded", grace_seconds=seconds)
+        role_task.cancel()
+
+
 async def serve(layered: settings.Layered, args: argparse.Namespace, role: wiring.RoleMain) -> int:
-    """Run a role with the health server, hot reload and signal handling until SIGTERM/SIGINT."""
+    """Run a role with the health server, hot reload and signal handling until SIGTERM/SIGINT.
+
+    Shutdown is bounded: the role gets `server.shutdown_grace_seconds` to stop (detectors, bus, Lease
+    release), is cancelled after that, and the process exits `EXIT_MARGIN_SECONDS` later at the latest."""
     config = layered.settings
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("shutdown_requested", signal=sig.name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     metrics_ = metrics.Metrics()
     health = serving.Health(stall_seconds=config.server.loop_stall_seconds)
     server = serving.Server(health, metrics_, host=config.server.host, port=config.server.port)
@@ -225,7 +264,9 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
                 watch=lambda cfg: checking.watched_files(cfg, role=role_))
             group.create_task(reloader.run(stop), name="config-reloader")
 
-            group.create_task(role(config, metrics_, health, stop, hooks), name=f"{args.command}-main")
+            role_task = group.create_task(role(config, metrics_, health, stop, hooks), name=f"{args.command}-main")
+            group.create_task(_bound_shutdown(stop, role_task, lambda: reloader.current.server.shutdown_grace_seconds),
+                              name="shutdown-bound")
     finally:
         await server.stop()
     return 0

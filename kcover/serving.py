@@ -1,19 +1,28 @@
 """The health and metrics HTTP server (aiohttp): /healthz, /readyz, /metrics.
 
-Owns liveness (the process is alive and its event loop ticks: a heartbeat task records the loop's
-time, and /healthz fails when it is older than `server.loop_stall_seconds`) and readiness (every
-registered check passes: detectors running, caches synced, ...). It does not decide what is ready;
+Owns liveness (the process is alive and its event loop ticks: a heartbeat task on the loop records
+the time, and a watchdog thread, outside the loop, compares it with the clock; /healthz fails while
+the loop has not ticked for `server.loop_stall_seconds`, and for as long again after such a stall,
+so a probe that could not be answered during the stall sees it afterwards; every stall is logged
+from the watchdog thread with where the loop was stuck, and counted in `kcover_event_loop_stalls`)
+and readiness (every registered check passes: required detectors running, caches synced, ...). It does not decide what is ready;
 components register checks. /metrics renders the process's own registry in Prometheus text format.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kcover import metrics as metrics_
 
@@ -25,10 +34,18 @@ Check = Callable[[], tuple[bool, str]]
 class Health:
     """Readiness checks by name, and the loop heartbeat."""
 
-    def __init__(self, *, stall_seconds: float = 5.0) -> None:
+    def __init__(self, *, stall_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._checks: dict[str, Check] = {}
         self.stall_seconds = stall_seconds
+        self._clock = clock
         self._beat: float | None = None
+        self._stalled_until = float("-inf")
+        """Monotonic time until which /healthz reports the last stall the watchdog saw."""
+        self._longest = 0.0
+        self.stalls = 0
+        self.lag_seconds = 0.0
+        """The heartbeat's age when the watchdog last looked (exported as `kcover_event_loop_lag_seconds`)."""
+        self._loop_thread: int | None = None
 
     def add_readiness(self, name: str, check: Check) -> None:
         self._checks[name] = check
@@ -48,28 +65,80 @@ class Health:
             results[name] = ("ok" if passed else "failing") + (f": {detail}" if detail else "")
         return ok, results
 
-    def liveness(self, now: float) -> tuple[bool, str]:
+    def liveness(self, now: float | None = None) -> tuple[bool, str]:
+        now = self._clock() if now is None else now
         if self._beat is None:
             return True, "starting"
         age = now - self._beat
         if age > self.stall_seconds:
             return False, f"event loop stalled for {age:.1f}s"
+        if now < self._stalled_until:
+            return False, f"event loop stalled for {self._longest:.1f}s (ended {now - self._stalled_until + self.stall_seconds:.1f}s ago)"
         return True, f"loop tick {age:.2f}s ago"
 
+    def watch(self, now: float | None = None) -> None:
+        """One look by the watchdog (outside the loop): note and log a stall longer than `stall_seconds`."""
+        now = self._clock() if now is None else now
+        if self._beat is None:
+            return
+        age = now - self._beat
+        self.lag_seconds = age
+        if age <= self.stall_seconds:
+            return
+        if now >= self._stalled_until:  # a new stall
+            self.stalls += 1
+            self._longest = 0.0
+            log.error("event_loop_stalled", seconds=round(age, 2), threshold_seconds=self.stall_seconds,
+                      where=self._where())
+        self._longest = max(self._longest, age)
+        self._stalled_until = now + self.stall_seconds
+
+    def _where(self) -> str:
+        """The innermost frames of the loop's thread: what is blocking it."""
+        frame = sys._current_frames().get(self._loop_thread) if self._loop_thread is not None else None
+        if frame is None:
+            return ""
+        return "".join(traceback.format_stack(frame, limit=4)).strip()[-1500:]
+
     async def heartbeat(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
+        """Tick on the loop and run the watchdog thread until `stop`."""
         interval = min(1.0, self.stall_seconds / 4)
-        while not stop.is_set():
-            self._beat = loop.time()
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except TimeoutError:
-                pass
+        self._loop_thread = threading.get_ident()
+        done = threading.Event()
+        watchdog = threading.Thread(target=self._watchdog, args=(done,), name="kcover-watchdog", daemon=True)
+        self._beat = self._clock()
+        watchdog.start()
+        try:
+            while not stop.is_set():
+                self._beat = self._clock()
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                except TimeoutError:
+                    pass
+        finally:
+            done.set()
+
+    def _watchdog(self, done: threading.Event) -> None:
+        while not done.wait(min(1.0, self.stall_seconds / 4)):
+            self.watch()
+
+
+class HealthCollector(Collector):
+    """`kcover_event_loop_lag_seconds` and `kcover_event_loop_stalls` from the watchdog, at scrape time."""
+
+    def __init__(self, health: Health) -> None:
+        self._health = health
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("kcover_event_loop_lag_seconds", "Age of the event loop's heartbeat when the "
+                                "watchdog thread last looked.", value=self._health.lag_seconds)
+        yield CounterMetricFamily("kcover_event_loop_stalls", "Times the event loop did not tick for longer than "
+                                  "server.loop_stall_seconds.", value=self._health.stalls)
 
 
 def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
-        ok, detail = health.liveness(asyncio.get_running_loop().time())
+        ok, detail = health.liveness()
         return web.Response(status=200 if ok else 503, text=("ok" if ok else "unhealthy") + f": {detail}\n")
 
     async def readyz(_: web.Request) -> web.Response:
@@ -93,6 +162,7 @@ class Server:
 
     def __init__(self, health: Health, metrics: metrics_.Metrics, *, host: str, port: int) -> None:
         self._runner = web.AppRunner(make_app(health, metrics), access_log=None)
+        metrics.registry.register(HealthCollector(health))
         self._host = host
         self._port = port
         self.port = port

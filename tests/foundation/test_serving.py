@@ -31,11 +31,20 @@ async def test_health_ready_and_metrics_over_http() -> None:
             async with http.get("/metrics") as r:
                 assert r.status == 200
                 assert "kcover_config_reload_failures_total 1.0" in await r.text()
-            # a blocked event loop makes liveness fail
+            # a blocked event loop makes liveness fail, seen by the watchdog thread outside the loop
             time.sleep(0.8)  # noqa: ASYNC251 -- blocking the loop on purpose
-            ok, detail = health.liveness(asyncio.get_running_loop().time())
+            ok, detail = health.liveness()
             assert not ok
             assert "stalled" in detail
+            assert health.stalls == 1, "the watchdog thread saw the stall while the loop was blocked"
+            async with http.get("/healthz") as r:  # the first probe answered after the stall still fails
+                assert r.status == 503
+                assert "stalled" in await r.text()
+            async with http.get("/metrics") as r:
+                assert "kcover_event_loop_stalls_total 1.0" in await r.text()
+            await asyncio.sleep(0.6)  # the loop ticks again for a whole stall period: live again
+            async with http.get("/healthz") as r:
+                assert r.status == 200
     finally:
         stop.set()
         await beat
