@@ -85,7 +85,7 @@ class Controller:
         metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
-                                           cache=self.cache,
+                                           cache=self.cache, gateway=client,
                                            extras={"log_reader": podlogs.KubeLogReader(client)})
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)

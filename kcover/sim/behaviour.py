@@ -74,7 +74,8 @@ def replica_pod(job: Obj, kind: str, rtype: str, index: int, template: Obj) -> O
 
 def running_status(pod: Obj, now: str, *, host_ip: str = "10.0.0.1", pod_ip: str = "10.1.0.1") -> Obj | None:
     """The status a kubelet writes when it starts `pod`, or None when it would not (not Pending,
-    or being deleted). Every container runs and is ready; `now` is an RFC 3339 timestamp."""
+    or being deleted). Every init container ran to completion (exit 0, `Completed`), every container
+    runs and is ready; `now` is an RFC 3339 timestamp."""
     if pod["metadata"].get("deletionTimestamp"):
         return None
     old = pod.get("status") or {}
@@ -88,6 +89,13 @@ def running_status(pod: Obj, now: str, *, host_ip: str = "10.0.0.1", pod_ip: str
         {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0,
          "started": True, "state": {"running": {"startedAt": now}}}
         for c in (pod.get("spec") or {}).get("containers") or []]
+    inits = (pod.get("spec") or {}).get("initContainers") or []
+    if inits:
+        st["initContainerStatuses"] = [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0,
+             "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
+                                                        "finishedAt": now}}}
+            for c in inits]
     return st
 
 

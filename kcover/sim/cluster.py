@@ -135,23 +135,24 @@ def controller_settings(identity: str, log_dir: str, overrides: Mapping[str, Any
     return settings.Settings.model_validate(_merge(base, overrides))
 
 
-def agent_settings(node: str) -> settings.Settings:
-    return settings.Settings.model_validate({
+def agent_settings(node: str, overrides: Mapping[str, Any] | None = None) -> settings.Settings:
+    return settings.Settings.model_validate(_merge({
         "agent": {"node_name": node, "min_write_interval_seconds": 0.1, "condition_hold_seconds": 300.0,
                   "pod_resources_socket": "/nonexistent/kcover-sim/kubelet.sock"},
         "bus": {"drain_timeout_seconds": 0.5},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 100, "health_interval_seconds": 2.0}},
                                   "dcgm": {"enabled": False}}},
-    })
+    }, overrides or {}))
 
 
 class SimCluster:
     """The simulated cluster plus kcover. `async with SimCluster(Size()) as c:` waits until it is ready."""
 
     def __init__(self, size: Size = Size(), *, overrides: Mapping[str, Any] | None = None,
-                 ready_timeout: float = 20.0) -> None:
+                 agent_overrides: Mapping[str, Any] | None = None, ready_timeout: float = 20.0) -> None:
         self.size = size
         self.overrides = dict(overrides or {})
+        self.agent_overrides = dict(agent_overrides or {})
         self.ready_timeout = ready_timeout
         self.rng = random.Random(size.seed)
         self.srv = simserver.SimServer(seed=size.seed)
@@ -216,7 +217,7 @@ class SimCluster:
     def _start_agent(self, node: str) -> None:
         nvml = fake.FakeNvml(self.size.gpus_per_node, uuid_prefix=self.gpu_uuids[node][0].rsplit("-", 1)[0])
         kube = client_.from_configuration(self.srv.kube_configuration())
-        agent = agent_running.Agent(agent_settings(node), client=kube, metrics=metrics.Metrics(), health=None,
+        agent = agent_running.Agent(agent_settings(node, self.agent_overrides), client=kube, metrics=metrics.Metrics(), health=None,
                                     node=node, nvml=nvml, reporter_tick_seconds=0.1)
         entry = NodeAgent(node, nvml, kube, agent)
         entry.task = self._spawn(agent.run(entry.stop), f"sim:agent:{node}")

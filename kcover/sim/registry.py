@@ -167,6 +167,10 @@ RESOURCES: tuple[Resource, ...] = (
     _custom("jobsets", "JobSet", "jobset.x-k8s.io", "v1alpha2"),
     _custom("jobs", "Job", "batch.volcano.sh", "v1alpha1"),
     _custom("leaderworkersets", "LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1"),
+    # kcover's own kind (the kcover-preflight plugin's CRD); the chart installs it with preflight.enabled
+    Resource(plural="preflightreports", kind="PreflightReport", group="kcover.io", version="v1alpha1",
+             subresources=("status",), short_names=("pfr",), has_generation=True, put_without_rv=False,
+             strategic_merge=False),
 )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -112,11 +113,14 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
 
     With `serve`, the report is printed to `out` and the cluster kept running until cancelled."""
     size = size or cluster_.Size()
+    if scenario.nodes > size.nodes:
+        size = dataclasses.replace(size, nodes=scenario.nodes)
     if scenario.plugin and scenario.plugin not in registry.discover().names():
         return Report(scenario.name, True, dt.datetime.now(dt.UTC),
                       skipped=f"detector plugin {scenario.plugin!r} is not installed "
                               f"(pip install -e plugins/kcover-{scenario.plugin}); scenario skipped", size=size)
-    async with cluster_.SimCluster(size, overrides=scenario.overrides) as cluster:
+    async with cluster_.SimCluster(size, overrides=scenario.overrides,
+                                   agent_overrides=scenario.agent_overrides) as cluster:
         if kubeconfig_out:
             cluster.srv.write_kubeconfig(kubeconfig_out)
         run = scenarios_.Run(cluster)
@@ -143,7 +147,7 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
 
 
 def render(report: Report) -> str:
-    lines = [f"scenario {report.scenario}: {scenarios_.SCENARIOS[report.scenario].summary}",
+    lines = [f"scenario {report.scenario}: {scenarios_.catalogue()[report.scenario].summary}",
              f"cluster: {report.size.nodes} nodes x {report.size.gpus_per_node} GPUs, {report.size.jobs} PyTorchJobs, "
              "2 controller replicas, 1 agent per node", ""]
     if report.skipped:
@@ -188,8 +192,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _usage_problems(args: argparse.Namespace) -> list[str]:
     problems = []
-    if args.scenario not in scenarios_.SCENARIOS:
-        problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join(scenarios_.SCENARIOS)}")
+    known = scenarios_.catalogue()
+    if args.scenario not in known:
+        problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join(known)}")
     if args.nodes < 2:
         problems.append("--nodes must be at least 2 (a cordoned node's pods need somewhere to go)")
     if args.gpus_per_node < 1 or args.jobs < 1:
@@ -199,8 +204,9 @@ def _usage_problems(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if args.list:
-        width = max(len(n) for n in scenarios_.SCENARIOS)
-        for name, scenario in scenarios_.SCENARIOS.items():
+        known = scenarios_.catalogue()
+        width = max(len(n) for n in known)
+        for name, scenario in known.items():
             default = " (default)" if name == scenarios_.DEFAULT else ""
             print(f"{name.ljust(width)}  {scenario.summary}{default}", file=out)
         return 0
@@ -211,7 +217,7 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         return 2
     logs.configure(settings.LoggingSettings(level=args.log_level))
     size = cluster_.Size(nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, seed=args.seed)
-    scenario = scenarios_.SCENARIOS[args.scenario]
+    scenario = scenarios_.catalogue()[args.scenario]
     try:
         report = asyncio.run(_main(scenario, size, args, out))
     except KeyboardInterrupt:

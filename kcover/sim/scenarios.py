@@ -6,26 +6,36 @@ an API Event, the job Running again with new pod uids) and the explicit checks t
 passed. It records into a `Run`: fault records, checks and timeline notes; rendering and JSON are
 `running`'s business.
 
+Plugins add scenarios through the entry point group `kcover.sim.scenarios` (an object of type
+`Scenario`); `catalogue()` lists the built-in ones and those, which kcover never imports by name.
+
 How it fails: a wait that times out raises `cluster.WaitTimeout`, which the runner turns into a
-failed check; a scenario never raises anything else on purpose.
+failed check; a scenario never raises anything else on purpose. A plugin scenario that fails to load
+is logged and left out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib.metadata as md
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from kcover import model
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 from kcover.sim import cluster as cluster_
 
+log = structlog.get_logger()
+
 NS = cluster_.NAMESPACE
+ENTRY_POINT_GROUP = "kcover.sim.scenarios"
 RESTARTED = "KcoverRestartedWorkload"
 CORDONED = "KcoverCordonedNode"
 SKIPPED = "KcoverRecoverySkipped"
@@ -116,6 +126,10 @@ class Scenario:
     timeout: float = 45.0
     plugin: str = ""
     """A detector plugin the scenario needs; skipped (with a message) when it is not installed."""
+    nodes: int = 0
+    """Nodes the scenario needs at least; a smaller `--nodes` is raised to it."""
+    agent_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Settings merged over every simulated agent's (`overrides` are the controllers')."""
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -434,3 +448,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              overrides={"detectors": {"entries": {"logscan": {}}}}, plugin="logscan"),
 )}
 DEFAULT = "pod-error"
+
+
+def catalogue() -> dict[str, Scenario]:
+    """The built-in scenarios, then those plugins register in `kcover.sim.scenarios` (built-in names win)."""
+    found = dict(SCENARIOS)
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in found:
+            continue
+        try:
+            scenario = ep.load()
+        except Exception as exc:  # a broken plugin must not take the sim down
+            log.error("sim_scenario_plugin_failed", scenario=ep.name, entry_point=ep.value, error=repr(exc))
+            continue
+        if not isinstance(scenario, Scenario) or scenario.name != ep.name:
+            log.error("sim_scenario_plugin_invalid", scenario=ep.name, entry_point=ep.value)
+            continue
+        found[ep.name] = scenario
+    return found
