@@ -321,8 +321,12 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
     if kind is AK.IGNORE:
         return []
     if kind is AK.REPORT:
+        about = _target_ref(target)
+        if about is None and target.kind is model.TargetKind.WORKLOAD and target.uid:
+            workload = snapshot.workload(target.uid)
+            about = adapters.workload_ref(workload) if workload is not None else None
         return [actions.RecordOnly(f"{event.reason}: {event.message}" if event.message else event.reason,
-                                   event, about=_target_ref(target))]
+                                   event, about=about)]
     pod: proj.Pod | None = None
     if target.kind is model.TargetKind.POD:
         pod = snapshot.pod(target.uid) if target.uid else None

@@ -41,6 +41,8 @@ from kcover.sim import server as simserver
 log = structlog.get_logger()
 
 NAMESPACE = "ml"
+AGENT_NAMESPACE = "kcover-system"
+"""Where the agent DaemonSet runs and writes its Node Events (the release namespace)."""
 CONTAINER = "pytorch"
 GPU_CLAIM = "gpu-claim"
 GPU_REQUEST = "gpu"
@@ -286,6 +288,13 @@ class SimCluster:
                 "status": {"capacity": resources, "allocatable": resources,
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "lastTransitionTime": clock_.rfc3339(clock_.utcnow())}]}})
+            # the agent DaemonSet's pod on this node, labelled as the chart labels it: the controller
+            # accepts Node Events only from kcover's namespace and for nodes where such a pod runs
+            store.create("pods", {
+                "metadata": {"name": f"kcover-agent-{node}", "namespace": AGENT_NAMESPACE,
+                             "labels": {"app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}},
+                "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kcover-agent"}]},
+                "status": {"phase": "Running"}})
         for job in self.jobs:
             # GPUs both ways: a device-plugin limit and a DRA claim, so device health may be reported
             # as "claim:gpu-claim/gpu" (a real server refuses a name the container has no claim for).

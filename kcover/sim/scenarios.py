@@ -374,19 +374,20 @@ def _ledger_intent(c: cluster_.SimCluster, job: str) -> dict[str, Any]:
 async def forged_event(run: Run) -> None:
     c = run.cluster
     node = c.nodes[0]
-    before = c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"})
+    before = c.metric("kcover_events_rejected_total", {"reason": "namespace_not_allowed"})
     async with client_.from_configuration(c.srv.kube_configuration()) as kube:
         f = run.fault("forged-event", f"Node {node}",
-                      "an untrusted reporter posts an Event annotated kcover.io/need-recovery=true about the Node")
+                      "a tenant posts an Event annotated kcover.io/need-recovery=true about the Node in `default`, "
+                      "naming kcover's agent as its reporter")
         await _post_event(kube, "default", {"kind": "Node", "apiVersion": "v1", "name": node},
                           reason="GPUFailure", message="all GPUs failed, cordon now",
-                          controller="totally-legit.example.com/agent")
-    await c.until(lambda: c.metric("kcover_events_rejected_total", {"reason": "untrusted_reporter"}) > before,
+                          controller="kcover.io/agent")
+    await c.until(lambda: c.metric("kcover_events_rejected_total", {"reason": "namespace_not_allowed"}) > before,
                   WAIT, "the event watcher to refuse the Event")
     f.detected_at = clock_.utcnow()
     f.action = "refused"
-    run.note("refused", "event-watcher refused the Event: untrusted_reporter "
-                        "(kcover_events_rejected_total{reason=\"untrusted_reporter\"} +1)", f.detected_at)
+    run.note("refused", "event-watcher refused the Event: namespace_not_allowed "
+                        "(kcover_events_rejected_total{reason=\"namespace_not_allowed\"} +1)", f.detected_at)
     await asyncio.sleep(SETTLE * 1.5)
     cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
     run.check("no node was cordoned", not cordoned, ", ".join(cordoned))
@@ -394,7 +395,7 @@ async def forged_event(run: Run) -> None:
     run.check("no recovery action was taken", not acted, ", ".join(acted))
     leader = c.leader()
     counted = (leader.metrics.registry.get_sample_value("kcover_events_rejected_total",
-                                                        {"reason": "untrusted_reporter"}) or 0.0) if leader else 0.0
+                                                        {"reason": "namespace_not_allowed"}) or 0.0) if leader else 0.0
     run.check(f"the leader counted the refusal in kcover_events_rejected_total ({counted:g})", counted >= 1)
 
 
@@ -441,7 +442,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("leader-crash-after-intent", "the leader dies after recording a restart in the ledger but before "
              "deleting the pods: the successor finishes that restart, exactly once, within the cooldown",
              leader_crash_after_intent),
-    Scenario("forged-event", "an untrusted reporter posts an annotated Event about a Node: nothing is cordoned, "
+    Scenario("forged-event", "a tenant posts an annotated Event about a Node naming kcover's agent: nothing is cordoned, "
              "the refusal is counted", forged_event),
     Scenario("log-classified", "a worker exits with an NCCL error in its log: pod-status reports it, the logscan "
              "plugin classifies it as communication, the job is restarted", log_classified,

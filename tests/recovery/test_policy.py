@@ -247,6 +247,24 @@ def test_workload_target_restarts_through_its_pods() -> None:
         "restart Job bj [batch.kubernetes.io/controller-uid=bj-uid] w.bj-uid"]
 
 
+def test_a_report_about_a_workload_is_recorded_on_that_workload() -> None:
+    """`report` on a Workload target (the preflight plugin's PreflightIncomplete) leaves its Event on the
+    workload the cache knows by that uid; an unknown uid has nothing to write it on."""
+    def about(uid: str) -> object:
+        event = model.CollectorEvent(detector="preflight", severity=model.Severity.ERROR, reason="PreflightIncomplete",
+                                     target=model.Target(kind=model.TargetKind.WORKLOAD, namespace="ml", name="train",
+                                                         uid=uid, workload_kind="PyTorchJob"),
+                                     recommended=model.Action.REPORT, observed_at=NOW)
+        (planned,) = policy.plan(event, world(), H0, rs(), NOW)
+        assert isinstance(planned, actions.RecordOnly)
+        return planned.about
+
+    found = about("pt-uid")
+    assert (getattr(found, "kind", ""), getattr(found, "name", ""), getattr(found, "uid", "")) == (
+        "PyTorchJob", "train", "pt-uid")
+    assert about("gone-uid") is None
+
+
 def test_one_restart_per_unit_per_event() -> None:
     pt = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=OPT)
     snap = world(o.pod("train-worker-1", uid="pt-2", node="n1", labels=KF_PT, owner=pt))
