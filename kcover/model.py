@@ -173,6 +173,10 @@ class CollectorEvent(BaseModel):
     """How often the source saw this fault, this time included, within `window_seconds`."""
     window_seconds: float = Field(0.0, ge=0)
     """The window `occurrences` were counted in; 0 = since the source started."""
+    signal: str = Field("", max_length=512)
+    """Identity of the outside signal this observation answers (an annotated Event's uid and count), or
+    empty. Recovery records the signals it acted on in the ledger and never acts on one twice: not
+    after a failover, a restart or a replay."""
     attributes: dict[str, Any] = Field(default_factory=dict)
     """Detail for people (logs, Event messages). Never read to decide anything."""
 

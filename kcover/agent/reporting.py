@@ -2,8 +2,13 @@
 
 Owns what the agent writes to the API, and only that: the `KcoverGPUHealthy` condition on its own
 Node (strategic-merge PATCH of nodes/{name}/status, conditions merge by type) and core/v1 Events
-about the Node (reportingComponent `kcover.io/agent`, reportingInstance the node name, MicroTime
-eventTime, namespace `default`). Events of faults whose source recommends a restart or a cordon
+about the Node (reportingComponent `kcover.io/agent`, reportingInstance and source.host the node
+name, MicroTime eventTime) in `agent.event_namespace`, the release namespace, where the chart lets
+only the agent create Events: the controller acts on Node Events only from there and only when an
+agent pod runs on the node the Event names. The API server keeps Events about cluster-scoped objects
+in `default` or `kube-system` unless `involvedObject.namespace` names the Event's namespace, so
+elsewhere the Node reference carries the release namespace (kube-apiserver 1.36 answers 422
+otherwise). Events of faults whose source recommends a restart or a cordon
 carry `kcover.io/need-recovery: "true"` (`codec.needs_recovery`), so the controller's event watcher
 acts on them; cleared faults never do (the controller learns the end from the condition).
 
@@ -33,7 +38,7 @@ import structlog
 
 from kcover import bus as bus_
 from kcover import codec, errors, model, settings
-from kcover.aio import backoff
+from kcover.aio import backoff, limiting
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 
@@ -110,25 +115,10 @@ def condition(faults: dict[str, Fault], now: float, hold_seconds: float) -> Cond
     reason = reasons[0] if len(reasons) == 1 else "GPUFaults"
     detail = "; ".join(f.message + ("" if f.active else " (cleared, holding)") for f in ordered)
     message = f"affected GPUs: {', '.join(gpus) or 'node'}; {detail}"
-    return Condition(codec.condition_status(True), reason, message[: model.MESSAGE_MAX])
+    return Condition(codec.condition_status(True), reason, model.fit(message, model.MESSAGE_MAX))
 
 
-@dataclass
-class TokenBucket:
-    rate_per_second: float
-    burst: float
-    tokens: float = -1.0
-    updated: float = 0.0
-
-    def take(self, now: float) -> bool:
-        if self.tokens < 0:
-            self.tokens, self.updated = self.burst, now
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate_per_second)
-        self.updated = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
+TokenBucket = limiting.TokenBucket
 
 
 @dataclass
@@ -258,8 +248,9 @@ class Reporter:
         self._sent = {k: t for k, t in self._sent.items() if now - t < self.config.event_dedupe_seconds}
         self._sent[key] = now
         try:
-            await self.client.request("POST", "/api/v1/namespaces/default/events",
-                                      body=event_body(event, node=self.node_name,
+            namespace = self.config.event_namespace
+            await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events",
+                                      body=event_body(event, node=self.node_name, namespace=namespace,
                                                       reporter=self.config.reporting_controller,
                                                       when=self.clock.now()))
         except errors.KubeError as exc:
@@ -272,23 +263,37 @@ def _action_word(event: model.CollectorEvent) -> str:
     return "cleared" if event.cleared else (event.recommended or model.Action.REPORT).value
 
 
-def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime) -> dict[str, Any]:
+CLUSTER_EVENT_NAMESPACES = frozenset({"default", "kube-system"})
+"""Where the API server accepts an Event about a cluster-scoped object whose reference has no namespace."""
+
+
+def node_reference(node: str, namespace: str) -> dict[str, str]:
+    """`involvedObject` of an Event about `node` that lives in `namespace` (see the module docstring)."""
+    ref = {"apiVersion": "v1", "kind": "Node", "name": node}
+    if namespace not in CLUSTER_EVENT_NAMESPACES:
+        ref["namespace"] = namespace
+    return ref
+
+
+def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime,
+               namespace: str = "kcover-system") -> dict[str, Any]:
     """The core/v1 Event about this Node for one observation, its typed fields in the codec's
-    annotations (pure). Values the codec cannot carry are left out and logged."""
+    annotations (pure). Values the codec cannot carry are left out and logged. Text is cut to the API
+    server's limits in UTF-8 bytes (`model.fit`)."""
     encoded = codec.encode_annotations(event)
     if encoded.dropped:
         log.warning("agent_event_fields_dropped", node=node, reason=event.reason,
                     dropped=[f"{key}: {why}" for key, why in encoded.dropped])
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{node}.kcover-", "namespace": "default", "annotations": encoded.annotations},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
-        "reason": event.reason[:128],
-        "message": event.message[: model.MESSAGE_MAX] or event.reason,
+        "metadata": {"generateName": f"{node}.kcover-", "namespace": namespace, "annotations": encoded.annotations},
+        "involvedObject": node_reference(node, namespace),
+        "reason": model.fit(event.reason, model.NAME_MAX, suffix=""),
+        "message": model.fit(event.message or event.reason, model.MESSAGE_MAX),
         "type": "Normal" if event.severity is model.Severity.INFO else "Warning",
-        "action": _action_word(event)[:128],
+        "action": model.fit(_action_word(event), model.NAME_MAX, suffix=""),
         "eventTime": clock_.micro_time(when),
         "reportingComponent": reporter,
-        "reportingInstance": node[:128],
+        "reportingInstance": model.fit(node, model.NAME_MAX, suffix=""),
         "source": {"component": reporter, "host": node},
     }

@@ -31,7 +31,7 @@ from kcover import bus as bus_
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
-from kcover.controller import recovering
+from kcover.controller import answering, recovering
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import caching, leasing, podlogs, retrying
 from kcover.kube import client as client_
@@ -84,8 +84,11 @@ class Controller:
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
+        self.answers = answering.Answers(client, clock=self.clock, identity=self.identity, is_leader=self.is_leader)
+        """Warning Events answering refused signals (a forged Event), written by the leader."""
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
-                                           cache=self.cache, gateway=client,
+                                           cache=self.cache, gateway=client, namespace=cfg.recovery.ledger_namespace,
+                                           refusals=self.answers,
                                            extras={"log_reader": podlogs.KubeLogReader(client)})
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
@@ -94,6 +97,7 @@ class Controller:
         if cfg.lease.enabled:
             self.elector = leasing.LeaderElector(client, cfg.lease, identity=self.identity, metrics=metrics,
                                                  clock=self.clock, on_change=self._on_leadership)
+            self.answers.fence = self.elector
         else:
             metrics.is_leader.set(1)
         self.subscription = self.bus.subscribe("recovery", capacity=cfg.bus.subscriber_capacity,
@@ -137,6 +141,7 @@ class Controller:
             tg.create_task(self._detectors(stop), name="detectors")
             tg.create_task(self._consume(stop), name="recovery")
             tg.create_task(self._resume_pending(stop), name="recovery-resume")
+            tg.create_task(self.answers.run(stop), name="refusal-answers")
             if self.elector is not None:
                 tg.create_task(self.elector.run(inner), name="leader-election")
             await stop.wait()

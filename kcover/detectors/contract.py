@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -23,6 +24,26 @@ from kcover.aio import clock as clock_
 class Role(enum.StrEnum):
     CONTROLLER = "controller"
     AGENT = "agent"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A signal a detector refused to act on, to be answered with a warning Event in its own namespace."""
+
+    namespace: str
+    """Where the answer goes: the namespace of the refused object (a forged Event's own)."""
+    kind: str
+    api_version: str
+    name: str
+    uid: str
+    reason: str
+    """Why (snake_case, the `kcover_events_rejected` reason)."""
+    text: str
+    """What a person reads."""
+
+
+RefusalSink = Callable[[Refusal], None]
+"""Takes a refusal without blocking; the controller writes (rate-limited) Events from it while leading."""
 
 
 @dataclass
@@ -42,6 +63,10 @@ class DetectorContext:
     command_runner: Any = None
     """Runs node commands such as `dcgmi`; None (what both roles pass) means the detector's own asyncio
     subprocess runner. Tests hand the DCGM detector a scripted runner here."""
+    namespace: str = ""
+    """Controller: the namespace kcover runs in (the release namespace, its ledger's)."""
+    refusals: RefusalSink | None = None
+    """Controller: where refused signals are answered (`controller.answering`); None answers nothing."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Anything else a composition root wants to hand plugins; keys are documented where they are set."""
 

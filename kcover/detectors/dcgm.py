@@ -170,7 +170,7 @@ def _gpus_named(text: str) -> set[int]:
 
 
 def _detail(notes: list[str]) -> str:
-    return (": " + " | ".join(notes))[:900] if notes else ""
+    return model.fit(": " + " | ".join(notes), 900) if notes else ""
 
 
 def parse_diag_json(text: str) -> list[Finding]:
@@ -393,7 +393,7 @@ class DcgmDetector:
                             check=f"{finding.source}/{finding.check}"[:128], pods=finding.pods)
         await bus.publish(model.CollectorEvent(
             detector=self.name, target=target, severity=model.Severity.INFO if cleared else finding.severity,
-            reason=(reason + "Cleared" if cleared else reason)[:128],
+            reason=model.fit(reason + "Cleared" if cleared else reason, model.NAME_MAX, suffix=""),
             message=("cleared: " if cleared else "") + finding.message, observed_at=self.context.clock.now(),
             dedupe_key=f"{self.name}/{finding.key}/{state}", fault=fault,
             recommended=None if cleared else finding.action, cleared=cleared))

@@ -49,7 +49,11 @@ NARROWING_LABELS = frozenset({
 })
 """Labels the restart selectors use besides membership: kept so selectors can be built from the cache."""
 
-KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, *NARROWING_LABELS, OPT_IN_LABEL))
+IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/component"})
+"""Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
+about a Node only when an agent pod runs on that node."""
+
+KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, *NARROWING_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
@@ -102,7 +106,7 @@ class Pod(NamedTuple):
     node: str
     phase: str
     labels: Pairs
-    """Only the workload membership labels and the opt-in label."""
+    """Only the workload membership labels, the opt-in label and the identity labels (`IDENTITY_LABELS`)."""
     annotations: Pairs
     """Only annotations whose key starts with `kcover.io/`."""
     owner: OwnerRef | None
@@ -213,6 +217,9 @@ class KubeEvent(NamedTuple):
     first_timestamp: str
     annotations: Pairs = ()
     """Only annotations whose key starts with `kcover.io/`: the fault the Event carries (`kcover.codec`)."""
+    reporting_instance: str = ""
+    source_host: str = ""
+    """Who the writer says it is (the agent: its node's name); checked against the cluster, never trusted alone."""
 
 
 # --------------------------------------------------------------------------------------- helpers
@@ -446,5 +453,7 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
         event_time=_s(raw.get("eventTime")),
         series_last_observed=_s(series.get("lastObservedTime")),
         first_timestamp=_s(raw.get("firstTimestamp")),
+        reporting_instance=_s(raw.get("reportingInstance")),
+        source_host=_s(_d(raw.get("source")).get("host")),
         annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
     )

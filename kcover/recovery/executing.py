@@ -202,7 +202,7 @@ class Executor:
         return ledger.Intent(id=uuid.uuid4().hex[:12], fault=action.cause.id, leader=self.identity,
                              epoch=self._epoch(), at=now, workload=(w.kind, w.api_version, w.namespace, w.name, w.uid),
                              selector=action.selector.render(), pods=pods, pod=pod, uids=tuple(uids),
-                             message=message[:300], unit=action.unit)
+                             message=model.fit(message, 300), unit=action.unit)
 
     async def restart(self, action: actions.RestartWorkload) -> Result:
         rs = self.settings
@@ -237,7 +237,7 @@ class Executor:
             refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
             if refusal is None:
                 state.restarts.setdefault(action.ledger_key, []).append(now)
-                state.notes[action.ledger_key] = what[:120]
+                state.notes[action.ledger_key] = model.fit(what, 120)
                 state.intents[action.ledger_key] = intent
             return refusal
 
@@ -277,7 +277,7 @@ class Executor:
         except errors.KubeError as exc:
             # the intent stays pending in the ledger: the leader's periodic resume tries again while it is
             # valid, and a KcoverRecoveryFailed Event says so if it never succeeds
-            self._failures[intent.id] = str(exc)[:300]
+            self._failures[intent.id] = model.fit(str(exc), 300)
             self._count(action, "failed_attempt")
             log.warning("restart_attempt_failed", workload=what, intent=intent.id, error=str(exc)[:300])
             raise
@@ -448,7 +448,7 @@ class Executor:
             if last is not None and now - last < rs.node_cooldown_seconds:
                 return actions.SkipCode.COOLDOWN, f"Node {action.node} was cordoned {now - last:.0f}s ago"
             state.cordons[action.node] = now
-            state.cordon_reasons[action.node] = action.reason[:120]
+            state.cordon_reasons[action.node] = model.fit(action.reason, 120)
             return None
 
         if rs.dry_run:
@@ -476,7 +476,7 @@ class Executor:
             spec["taints"] = kept + ours
             spec["unschedulable"] = True
             annotations[proj.CORDONED_BY] = "kcover"
-            annotations[proj.CORDON_REASON] = f"{fault}: {action.reason}"[:1024]
+            annotations[proj.CORDON_REASON] = model.fit(f"{fault}: {action.reason}", model.MESSAGE_MAX)
             annotations[proj.CORDONED_AT] = clock_.rfc3339(self._clock.now())
             return ""
 

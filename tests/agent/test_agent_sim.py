@@ -48,7 +48,7 @@ class Cluster:
         return None
 
     async def events(self) -> list[dict[str, Any]]:
-        result = await self.kube.request("GET", "/api/v1/namespaces/default/events")
+        result = await self.kube.request("GET", "/api/v1/namespaces/kcover-system/events")
         return list(result["items"])
 
     async def until(self, check: Callable[[], Any], within: float = 5.0) -> Any:

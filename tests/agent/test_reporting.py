@@ -94,13 +94,15 @@ def test_event_body_for_a_cordon_recommendation() -> None:
     event = _event("XID79", xid=79, gpu_index=3, pods=("ml/bert-0",)).model_copy(update={"occurrences": 2,
                                                                                         "window_seconds": 60.0})
     body = reporting.event_body(event, node=NODE, reporter="kcover.io/agent", when=when)
-    assert body["metadata"]["namespace"] == "default"
+    assert body["metadata"]["namespace"] == "kcover-system"
     assert body["metadata"]["annotations"] == {
         "kcover.io/need-recovery": "true", "kcover.io/recommended-action": "cordon-node",
         "kcover.io/detector": "nvml", "kcover.io/gpu-uuid": "GPU-a", "kcover.io/xid": "79",
         "kcover.io/gpu-index": "3", "kcover.io/pods": "ml/bert-0", "kcover.io/occurrences": "2",
         "kcover.io/window-seconds": "60.0"}
-    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    # the API server keeps Events about a Node outside default/kube-system only if the reference names
+    # the Event's namespace (kube-apiserver 1.36 answers 422 otherwise)
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "namespace": "kcover-system"}
     assert (body["eventTime"], body["reportingComponent"], body["reportingInstance"], body["action"]) == \
         ("2026-01-02T03:04:05.000006Z", "kcover.io/agent", NODE, "cordon-node")
     assert body["type"] == "Warning"
@@ -128,3 +130,20 @@ def test_need_recovery_only_for_actions(action: model.Action | None, severity: m
     body = reporting.event_body(_event("X", action=action, severity=severity), node=NODE, reporter="r",
                                 when=dt.datetime.now(dt.UTC))
     assert ("kcover.io/need-recovery" in body["metadata"]["annotations"]) is annotated
+
+
+def test_event_body_in_default_keeps_the_plain_node_reference() -> None:
+    body = reporting.event_body(_event("XID79"), node=NODE, reporter="r", namespace="default",
+                                when=dt.datetime.now(dt.UTC))
+    assert body["metadata"]["namespace"] == "default"
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE}
+
+
+def test_event_body_text_is_cut_in_utf8_bytes() -> None:
+    """600 CJK characters are 1,800 bytes: the API server refuses past 1,024 bytes, not characters."""
+    event = _event("XID79").model_copy(update={"message": "显存" * 300, "reason": "故障" * 100})
+    body = reporting.event_body(event, node="节点" * 50, reporter="r", when=dt.datetime.now(dt.UTC))
+    assert len(body["message"].encode()) <= 1024 and body["message"].startswith("显存")
+    for field in ("reason", "reportingInstance", "action"):
+        assert len(body[field].encode()) <= 128
+    body["message"].encode().decode()  # cut on a character boundary

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import ssl
 import urllib.error
@@ -22,7 +23,8 @@ from typing import Any
 import pytest
 from chartkit import NAMESPACE, SCENARIOS, Render, find
 
-from kcover import settings
+from kcover import model, settings
+from kcover.agent import reporting
 
 Api = Any  # tests/controlplane/server.py's ControlPlane
 
@@ -186,7 +188,7 @@ CONTROLLER_DENIED = [
 AGENT_REQUESTS = [
     ("get", "nodes", "", "", "gpu-1", ""),
     ("patch", "nodes", "", "", "gpu-1", "status"),
-    ("create", "events", "", "default", "", ""),
+    ("create", "events", "", NAMESPACE, "", ""),  # Node Events, in the release namespace only
 ]
 
 AGENT_DENIED = [
@@ -194,7 +196,7 @@ AGENT_DENIED = [
     ("update", "nodes", "", "", "gpu-1", "status"), ("delete", "nodes", "", "", "gpu-1", ""),
     ("delete", "pods", "", "team-a", "p", ""), ("deletecollection", "pods", "", "team-a", "", ""),
     ("list", "pods", "", "", "", ""), ("get", "pods", "", "team-a", "p", "log"),
-    ("create", "events", "", "team-a", "", ""), ("create", "events", "", NAMESPACE, "", ""),
+    ("create", "events", "", "team-a", "", ""), ("create", "events", "", "default", "", ""),
     ("get", "secrets", "", NAMESPACE, "", ""), ("list", "secrets", "", "", "", ""),
     ("get", "configmaps", "", NAMESPACE, LEDGER, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
@@ -276,6 +278,17 @@ def test_impersonated_agent_and_controller_requests(cluster: Api, rbac: dict[str
                    "application/merge-patch+json")[0] == 403
     assert as_user(cluster, agent, "DELETE", "/api/v1/namespaces/team-a/pods/trainer-0")[0] == 403
     assert as_user(cluster, agent, "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets")[0] == 403
+    # the Node Event the agent builds is accepted in the release namespace, and refused in `default`
+    fault = model.CollectorEvent(detector="nvml", severity=model.Severity.ERROR, reason="XID79", message="lost",
+                                 target=model.Target(kind=model.TargetKind.NODE, name="gpu-imp", node="gpu-imp"),
+                                 recommended=model.Action.CORDON_NODE)
+    event = reporting.event_body(fault, node="gpu-imp", reporter="kcover.io/agent", namespace=NAMESPACE,
+                                 when=dt.datetime.now(dt.UTC))
+    status, body = as_user(cluster, agent, "POST", f"/api/v1/namespaces/{NAMESPACE}/events", event)
+    assert status == 201, body
+    assert as_user(cluster, agent, "POST", "/api/v1/namespaces/default/events",
+                   reporting.event_body(fault, node="gpu-imp", reporter="kcover.io/agent", namespace="default",
+                                        when=dt.datetime.now(dt.UTC)))[0] == 403
 
     assert as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets")[0] == 403
     status, body = as_user(cluster, controller, "GET",

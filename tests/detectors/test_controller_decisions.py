@@ -99,31 +99,92 @@ LIVE = proj.Pod("u", "1", "ml", "p", "n1", "Running", (), (), None, "", "Always"
 NODE = proj.Node("nu", "1", "n1", False, (), (), (), ())
 
 
+AGENT_NS = "kcover-system"
+AGENT = dict(namespace=AGENT_NS, reporting_controller="kcover.io/agent", reporting_instance="n1")
+"""An Event as the agent on n1 writes it: in kcover's namespace, its reporter, its node as instance."""
+NODE_REF = proj.InvolvedObject("Node", AGENT_NS, "n1", "")
+
+
+def _future(seconds: float) -> str:
+    return (NOW + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 @pytest.mark.parametrize(("ev", "expected"), [
     (_event(), "accept:Pod"),
     (_event(last_timestamp=_ts(200)), "stale"),
     (_event(last_timestamp=_ts(200), series_last_observed=_ts(5)), "accept:Pod"),
     (_event(last_timestamp="", event_time="2026-01-01T11:59:50.000000Z"), "accept:Pod"),
     (_event(last_timestamp=""), "no_timestamp"),
-    (_event(namespace="other"), "namespace_mismatch"),
+    (_event(last_timestamp=_future(30)), "accept:Pod"),  # within the clock skew
+    (_event(last_timestamp="", event_time=_future(61)), "future_timestamp"),
+    (_event(event_time="2099-01-01T00:00:00.000000Z"), "future_timestamp"),  # the latest time counts
+    (_event(namespace="other"), "namespace_mismatch"),  # an Event in another namespace about ml/p
     (_event(involved=proj.InvolvedObject("Pod", "ml", "gone", "")), "pod_not_found"),
     (_event(involved=proj.InvolvedObject("Pod", "ml", "p", "old-uid")), "uid_mismatch"),
     (_event(involved=proj.InvolvedObject("Pod", "ml", "p", "")), "accept:Pod"),
-    (_event(involved=proj.InvolvedObject("Node", "", "n1", "")), "untrusted_reporter"),
-    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), source_component="kcover.io/agent"), "accept:Node"),
-    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), reporting_controller="kcover.io/agent"), "accept:Node"),
-    (_event(involved=proj.InvolvedObject("Node", "", "n9", ""), reporting_controller="kcover.io/agent"), "node_not_found"),
+    # Node Events: only from kcover's namespace, its reporter, naming its own node, where an agent runs
+    (_event(involved=NODE_REF, **AGENT), "accept:Node"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), **AGENT), "accept:Node"),
+    (_event(involved=proj.InvolvedObject("Node", "", "n1", ""), reporting_controller="kcover.io/agent"),
+     "namespace_not_allowed"),  # the Go project's forged Event: a tenant namespace, the agent's name
+    (_event(involved=NODE_REF, **{**AGENT, "namespace": "default"}), "namespace_not_allowed"),
+    (_event(involved=proj.InvolvedObject("Node", "ml", "n1", ""), **AGENT), "namespace_mismatch"),
+    (_event(involved=NODE_REF, namespace=AGENT_NS, reporting_instance="n1"), "untrusted_reporter"),
+    (_event(involved=NODE_REF, namespace=AGENT_NS, source_component="kcover.io/agent", source_host="n1"),
+     "accept:Node"),
+    (_event(involved=NODE_REF, **{**AGENT, "reporting_instance": "n2"}), "identity_mismatch"),
+    (_event(involved=NODE_REF, **{**AGENT, "reporting_instance": ""}), "identity_mismatch"),
+    (_event(involved=proj.InvolvedObject("Node", AGENT_NS, "n2", ""), **{**AGENT, "reporting_instance": "n2"}),
+     "no_agent_on_node"),
+    (_event(involved=proj.InvolvedObject("Node", AGENT_NS, "n9", ""), **{**AGENT, "reporting_instance": "n9"}),
+     "node_not_found"),
+    (_event(involved=proj.InvolvedObject("Node", AGENT_NS, "n1", "other-uid"), **AGENT), "uid_mismatch"),
     (_event(involved=proj.InvolvedObject("Deployment", "ml", "d", "")), "unsupported_kind"),
+    (_event(involved=proj.InvolvedObject("PyTorchJob", "ml", "job", "")), "unsupported_kind"),
 ])
 def test_event_watcher_judge(ev: proj.KubeEvent, expected: str) -> None:
-    verdict = event_watcher.judge(
-        ev, now=NOW, config=event_watcher.EventWatcherConfig(),
-        pod_lookup=lambda ns, name: LIVE if (ns, name) == ("ml", "p") else None,
-        node_lookup=lambda name: NODE if name == "n1" else None)
+    verdict = event_watcher.judge(ev, now=NOW, config=event_watcher.EventWatcherConfig(), lookups=LOOKUPS)
     got = f"accept:{verdict.target.kind.value}" if verdict.target is not None else verdict.reason
     assert got == expected
     if verdict.target is not None and verdict.target.kind is model.TargetKind.POD:
         assert (verdict.target.uid, verdict.target.node) == ("u", "n1")
+
+
+AGENT_POD = proj.Pod("a1", "1", AGENT_NS, "kcover-agent-x", "n1", "Running",
+                     (("app.kubernetes.io/component", "agent"), ("app.kubernetes.io/name", "kcover")),
+                     (), None, "", "Always", ())
+LOOKUPS = event_watcher.Lookups(
+    pod=lambda ns, name: LIVE if (ns, name) == ("ml", "p") else None,
+    node=lambda name: NODE if name in ("n1", "n2") else None,
+    agent_on_node=lambda ns, node: event_watcher.agent_on_node(
+        lambda n: [AGENT_POD._replace(node=n)] if n in ("n1", "n9") else [], event_watcher.AGENT_POD_LABELS, ns, node),
+    namespace=AGENT_NS)
+
+
+@pytest.mark.parametrize(("pod", "found"), [
+    (AGENT_POD, True),
+    (AGENT_POD._replace(namespace="ml"), False),  # a look-alike in a tenant namespace
+    (AGENT_POD._replace(labels=(("app.kubernetes.io/component", "agent"),)), False),
+    (AGENT_POD._replace(deletion_timestamp="2026-01-01T00:00:00Z"), False),
+    (AGENT_POD._replace(phase="Failed"), False),
+    (AGENT_POD._replace(phase="Pending"), True),
+])
+def test_agent_on_node(pod: proj.Pod, found: bool) -> None:
+    assert event_watcher.agent_on_node(lambda n: [pod], event_watcher.AGENT_POD_LABELS, AGENT_NS, "n1") is found
+
+
+def test_node_event_namespaces_setting_widens_the_allowlist() -> None:
+    config = event_watcher.EventWatcherConfig(node_event_namespaces=["default"], require_agent_pod=False)
+    ev = _event(involved=proj.InvolvedObject("Node", "", "n1", ""), namespace="default",
+                reporting_controller="kcover.io/agent")
+    assert event_watcher.judge(ev, now=NOW, config=config, lookups=LOOKUPS).reason == "kcover.io/agent"
+    with pytest.raises(ValueError, match="kept on cached pods"):
+        event_watcher.EventWatcherConfig(agent_pod_labels={"app": "kcover-agent"})
+
+
+def test_signal_names_the_event_and_its_count() -> None:
+    assert event_watcher.signal_of(_event()) == "event/e1/1"
+    assert event_watcher.signal_of(_event(uid="", event_count=0, series_count=4)) == "event/ml/ev/4"
 
 
 def _node(*conds: proj.Condition) -> proj.Node:

@@ -76,7 +76,7 @@ class _WatcherRig:
         node = proj.Node("node-uid", "1", "gpu-1", False, (), (), (), ())
         self.cache = _Lookups(node)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=self.metrics, clock=self.clock,
-                                           cache=self.cache)
+                                           cache=self.cache, namespace="kcover-system")
         self.detector = event_watcher.EventWatcherDetector("event-watcher", event_watcher.EventWatcherConfig(),
                                                            context)
         self.bus = bus_.Bus(dedupe_window_seconds=0)
@@ -97,6 +97,12 @@ class _Lookups:
 
     def pod_by_name(self, namespace: str, name: str) -> proj.Pod | None:
         return None
+
+    def pods_on_node(self, name: str) -> list[proj.Pod]:
+        """The agent's own pod runs on the node."""
+        labels = tuple(sorted(event_watcher.AGENT_POD_LABELS.items()))
+        return [proj.Pod("agent-uid", "1", "kcover-system", "kcover-agent-x", name, "Running", labels, (), None, "",
+                         "Always", ())]
 
 
 def _agent_event(event: model.CollectorEvent) -> dict[str, Any]:

@@ -69,6 +69,19 @@ class Harness:
         now = self.now()
         return await self.set_status(namespace, name, lambda p: behaviour.running_status(p, now))
 
+    async def run_agent_pod(self, namespace: str, node: str) -> Obj:
+        """Play the agent DaemonSet: its pod on `node`, labelled as the chart labels it, running. The
+        controller accepts an Event about a Node only when such a pod runs there (in the Event's namespace)."""
+        name = f"kcover-agent-{node}"[:63]
+        try:
+            await self.kube.request("POST", _pod_path(namespace), body={
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {
+                    "app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}},
+                "spec": {"containers": [{"name": "agent", "image": "kcover-agent"}]}})
+        except errors.ConflictError:
+            pass
+        return await self.run_pod(namespace, name, node)
+
     async def fail_container(self, namespace: str, pod: str, container: str, *, exit_code: int = 1,
                              reason: str = "Error", message: str = "", restart: bool | None = None) -> Obj:
         """The container exits with `exit_code` (see `behaviour.failed_container_status`)."""

@@ -155,7 +155,7 @@ class MetaxDetector:
         except running.CommandError as exc:
             return self._error(check, str(exc), node)
         if result.returncode != 0:
-            detail = (result.stderr.strip() or result.stdout.strip())[:200]
+            detail = model.fit(result.stderr.strip() or result.stdout.strip(), 200)
             return self._error(check, f"{' '.join(argv)} exited {result.returncode}: {detail}", node)
         try:
             outcome = evaluate(result.stdout)

@@ -61,7 +61,7 @@ def _settings(ns: str, node: str) -> settings.Settings:
                      "save_logs": {"enabled": False}},
         "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,
                   "renew_deadline_seconds": 3, "retry_period_seconds": 0.5},
-        "agent": {"node_name": node, "min_write_interval_seconds": 0},
+        "agent": {"node_name": node, "event_namespace": ns, "min_write_interval_seconds": 0},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
         "detectors": {"entries": {
             "nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.1}},
@@ -83,6 +83,7 @@ async def test_xid79_cordons_the_node_and_restarts_the_job_that_ran_there(cluste
         await _node(kube, healthy)
         hit = await _job(kube, ns, "hit", sick, cluster.harness)
         spared = await _job(kube, ns, "spared", healthy, cluster.harness)
+        await cluster.harness.run_agent_pod(ns, sick)
         cfg = _settings(ns, sick)
         async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
                 cluster.harness.playing(interval=0.1):
@@ -119,7 +120,7 @@ async def test_xid79_cordons_the_node_and_restarts_the_job_that_ran_there(cluste
         assert conditions["KcoverGPUHealthy"]["status"] == "False"
         assert "79" in conditions["KcoverGPUHealthy"]["message"]
         assert node["metadata"]["annotations"]["kcover.io/cordoned-by"] == "kcover"
-        agent_events = [e for e in (await kube.request("GET", "/api/v1/namespaces/default/events"))["items"]
+        agent_events = [e for e in (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
                         if e["involvedObject"].get("name") == sick and e.get("reportingComponent") == "kcover.io/agent"]
         assert agent_events
         restarted = [e for e in events if e.get("reason") == "KcoverRestartedWorkload"]

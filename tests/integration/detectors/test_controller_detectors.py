@@ -65,6 +65,7 @@ async def seed(cluster: Cluster) -> dict[str, Any]:
             await cluster.harness.run_pod(ns, name)
             await cluster.harness.set_device_health(ns, name, "trainer", resource_name=CLAIM,
                                                     resource_id=f"gpu.nvidia.com/pool/gpu-{i}", health="Healthy")
+    await cluster.harness.run_agent_pod(ns, "gpu-1")
     return dict(job)
 
 
@@ -150,14 +151,16 @@ async def set_condition(cluster: Cluster, node: str, status: str, seconds_ago: f
 
 
 async def annotated_event(cluster: Cluster, name: str, *, kind: str, target: str, namespace: str, uid: str = "",
-                          component: str = "someone", target_namespace: str | None = None) -> None:
-    inv_ns = target_namespace if target_namespace is not None else namespace if kind == "Pod" else ""
+                          component: str = "someone", target_namespace: str | None = None, host: str = "") -> None:
+    # an Event about a Node outside default/kube-system must name its own namespace in the reference
+    node_ns = "" if namespace in ("default", "kube-system") else namespace
+    inv_ns = target_namespace if target_namespace is not None else namespace if kind == "Pod" else node_ns
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": name, "namespace": namespace, "annotations": {"kcover.io/need-recovery": "true"}},
         "involvedObject": {"kind": kind, "name": target, "uid": uid, "namespace": inv_ns},
         "reason": "TrainerHung", "message": "please restart", "type": "Warning", "count": 1,
-        "source": {"component": component}, "firstTimestamp": now_text(), "lastTimestamp": now_text()}
+        "source": {"component": component, **({"host": host} if host else {})}, "firstTimestamp": now_text(), "lastTimestamp": now_text()}
     if inv_ns and inv_ns != namespace:
         # core/v1 refuses a namespace mismatch unless the event is in the new (eventTime) shape
         body.update(eventTime=clock_.micro_time(dt.datetime.now(dt.UTC)), reportingComponent=component,
@@ -217,7 +220,7 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
     job = await seed(cluster)
     bus = bus_.Bus(dedupe_window_seconds=0)  # no dedupe: a repeat must show
     sub = bus.subscribe("test")
-    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics())
+    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), namespace=NS)
     # a real server ends each watch after 1 s, so the reflector watches again from its resourceVersion
     options = OPTIONS if cluster.controlplane is None else dataclasses.replace(OPTIONS, watch_timeout_seconds=1)
     first = Controller(kube, context, bus, options)
@@ -233,8 +236,11 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         await set_condition(cluster, "gpu-2", "False", seconds_ago=60)
         await annotated_event(cluster, "ev-pod", kind="Pod", target="bert-3", namespace=NS)
         await annotated_event(cluster, "ev-pod-other-ns", kind="Pod", target="bert-3", namespace="default", target_namespace=NS)
-        await annotated_event(cluster, "ev-node-untrusted", kind="Node", target="gpu-1", namespace="default")
-        await annotated_event(cluster, "ev-node", kind="Node", target="gpu-1", namespace="default", component="kcover.io/agent")
+        await annotated_event(cluster, "ev-node-untrusted", kind="Node", target="gpu-1", namespace=NS, host="gpu-1")
+        await annotated_event(cluster, "ev-node-default", kind="Node", target="gpu-1", namespace="default",
+                              component="kcover.io/agent", host="gpu-1")  # not kcover's namespace
+        await annotated_event(cluster, "ev-node", kind="Node", target="gpu-1", namespace=NS, component="kcover.io/agent",
+                              host="gpu-1")  # the agent's: kcover's namespace, its node, an agent pod there
         got = await collect(sub, 6)
         assert shape(got) == [
             ("dra-health", "DeviceHealthUnknown", "Warning", "bert-2"),
@@ -263,7 +269,7 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         assert dra.attributes["device_message"] == "XID 79: GPU has fallen off the bus"
         family = next(iter(context.metrics.events_rejected.collect()))
         rejected = {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
-        assert rejected == {"namespace_mismatch": 1.0, "untrusted_reporter": 1.0}
+        assert rejected == {"namespace_mismatch": 1.0, "untrusted_reporter": 1.0, "namespace_not_allowed": 1.0}
 
         # -- the same termination after an in-place restart is not new
         ended = (await kube.request("GET", f"/api/v1/namespaces/{NS}/pods/bert-0"))["status"]["containerStatuses"][0]["state"]

@@ -189,7 +189,7 @@ def _settings(world: World, detectors: dict[str, Any], recovery: dict[str, Any])
                      "save_logs": {"enabled": False}, "uncordon_enabled": True, **recovery},
         "lease": {"namespace": world.ns, "identity": "controller-a", "lease_duration_seconds": 4,
                   "renew_deadline_seconds": 3, "retry_period_seconds": 0.5},
-        "agent": {"node_name": world.sick, "min_write_interval_seconds": 0, "condition_hold_seconds": 0.5,
+        "agent": {"node_name": world.sick, "event_namespace": world.ns, "min_write_interval_seconds": 0, "condition_hold_seconds": 0.5,
                   "event_dedupe_seconds": 0},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
         "detectors": {"entries": entries},
@@ -343,6 +343,7 @@ async def test_fault_from_source_to_api_effect(cluster: Cluster, row: Row, tmp_p
         await _add_job(world, "hit", world.sick)
         await _add_job(world, "neighbour", world.sick)
         await _add_job(world, "spared", world.healthy)
+        await cluster.harness.run_agent_pod(world.ns, world.sick)
         cfg = _settings(world, row.detectors(world), row.recovery)
         async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
                 cluster.harness.playing(interval=0.1):
