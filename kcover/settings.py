@@ -267,7 +267,6 @@ class AgentSettings(_Group):
     xid_policy_file: str = Field("", description="YAML XID policy overriding the shipped one; empty uses config/xid-policy.yaml as packaged.")
     reporting_controller: str = Field("kcover.io/agent", description="reportingController on the agent's Events; the controller trusts it for node targets.")
     event_namespace: str = Field("kcover-system", description="Namespace the agent writes its Node Events in: the release namespace (the chart sets it), where only the agent may create Events, so the controller can tell its reports from anyone else's (`detectors.entries.event-watcher.config.node_event_namespaces`).", json_schema_extra=_RESTART)
-    event_namespace: str = Field("kcover-system", description="Namespace the agent writes its Node Events in: the release namespace (the chart sets it), where only the agent may create Events, so the controller can tell its reports from anyone else's (`detectors.entries.event-watcher.config.node_event_namespaces`).", json_schema_extra=_RESTART)
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
