@@ -1,0 +1,1 @@
+"""kcover-preflight: catch slow and broken nodes before a training job spends hours on them."""

@@ -1,0 +1,286 @@
+"""The `preflight` detector (controller): judge each workload's PreflightReports and publish the slow nodes.
+
+Owns the loop around the pure verdict (`judging.judge`): a watch of every PreflightReport, grouping them
+by workload (only reports whose pod is still in the cluster cache count: a restarted job's old pods'
+reports are history), judging a workload once its `workload_size` ranks have all reported, or once
+`collection_timeout_seconds` passed since its first report (swept every `sweep_seconds`), and then
+
+* publishing one `PreflightSlowNode` fault per slow node, targeting the Node and recommending
+  `slow_action` (cordon-node-and-restart by default): the recovery engine decides, bounded by its
+  rules, breaker, cooldowns and dry-run, as for every other fault; this detector never touches a node;
+* on a timeout, publishing `PreflightIncomplete` about the workload (recommending `report`: the engine
+  writes the Event), setting `kcover_preflight_missing_ranks{namespace,workload,rank}`, and, with
+  `suspect_silent_nodes`, a `PreflightNoReport` fault per node of a silent rank;
+* writing the verdict, this node's pairs with their busbw, the slow nodes and the missing ranks into
+  each report's status (`kubectl get pfr`). That status write, to its plugin's own kind, is the only
+  API write it makes (RBAC: `update`/`patch` on `preflightreports/status`).
+
+Each report set is judged once per process (the bus's dedupe and the engine's cooldowns absorb the
+other replicas' copies). A failed status write is logged and retried on the next pass. It raises
+`DetectorUnavailableError` without a Kubernetes client in `context.gateway`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel
+
+from kcover import bus as bus_
+from kcover import errors, model
+from kcover.detectors import contract
+from kcover.kube import client as client_
+from kcover.kube import watching
+from kcover_preflight import config as config_
+from kcover_preflight import judging, resources
+from kcover_preflight.resources import inline
+
+log = structlog.get_logger()
+
+METRICS_KEY = "kcover_preflight.metrics"
+"""`context.extras` key holding the process's `PreflightMetrics` (registered once per registry)."""
+SLOW = "PreflightSlowNode"
+INCOMPLETE = "PreflightIncomplete"
+NO_REPORT = "PreflightNoReport"
+
+
+class PreflightMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.verdicts = Counter("kcover_preflight_verdicts", "Workload preflight verdicts reached, by verdict.",
+                                ["verdict"], registry=registry)
+        self.slow_nodes = Counter("kcover_preflight_slow_nodes", "Nodes found slow by a workload's preflight.",
+                                  registry=registry)
+        self.missing_ranks = Gauge("kcover_preflight_missing_ranks",
+                                   "1 for each rank of a workload whose preflight report never came within the "
+                                   "collection timeout.", ["namespace", "workload", "rank"], registry=registry)
+
+
+def metrics_of(context: contract.DetectorContext) -> PreflightMetrics:
+    found = context.extras.get(METRICS_KEY)
+    if not isinstance(found, PreflightMetrics):
+        found = PreflightMetrics(context.metrics.registry)
+        context.extras[METRICS_KEY] = found
+    return found
+
+
+GroupKey = tuple[str, str, str]
+"""(namespace, workload name, workload uid) as the reports' specs name them."""
+
+
+@dataclass(frozen=True)
+class Group:
+    key: GroupKey
+    reports: tuple[resources.Stored, ...]
+    size: int
+
+    @property
+    def digest(self) -> str:
+        """Names this set of reports: a restarted job's new reports are a new set."""
+        return hashlib.sha256(",".join(sorted(r.uid for r in self.reports)).encode()).hexdigest()[:12]
+
+    def members(self) -> list[judging.Member]:
+        by_rank: dict[int, resources.Stored] = {}
+        for r in sorted(self.reports, key=lambda r: r.observed_at):
+            if r.report is not None:
+                by_rank[r.rank] = r
+        return [judging.Member(rank, r.node or r.report.node_name, r.report)
+                for rank, r in sorted(by_rank.items()) if r.report is not None]
+
+
+def groups(stored: Sequence[resources.Stored], alive: Any) -> list[Group]:
+    """Reports grouped by workload, keeping those whose pod `alive(uid)` says still exists. Pure."""
+    found: dict[GroupKey, list[resources.Stored]] = {}
+    for r in stored:
+        if r.pod_uid and alive(r.pod_uid):
+            found.setdefault((r.namespace, r.workload, r.workload_uid), []).append(r)
+    out = []
+    for key, members in sorted(found.items()):
+        size = max((m.report.workload_size for m in members if m.report is not None), default=0)
+        out.append(Group(key, tuple(members), size))
+    return out
+
+
+class PreflightJudge:
+    """Judges workloads' preflight reports and publishes their slow nodes as faults."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = config_.JudgeConfig
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        if not isinstance(config, config_.JudgeConfig):
+            config = config_.JudgeConfig.model_validate(config.model_dump())
+        self.name = name
+        self.config = config
+        self.context = context
+        self.metrics = metrics_of(context)
+        self._reflector: watching.Reflector[resources.Stored] | None = None
+        self.judged: dict[GroupKey, tuple[str, judging.Judgement]] = {}
+        """Workload -> (digest of the report set last judged, complete or timed out; its judgement)."""
+        self._missing: dict[GroupKey, tuple[int, ...]] = {}
+        self._dirty = asyncio.Event()
+
+    def _client(self) -> client_.KubeClient:
+        kube = self.context.gateway
+        if kube is None or not callable(getattr(kube, "request", None)):
+            raise errors.DetectorUnavailableError("preflight needs a Kubernetes client in context.gateway")
+        return kube  # type: ignore[no-any-return]
+
+    def _changed(self, old: resources.Stored | None, new: resources.Stored | None) -> None:
+        self._dirty.set()
+
+    def _alive(self, pod_uid: str) -> bool:
+        cache = self.context.cache
+        if cache is None:
+            return True
+        pod = cache.pod(pod_uid)
+        return pod is not None and not pod.deletion_timestamp
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        inline(self.name, bus)
+        kube = self._client()
+        reflector: watching.Reflector[resources.Stored] = watching.Reflector(
+            kube, resources.PATH, resources.read, sink=self._changed, name=f"{self.name}:preflightreports")
+        self._reflector = reflector
+        async with asyncio.TaskGroup() as group:
+            watch = group.create_task(reflector.run(stop), name=f"{self.name}:watch")
+            sweep = group.create_task(self._sweep(kube, bus, reflector, stop), name=f"{self.name}:sweep")
+            await stop.wait()
+            for task in (watch, sweep):
+                task.cancel()
+
+    async def _sweep(self, kube: client_.KubeClient, bus: bus_.Bus, reflector: watching.Reflector[Any],
+                     stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._dirty.clear()
+            if reflector.synced.is_set():
+                await self.evaluate(kube, bus)
+            try:
+                await asyncio.wait_for(self._dirty.wait(), self.config.sweep_seconds)
+            except TimeoutError:
+                pass
+
+    async def evaluate(self, kube: client_.KubeClient, bus: bus_.Bus) -> None:
+        """One pass over every workload's reports."""
+        now = self.context.clock.now()
+        stored = list(self._reflector.store.values()) if self._reflector is not None else []
+        current = groups(stored, self._alive)
+        keys = {g.key for g in current}
+        for key in [k for k in self.judged if k not in keys]:
+            del self.judged[key]
+        for key in [k for k in self._missing if k not in keys]:
+            self._clear_missing(key)
+        for group in current:
+            members = group.members()
+            complete = not judging.missing_ranks(members, group.size)
+            first = min(r.observed_at for r in group.reports)
+            timed_out = (now - first).total_seconds() >= self.config.collection_timeout_seconds
+            previous = self.judged.get(group.key)
+            if previous is not None and previous[0] == group.digest:
+                await self._write(kube, group, previous[1], now)  # retries a status write that failed
+                continue
+            if not (complete or timed_out):
+                await self._write(kube, group, None, now)
+                continue
+            judgement = judging.judge(members, size=group.size, relative_fraction=self.config.relative_fraction,
+                                      absolute_gbps=self.config.absolute_threshold_gbps)
+            self.judged[group.key] = (group.digest, judgement)
+            self.metrics.verdicts.labels(judgement.verdict.value).inc()
+            log.info("preflight_judged", namespace=group.key[0], workload=group.key[1], verdict=judgement.verdict.value,
+                     slow_nodes=sorted(judgement.slow_nodes), missing_ranks=list(judgement.missing_ranks),
+                     pairs=len(judgement.pairs))
+            await self._publish(bus, group, judgement)
+            await self._write(kube, group, judgement, now)
+
+    # ------------------------------------------------------------------------------------------ events
+
+    def _workload_target(self, group: Group) -> model.Target:
+        namespace, name, uid = group.key
+        kind = ""
+        cache = self.context.cache
+        if cache is not None:
+            for r in group.reports:
+                pod = cache.pod(r.pod_uid)
+                workload = cache.workload_of(pod) if pod is not None else None
+                if workload is not None:
+                    name, uid, kind = workload.name, workload.uid, workload.kind
+                    break
+        return model.Target(kind=model.TargetKind.WORKLOAD, namespace=namespace, name=name, uid=uid,
+                            workload_kind=kind)
+
+    def _silent_nodes(self, group: Group, target: model.Target) -> list[str]:
+        cache = self.context.cache
+        if cache is None or not target.uid:
+            return []
+        reported = {r.pod_uid for r in group.reports}
+        return sorted({p.node for p in cache.pods_of_workload(target.uid)
+                       if p.uid not in reported and p.node and not p.deletion_timestamp})
+
+    async def _publish(self, bus: bus_.Bus, group: Group, judgement: judging.Judgement) -> None:
+        namespace, workload, _ = group.key
+        target = self._workload_target(group)
+        detail = {"namespace": namespace, "workload": workload, "verdict": judgement.verdict.value}
+        for node, why in sorted(judgement.slow_nodes.items()):
+            self.metrics.slow_nodes.inc()
+            await bus.publish(model.CollectorEvent(
+                detector=self.name, target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                severity=model.Severity.ERROR, reason=SLOW, fault=model.Fault(check="preflight"),
+                recommended=self.config.slow_action, dedupe_key=f"{self.name}/{SLOW}/{group.digest}/{node}",
+                message=f"preflight of {target.describe()} found Node {node} slow: {why}",
+                attributes={**detail, "why": why}))
+        if not judgement.missing_ranks:
+            self._clear_missing(group.key)
+            return
+        ranks = ", ".join(str(r) for r in judgement.missing_ranks)
+        for rank in judgement.missing_ranks:
+            self.metrics.missing_ranks.labels(namespace, workload, str(rank)).set(1)
+        self._missing[group.key] = judgement.missing_ranks
+        timeout = f"{self.config.collection_timeout_seconds:g}s"
+        await bus.publish(model.CollectorEvent(
+            detector=self.name, target=target, severity=model.Severity.ERROR, reason=INCOMPLETE,
+            recommended=model.Action.REPORT, dedupe_key=f"{self.name}/{INCOMPLETE}/{group.digest}",
+            message=f"ranks {ranks} of {group.size} never reported within {timeout}",
+            attributes={**detail, "missing_ranks": list(judgement.missing_ranks)}))
+        if not self.config.suspect_silent_nodes:
+            return
+        for node in self._silent_nodes(group, target):
+            await bus.publish(model.CollectorEvent(
+                detector=self.name, target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                severity=model.Severity.ERROR, reason=NO_REPORT, fault=model.Fault(check="preflight"),
+                recommended=self.config.silent_action, dedupe_key=f"{self.name}/{NO_REPORT}/{group.digest}/{node}",
+                message=f"preflight of {target.describe()}: the rank on Node {node} never reported within {timeout}",
+                attributes=detail))
+
+    def _clear_missing(self, key: GroupKey) -> None:
+        for rank in self._missing.pop(key, ()):
+            try:
+                self.metrics.missing_ranks.remove(key[0], key[1], str(rank))
+            except KeyError:
+                pass
+
+    # ------------------------------------------------------------------------------------------ status
+
+    async def _write(self, kube: client_.KubeClient, group: Group, judgement: judging.Judgement | None,
+                     now: dt.datetime) -> None:
+        if not self.config.write_status:
+            return
+        for r in group.reports:
+            wanted = (resources.pending_status() if judgement is None
+                      else resources.status_for(judgement, r.node, judged_at=now))
+            if judgement is None and r.status:
+                continue
+            if resources.same_status(r.status, wanted):
+                continue
+            try:
+                await kube.request("PATCH", f"{resources.collection(r.namespace)}/{r.name}/status",
+                                   body={"status": wanted}, content_type=client_.MERGE_PATCH)
+            except errors.NotFoundError:
+                continue  # deleted meanwhile (its pod went)
+            except errors.KubeError as exc:
+                log.warning("preflight_status_not_written", namespace=r.namespace, name=r.name, error=str(exc))
