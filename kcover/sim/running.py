@@ -26,6 +26,7 @@ import structlog
 
 from kcover import logs, settings
 from kcover.detectors import registry
+from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as scenarios_
 
@@ -43,6 +44,8 @@ class Report:
     api_requests: dict[str, int] = field(default_factory=dict)
     skipped: str = ""
     size: cluster_.Size = field(default_factory=cluster_.Size)
+    chaos: dict[str, Any] | None = None
+    """`kcover sim chaos`: what was injected and how each fault ended (`chaos.Tally`)."""
 
     def ms(self, at: dt.datetime | None) -> float | None:
         return None if at is None else round((at - self.started).total_seconds() * 1000, 1)
@@ -69,6 +72,8 @@ class Report:
         }
         if self.skipped:
             doc["skipped"] = self.skipped
+        if self.chaos is not None:
+            doc["chaos"] = self.chaos
         return doc
 
 
@@ -134,7 +139,7 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
             run.check(f"scenario finished within {scenario.timeout:g}s", False)
         requests = {k: v - before.get(k, 0) for k, v in cluster.srv.request_counts.items() if v - before.get(k, 0)}
         report = Report(scenario.name, bool(run.checks) and all(c.ok for c in run.checks), run.started,
-                        run.faults, run.checks, timeline(run), requests, size=size)
+                        run.faults, run.checks, timeline(run), requests, size=size, chaos=run.results.get("chaos"))
         if serve:
             if out is not None:
                 print(json.dumps(report.to_json(), indent=2) if report_format == "json" else render(report),
@@ -147,7 +152,8 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
 
 
 def render(report: Report) -> str:
-    lines = [f"scenario {report.scenario}: {scenarios_.catalogue()[report.scenario].summary}",
+    summary = CHAOS_SUMMARY if report.scenario == CHAOS else scenarios_.catalogue()[report.scenario].summary
+    lines = [f"scenario {report.scenario}: {summary}",
              f"cluster: {report.size.nodes} nodes x {report.size.gpus_per_node} GPUs, {report.size.jobs} PyTorchJobs, "
              "2 controller replicas, 1 agent per node", ""]
     if report.skipped:
@@ -168,6 +174,14 @@ def render(report: Report) -> str:
     writes = {k: v for k, v in report.api_requests.items() if not k.startswith(("GET", "LIST", "WATCH"))}
     lines.append(f"API requests: {sum(report.api_requests.values())} in all; writes: "
                  + (", ".join(f"{k} x{v}" for k, v in sorted(writes.items())) or "none"))
+    if report.chaos is not None:
+        t = report.chaos
+        lines.append(f"chaos: {t['injected']} faults injected ({t['workload_faults']} workload, {t['node_faults']} node); "
+                     f"recovered {t['recovered']}, refused {t['refused']}, lost {t['lost']}, duplicates "
+                     f"{t['duplicates']}, wrongly touched pods {t['wrongly_touched_pods']}")
+        lines.append(f"chaos: {t['restarts']} restarts seen; {t['leader_kills']} leader kills, {t['apiserver_restarts']} "
+                     f"API server restarts, {t['watch_drops']} watch drops, {t['compactions']} compactions, "
+                     f"{t['api_retries']} API retries")
     lines.append(f"result: {'PASSED' if report.passed else 'FAILED'}")
     return "\n".join(lines)
 
@@ -188,12 +202,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig-out", metavar="PATH", default="", help="write a kubeconfig for kubectl here")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="error",
                    help="kcover's own logs, on stderr (default error)")
+    c = p.add_argument_group("chaos (scenario `chaos`)")
+    c.add_argument("--faults", type=int, default=200, help="faults to inject (default 200)")
+    c.add_argument("--throttle-rate", type=float, default=0.05, help="share of API requests answered 429 (default 0.05)")
+    c.add_argument("--error-rate", type=float, default=0.02, help="share of API requests answered 500 (default 0.02)")
+    c.add_argument("--latency-ms", type=float, default=200.0, help="latency added to every API request (default 200)")
+    c.add_argument("--kill-every", type=int, default=20, help="kill the leader with every N faults (default 20; 0 never)")
+    c.add_argument("--apiserver-restart-every", type=int, default=50,
+                   help="restart the API server with every N faults (default 50; 0 never)")
 
 
 def _usage_problems(args: argparse.Namespace) -> list[str]:
     problems = []
     known = scenarios_.catalogue()
-    if args.scenario not in known:
+    if args.scenario not in known and args.scenario != CHAOS:
         problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join(known)}")
     if args.nodes < 2:
         problems.append("--nodes must be at least 2 (a cordoned node's pods need somewhere to go)")
@@ -209,6 +231,7 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for name, scenario in known.items():
             default = " (default)" if name == scenarios_.DEFAULT else ""
             print(f"{name.ljust(width)}  {scenario.summary}{default}", file=out)
+        print(f"{CHAOS.ljust(width)}  {CHAOS_SUMMARY}", file=out)
         return 0
     problems = _usage_problems(args)
     if problems:
@@ -217,7 +240,7 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         return 2
     logs.configure(settings.LoggingSettings(level=args.log_level))
     size = cluster_.Size(nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, seed=args.seed)
-    scenario = scenarios_.catalogue()[args.scenario]
+    scenario = chaos_scenario(args) if args.scenario == CHAOS else scenarios_.catalogue()[args.scenario]
     try:
         report = asyncio.run(_main(scenario, size, args, out))
     except KeyboardInterrupt:
@@ -236,3 +259,26 @@ async def _main(scenario: scenarios_.Scenario, size: cluster_.Size, args: argpar
     asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(workers))
     return await run_scenario(scenario, size, serve=args.serve, kubeconfig_out=args.kubeconfig_out,
                               out=out if args.serve else None, report_format=args.report)
+
+
+CHAOS = "chaos"
+CHAOS_SUMMARY = ("random workload and node faults while the API server throttles, fails, lags, drops watches, "
+                 "compacts and restarts, and the leader is killed: counts what was lost")
+
+
+def chaos_options(args: argparse.Namespace) -> chaos_.Options:
+    return chaos_.Options(faults=args.faults, throttle_rate=args.throttle_rate, error_rate=args.error_rate,
+                          latency_seconds=args.latency_ms / 1000, kill_every=args.kill_every,
+                          apiserver_restart_every=args.apiserver_restart_every)
+
+
+def chaos_scenario(args: argparse.Namespace) -> scenarios_.Scenario:
+    """The `chaos` scenario with the command line's options (not in the catalogue: it takes arguments)."""
+    options = chaos_options(args)
+
+    async def play(run: scenarios_.Run) -> None:
+        tally = await chaos_.play(run, options, args.seed)
+        run.results["chaos"] = tally.as_dict()
+
+    return scenarios_.Scenario(CHAOS, CHAOS_SUMMARY, play, overrides=chaos_.OVERRIDES,
+                               timeout=120.0 + options.faults * 3.0)

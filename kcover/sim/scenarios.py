@@ -74,6 +74,8 @@ class Run:
     checks: list[Check] = field(default_factory=list)
     notes: list[tuple[dt.datetime, str, str]] = field(default_factory=list)
     skipped: str = ""
+    results: dict[str, Any] = field(default_factory=dict)
+    """What a scenario reports beyond its checks (the chaos tally)."""
 
     def note(self, tag: str, text: str, at: dt.datetime | None = None) -> None:
         self.notes.append((at or clock_.utcnow(), tag, text))

@@ -72,6 +72,16 @@ class SimServer:
             self.port = int(sockets[0].getsockname()[1])
         self.api.server_address = f"{self.host}:{self.port}"
 
+    async def restart(self, down_seconds: float = 1.0) -> None:
+        """Stop serving (every watch and connection ends), stay down `down_seconds`, serve again on the same
+        port with the same store, as a kube-apiserver restarted over the same etcd."""
+        self.store.close_watchers()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await asyncio.sleep(down_seconds)
+        await self.start()
+
     async def stop(self) -> None:
         self.store.close_watchers()
         if self._runner is not None:

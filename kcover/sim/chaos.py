@@ -1,0 +1,318 @@
+"""`kcover sim chaos`: many faults at random times on a cluster whose API server misbehaves, and an account
+of what was lost.
+
+Owns the chaos scenario: it injects `faults` workload faults (a container exits with Error) and node
+faults (NVML XID 79 on a GPU, which the agent reports and the controller answers with a cordon and
+restarts) at random times, while the simulated API server answers 429s and 500s at the configured
+rates, adds latency to every request, drops every watch now and then and forces 410s by compacting
+history, restarts itself (same store, same port), and the leader replica is killed (Lease not
+released) every `kill_every` faults and replaced by a fresh replica.
+
+It counts from what the cluster holds, not from what kcover says it did: a job's restart is seen when
+none of the pods it had remain (sampled continuously), a refusal is a `KcoverRecoverySkipped` or
+`KcoverRecoveryFailed` Event on the job or node. A fault is recovered when its job restarted after it
+was injected (a node fault when its node was cordoned), refused when kcover said why not, and lost
+otherwise. A restart with no fault waiting for it is a duplicate when it came within the cooldown
+of the job's previous restart, and touched pods wrongly otherwise.
+
+A fault is injected only into a job at rest (every pod Running, its last restart older than the cooldown,
+no fault pending on it): two faults inside one cooldown are one recovery by design, not a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from kcover.aio import clock as clock_
+from kcover.sim import cluster as cluster_
+from kcover.sim import scenarios as scenarios_
+
+log = structlog.get_logger()
+
+NS = cluster_.NAMESPACE
+SAMPLE_SECONDS = 0.02
+COOLDOWN_SECONDS = 10.0
+"""The chaos cluster's workload cooldown: longer than a failover (4 s Lease), shorter than the default 60 s."""
+RESOLVE_SECONDS = 60.0
+"""How long a fault may take to be answered before it counts as lost."""
+
+
+@dataclass(frozen=True)
+class Options:
+    faults: int = 200
+    throttle_rate: float = 0.05
+    error_rate: float = 0.02
+    latency_seconds: float = 0.2
+    kill_every: int = 20
+    """Kill the leader (Lease not released) with every this many faults; 0 never."""
+    apiserver_restart_every: int = 50
+    """Restart the API server with every this many faults; 0 never."""
+    watch_drop_every: int = 10
+    compact_every: int = 25
+    node_fault_share: float = 0.1
+    interval_seconds: tuple[float, float] = (0.05, 0.6)
+    """Random wait before each fault."""
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    jobs: tuple[str, ...]
+    injected: float
+    record: scenarios_.FaultRecord
+    node: str = ""
+    outcome: str = ""
+    """"" until answered, then recovered or refused."""
+
+
+@dataclass
+class Tally:
+    injected: int = 0
+    workload_faults: int = 0
+    node_faults: int = 0
+    recovered: int = 0
+    refused: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    wrongly_touched_pods: int = 0
+    restarts: int = 0
+    leader_kills: int = 0
+    apiserver_restarts: int = 0
+    watch_drops: int = 0
+    compactions: int = 0
+    api_retries: int = 0
+    detail: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "detail"} | {"lost_detail": self.detail[:20]}
+
+
+OVERRIDES: dict[str, Any] = {
+    "recovery": {"workload_cooldown_seconds": COOLDOWN_SECONDS, "max_restarts_per_window": 10_000,
+                 "max_cordoned_fraction": 0.5, "node_cooldown_seconds": 3600.0},
+}
+
+
+class Chaos:
+    def __init__(self, run: scenarios_.Run, options: Options, rng: random.Random) -> None:
+        self.run = run
+        self.c = run.cluster
+        self.o = options
+        self.rng = rng
+        self.loop = asyncio.get_running_loop()
+        self.faults: list[Fault] = []
+        self.base: dict[str, set[str]] = {job: self.c.pod_uids(job) for job in self.c.jobs}
+        """Per job, the pods (not being deleted) of its current generation."""
+        self.restarted_at: dict[str, list[float]] = {job: [] for job in self.c.jobs}
+        self.tally = Tally()
+        self._replicas = 0
+
+    # ------------------------------------------------------------------------------------ observing
+
+    def _sample(self) -> None:
+        now = self.loop.time()
+        for job in self.c.jobs:
+            live = {str(p["metadata"]["uid"]) for p in self.c.job_pods(job) if not p["metadata"].get("deletionTimestamp")}
+            if live and not (live & self.base[job]):
+                self.restarted_at[job].append(now)  # none of the pods it had is left: restarted
+                self.base[job] = live
+            elif live > self.base[job]:
+                self.base[job] = live  # the operator is still creating this generation's pods
+
+    async def sampler(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._sample()
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    def _at_rest(self, job: str, now: float) -> bool:
+        pods = self.c.job_pods(job)
+        restarts = self.restarted_at[job]
+        return (len(pods) == self.c.size.pods_per_job
+                and all((p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                        and not _failed(p) for p in pods)
+                and (not restarts or now - restarts[-1] > COOLDOWN_SECONDS + 0.5)
+                and not any(f.outcome == "" and job in f.jobs for f in self.faults)
+                and {str(p["metadata"]["uid"]) for p in pods} == self.base[job])
+
+    # ------------------------------------------------------------------------------------ injecting
+
+    async def _inject_workload(self) -> bool:
+        now = self.loop.time()
+        jobs = [j for j in self.c.jobs if self._at_rest(j, now)]
+        if not jobs:
+            return False
+        job = self.rng.choice(jobs)
+        pod = self.rng.choice(self.c.running_pods(job))
+        name = str(pod["metadata"]["name"])
+        record = self.run.fault("container-error", f"Pod {NS}/{name}", "container pytorch exits with code 1")
+        self.faults.append(Fault("workload", name, (job,), now, record))
+        self.c.kubelets.fail_container(NS, name, cluster_.CONTAINER, exit_code=1, reason="Error",
+                                       message="chaos: worker exited")
+        self.tally.workload_faults += 1
+        return True
+
+    async def _inject_node(self) -> bool:
+        now = self.loop.time()
+        cordoned = [n for n in self.c.nodes if self._cordoned(n)]
+        budget = int(len(self.c.nodes) * 0.5)
+        if len(cordoned) + sum(1 for f in self.faults if f.kind == "node") >= budget:
+            return False
+        nodes = [n for n in self.c.nodes if n not in cordoned and not any(f.node == n for f in self.faults)]
+        self.rng.shuffle(nodes)
+        for node in nodes:
+            jobs = tuple(self.c.jobs_on_node(node))
+            if jobs and all(self._at_rest(j, now) for j in jobs):
+                record = self.run.fault("gpu-xid-79", f"Node {node}", "NVML reports XID 79 on GPU 0")
+                self.faults.append(Fault("node", node, jobs, now, record, node=node))
+                self.c.agents[node].nvml.xid(79, 0)
+                self.tally.node_faults += 1
+                return True
+        return False
+
+    def _cordoned(self, node: str) -> bool:
+        return bool(self.c.srv.store.get("nodes", "", node)["spec"].get("unschedulable"))
+
+    async def _kill_leader(self) -> None:
+        leader = self.c.leader()
+        if leader is None:
+            return
+        self.c.kill(leader)
+        self._replicas += 1
+        self.c.start_replica(f"kcover-controller-chaos-{self._replicas}")
+        self.tally.leader_kills += 1
+        self.run.note("kill", f"leader {leader.identity} killed (Lease not released); a new replica started")
+
+    # ------------------------------------------------------------------------------------ accounting
+
+    def _resolve(self, *, final: bool = False) -> None:
+        """Answer the pending faults from what the cluster holds now. A refusal counts once it has stood for
+        twice the cooldown (or at the end): a fault refused and then recovered after all is recovered."""
+        for fault in self.faults:
+            if fault.outcome:
+                continue
+            refusal = self._refusal(fault)
+            if fault.kind == "node":
+                done = self._cordoned(fault.node) and all(
+                    any(t > fault.injected for t in self.restarted_at[j]) for j in fault.jobs)
+            else:
+                done = any(t > fault.injected for t in self.restarted_at[fault.jobs[0]])
+            if done:
+                fault.outcome = "recovered"
+                fault.record.recovered_at = clock_.utcnow()
+            elif refusal is not None and (final or (clock_.utcnow() - refusal.at).total_seconds() > 2 * COOLDOWN_SECONDS):
+                fault.outcome = "refused"
+
+    def _refusal(self, fault: Fault) -> cluster_.ApiEvent | None:
+        names = (*fault.jobs, fault.node)
+
+        def refused(e: cluster_.ApiEvent) -> bool:
+            return e.reason in (scenarios_.SKIPPED, "KcoverRecoveryFailed") and e.name in names
+
+        return self.c.api_event(refused, fault.record.injected_at)
+
+    def _count_restarts(self) -> None:
+        """Every restart seen must answer a fault injected before it; the others are duplicates or wrong."""
+        for job, times in self.restarted_at.items():
+            injected = sorted(f.injected for f in self.faults if job in f.jobs)
+            previous = -1e9
+            for at in times:
+                self.tally.restarts += 1
+                waiting = [t for t in injected if previous < t < at]
+                if not waiting:
+                    if at - previous < COOLDOWN_SECONDS * 2:
+                        self.tally.duplicates += 1
+                        self.tally.detail.append(f"duplicate restart of {job} {at - previous:.1f}s after the last")
+                    else:
+                        self.tally.wrongly_touched_pods += self.c.size.pods_per_job
+                        self.tally.detail.append(f"restart of {job} with no fault")
+                previous = at
+
+    # ------------------------------------------------------------------------------------ the play
+
+    async def play(self) -> Tally:
+        c, o = self.c, self.o
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(self.sampler(stop), name="chaos:sampler")
+        faults = c.srv.faults
+        faults.throttle_rate, faults.error_rate, faults.latency_seconds = o.throttle_rate, o.error_rate, o.latency_seconds
+        faults.throttle_style = "status"
+        self.run.note("chaos", f"API server: {o.throttle_rate:.0%} 429, {o.error_rate:.0%} 500, "
+                               f"{o.latency_seconds * 1000:.0f} ms added latency")
+        try:
+            n = 0
+            while n < o.faults:
+                await asyncio.sleep(self.rng.uniform(*o.interval_seconds))
+                self._resolve()
+                node = self.rng.random() < o.node_fault_share
+                if not await (self._inject_node() if node else self._inject_workload()):
+                    if node and await self._inject_workload():
+                        pass
+                    else:
+                        continue
+                n += 1
+                self.tally.injected = n
+                if o.kill_every and n % o.kill_every == 0:
+                    await self._kill_leader()
+                if o.watch_drop_every and n % o.watch_drop_every == 0:
+                    self.tally.watch_drops += 1
+                    faults.drop_watches()
+                if o.compact_every and n % o.compact_every == 0:
+                    self.tally.compactions += 1
+                    faults.compact("pods")
+                if o.apiserver_restart_every and n % o.apiserver_restart_every == 0:
+                    self.tally.apiserver_restarts += 1
+                    self.run.note("chaos", "API server restarted (down 1 s)")
+                    await c.srv.restart(1.0)
+            deadline = self.loop.time() + RESOLVE_SECONDS
+            while self.loop.time() < deadline and any(not f.outcome for f in self.faults):
+                await asyncio.sleep(0.1)
+                self._resolve()
+                if all(f.outcome or self._refusal(f) is not None for f in self.faults):
+                    break
+            await asyncio.sleep(COOLDOWN_SECONDS)  # anything acting twice acts within this
+            self._resolve(final=True)
+        finally:
+            faults.reset()
+            stop.set()
+            await sampler
+        self._count_restarts()
+        t = self.tally
+        for fault in self.faults:
+            if fault.outcome == "recovered":
+                t.recovered += 1
+            elif fault.outcome == "refused":
+                t.refused += 1
+            else:
+                t.lost += 1
+                t.detail.append(f"lost: {fault.kind} on {fault.target} (jobs {', '.join(fault.jobs)})")
+        t.api_retries = int(sum(sum(r.kube.retry_stats.retries.values()) for r in c.replicas)
+                            + sum(sum(a.kube.retry_stats.retries.values()) for a in c.agents.values()))
+        return t
+
+
+def _failed(pod: dict[str, Any]) -> bool:
+    """A container terminated (or waiting after a termination): the pod has a fault now."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if "terminated" in (status.get("state") or {}) or status.get("restartCount"):
+            return True
+    return False
+
+
+async def play(run: scenarios_.Run, options: Options, seed: int) -> Tally:
+    """Play chaos on `run`'s cluster; records checks (0 lost, 0 duplicates, 0 wrongly touched) and returns the tally."""
+    tally = await Chaos(run, options, random.Random(seed)).play()
+    run.check(f"{tally.injected} faults injected ({tally.workload_faults} workload, {tally.node_faults} node)",
+              tally.injected == options.faults)
+    run.check(f"no fault lost ({tally.lost}; recovered {tally.recovered}, refused {tally.refused})", tally.lost == 0,
+              "; ".join(tally.detail[:5]))
+    run.check(f"no duplicate recovery ({tally.duplicates})", tally.duplicates == 0)
+    run.check(f"no pod wrongly touched ({tally.wrongly_touched_pods})", tally.wrongly_touched_pods == 0)
+    run.note("chaos", f"tally: {tally.as_dict()}", dt.datetime.now(dt.UTC))
+    return tally
