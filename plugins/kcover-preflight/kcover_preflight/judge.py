@@ -195,8 +195,9 @@ class PreflightJudge:
             log.info("preflight_judged", namespace=group.key[0], workload=group.key[1], verdict=judgement.verdict.value,
                      slow_nodes=sorted(judgement.slow_nodes), missing_ranks=list(judgement.missing_ranks),
                      pairs=len(judgement.pairs))
-            await self._publish(bus, group, judgement)
+            # the status first: the restart the faults lead to takes the pods, and with them the group
             await self._write(kube, group, judgement, now)
+            await self._publish(bus, group, judgement)
 
     # ------------------------------------------------------------------------------------------ events
 
