@@ -71,6 +71,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "agent": {"dcgmExporterUrl": "http://nvidia-dcgm-exporter.gpu-operator.svc:9400/metrics"},
         "xidPolicy": {"xids": {"79": {"class": "hardware", "severity": "Error", "action": "cordon-node"}}},
     },
+    "preflight": {"preflight": {"enabled": True, "collectionTimeoutSeconds": 900},
+                  "detectors": {"preflight": {"config": {"relative_fraction": 0.6}}}},
     "node-selector": {
         # null drops the chart's default GPU label: Helm merges maps, it does not replace them
         "agent": {"nodeSelector": {"gpu.example.com/class": "h100", "nvidia.com/gpu.present": None},

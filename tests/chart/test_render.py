@@ -8,6 +8,7 @@ Invariants checked against kcover's own code, not restated constants: the config
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,7 +187,9 @@ def test_agent_daemonset(render: Render, scenario: str) -> None:
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {socket_dir}  # nothing else of the host
+    preflight = {"/var/lib/kcover/preflight"} if scenario == "preflight" else set()
+    assert host_paths == {socket_dir, *preflight}  # nothing else of the host (preflight: its reports, read-only)
+    assert all(mounts[path]["readOnly"] is True for path in preflight)
     assert mounts[socket_dir]["readOnly"] is True
     assert "subPath" not in mounts[CONFIG_DIR]
     assert volumes[mounts[CONFIG_DIR]["name"]]["configMap"]
@@ -226,3 +229,35 @@ def test_service_monitor_only_when_enabled(render: Render) -> None:
     for svc in services:  # the monitor's selector picks both metrics Services
         assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
         assert svc["spec"]["ports"][0]["name"] == "metrics"
+
+
+def test_preflight_installs_the_plugins_crd_mounts_the_reports_and_grants_what_it_uses(render: Render) -> None:
+    """`preflight.enabled`: the CRD is the plugin's own, the agent reads the reports' hostPath read-only,
+    the agent may watch pods and create PreflightReports, the controller read them and write their
+    status, and a recovery rule lets a slow node be cordoned."""
+    assert not [o for o in render({}) if o["kind"] == "CustomResourceDefinition"]
+    objs = render(SCENARIOS["preflight"])
+    crd = find(objs, "CustomResourceDefinition", "preflightreports.kcover.io")
+    plugin_crd = Path(__file__).parents[2] / "plugins/kcover-preflight/kcover_preflight/crd.yaml"
+    assert crd == yaml.safe_load(plugin_crd.read_text())
+    ds = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    volume = next(v for v in ds["volumes"] if v["name"] == "preflight-reports")
+    assert volume["hostPath"] == {"path": "/var/lib/kcover/preflight", "type": "DirectoryOrCreate"}
+    mount = next(m for c in ds["containers"] for m in c["volumeMounts"] if m["name"] == "preflight-reports")
+    assert mount == {"name": "preflight-reports", "mountPath": "/var/lib/kcover/preflight", "readOnly": True}
+
+    def rules(name: str) -> list[tuple[str, str, tuple[str, ...]]]:
+        role = find(objs, "ClusterRole", name)
+        return [(g, r, tuple(rule["verbs"])) for rule in role["rules"] for g in rule["apiGroups"]
+                for r in rule["resources"]]
+    assert ("", "pods", ("list", "watch")) in rules("-agent")
+    assert ("kcover.io", "preflightreports", ("create",)) in rules("-agent")
+    assert ("kcover.io", "preflightreports", ("get", "list", "watch")) in rules("-controller")
+    assert ("kcover.io", "preflightreports/status", ("get", "patch", "update")) in rules("-controller")
+    config, _ = rendered_config(objs)
+    entries = config["detectors"]["entries"]
+    assert entries["preflight"] == {"isolated": False, "config": {"collection_timeout_seconds": 900,
+                                                                  "relative_fraction": 0.6}}
+    assert entries["preflight-collector"] == {"isolated": False, "config": {"report_dir": "/var/lib/kcover/preflight"}}
+    assert {"detector": "preflight", "target": "Node", "action": "cordon-node-and-restart"} in config["recovery"]["rules"]
+    settings.Settings.model_validate(config)

@@ -83,6 +83,20 @@ Namespaces, names, ports and paths the chart depends on are set by environment v
 {{- $_ := set $cfg "recovery" $rec -}}
 {{- end -}}
 {{- $wanted := deepCopy (.Values.detectors | default dict) -}}
+{{- if .Values.preflight.enabled -}}
+{{- $judge := dict "isolated" false "config" (dict "collection_timeout_seconds" .Values.preflight.collectionTimeoutSeconds) -}}
+{{- $collector := dict "isolated" false "config" (dict "report_dir" .Values.preflight.hostPath) -}}
+{{- $_ := set $wanted "preflight" (mergeOverwrite $judge (index $wanted "preflight" | default dict)) -}}
+{{- $_ := set $wanted "preflight-collector" (mergeOverwrite $collector (index $wanted "preflight-collector" | default dict)) -}}
+{{- if .Values.preflight.cordon -}}
+{{- $rec := dict -}}
+{{- if hasKey $cfg "recovery" }}{{ $rec = index $cfg "recovery" }}{{ end -}}
+{{- $rules := list -}}
+{{- if hasKey $rec "rules" }}{{ $rules = index $rec "rules" }}{{ end -}}
+{{- $_ := set $rec "rules" (append $rules (dict "detector" "preflight" "target" "Node" "action" "cordon-node-and-restart")) -}}
+{{- $_ := set $cfg "recovery" $rec -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.agent.dcgmExporterUrl -}}
 {{- $dcgm := dict -}}
 {{- if hasKey $wanted "dcgm" }}{{ $dcgm = index $wanted "dcgm" }}{{ end -}}
