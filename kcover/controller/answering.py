@@ -15,7 +15,6 @@ tenant could already write them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
@@ -58,19 +57,17 @@ class Answers:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Write queued answers until `stop` is set."""
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                getter = asyncio.ensure_future(self._queue.get())
+        while not stop.is_set():
+            getter = asyncio.ensure_future(self._queue.get())
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
                 await asyncio.wait({getter, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await getter
-                    return
+            finally:
+                for task in (getter, stopping):
+                    task.cancel()
+                await asyncio.gather(getter, stopping, return_exceptions=True)
+            if not getter.cancelled() and getter.exception() is None:
                 await self.answer(getter.result())
-        finally:
-            stopping.cancel()
 
     async def answer(self, refusal: contract.Refusal) -> None:
         about = actions.ObjectRef(refusal.kind, refusal.api_version, refusal.name, refusal.namespace, refusal.uid)

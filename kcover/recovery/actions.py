@@ -84,6 +84,10 @@ class SkipCode(enum.StrEnum):
     PRECONDITION_FAILED = "PreconditionFailed"
     SAVE_LOGS_FAILED = "SaveLogsFailed"
     NO_WORKLOADS = "NoWorkloads"
+    ALREADY_ACTED = "AlreadyActedOn"
+    """The signal that caused this was acted on before (the ledger remembers): a replay, never acted on twice."""
+    INTENT_REFUSED = "IntentRefused"
+    """A pending intent in the ledger no longer matches the cluster (workload, opt-in, selector): dropped."""
 
 
 @dataclass(frozen=True)

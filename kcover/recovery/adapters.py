@@ -10,11 +10,15 @@ and does no I/O.
 Choices, documented because they decide what gets deleted:
 * A pod with no controller (a bare pod) is never deleted: nothing would recreate it.
 * An owner kind not listed here (ReplicaSet, DaemonSet, ...) is refused with `UnsupportedOwner`.
-* Kubeflow v1, Volcano and TrainJob-less JobSets from old releases set no uid label on pods. The
-  selector is then narrowed with every identifying label the faulting pod carries (the Kubeflow
-  operator-name label tells kinds apart), and `verify_members()` resolves every pod the labels select
-  back to the workload uid. If any selected pod belongs elsewhere, the restart deletes exactly the
-  verified pods one by one with `preconditions.uid` instead of one DeleteCollection.
+* Deletes touch only the workload's pods. Where the operator puts the workload's uid in a pod label
+  (batch/v1 Job `batch.kubernetes.io/controller-uid`, JobSet and so TrainJob `jobset.sigs.k8s.io/jobset-uid`)
+  the selector carries it and the restart is ONE DeleteCollection: no other workload's pod can match,
+  now or while the restart is in flight. Kubeflow v1, Volcano, LeaderWorkerSet and JobSets from
+  releases without the uid label set no such label: any pod created with the same labels (by anyone
+  who may create pods there) would match a label selector at the moment of the delete. Their
+  restarts therefore delete exactly the pods the cache resolved to the workload uid, one by one, each
+  with `preconditions.uid` (`members()`): a pod created meanwhile, or a recreated pod with a recorded
+  name, is never deleted. The cost: one request per pod instead of one per restart (docs/security.md).
 * Kubeflow v1: a job whose replicas all say `restartPolicy: Never` is not restarted (the operator
   would not recreate failed replicas; the job is meant to fail). A missing restartPolicy is allowed.
 * batch/v1 Job: deleting a pod counts as a pod failure towards `backoffLimit`; the Job controller
@@ -188,13 +192,13 @@ def members(lookup: OwnerLookup, selector: actions.MemberSelector, namespace: st
 
 def safe_selector(lookup: OwnerLookup, selector: actions.MemberSelector, namespace: str,
                   workload_uid: str) -> actions.MemberSelector:
-    """`selector` if its labels select only the workload's pods, else one naming the verified pods."""
+    """`selector` when a label carries the workload's uid (one DeleteCollection), else one naming the pods
+    the cache verified as the workload's, for uid-preconditioned deletes (see the module docstring)."""
     if selector.uid_bearing:
         return selector
     found = members(lookup, selector, namespace, workload_uid)
-    if not found.foreign:
-        return actions.MemberSelector(selector.labels, uid_bearing=False)
-    pods = tuple(actions.PodRef(p.namespace, p.name, p.uid) for p in found.verified)
+    pods = tuple(actions.PodRef(p.namespace, p.name, p.uid)
+                 for p in sorted(found.verified, key=lambda p: p.name) if not p.deleting)
     return actions.MemberSelector(selector.labels, uid_bearing=False, pods=pods)
 
 

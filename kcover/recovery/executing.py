@@ -45,7 +45,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import actions, adapters, auditing, ledger, policy
+from kcover.recovery import actions, adapters, auditing, ledger, policy, vetting
 
 log = structlog.get_logger()
 
@@ -212,9 +212,11 @@ class Executor:
         now = self._clock.now().timestamp()
         if rs.dry_run:
             def remember(state: ledger.State) -> tuple[actions.SkipCode, str, bool] | None:
-                refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
+                refusal = (_replayed(state, action.cause, action.ledger_key, what)
+                           or policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what))
                 if refusal is None:
                     state.restarts.setdefault(action.ledger_key, []).append(now)
+                    state.remember(action.cause.signal, action.ledger_key, now)
                 return refusal
 
             dry_refusal = self._ledger.dry_update(remember, now=now)
@@ -234,11 +236,13 @@ class Executor:
             held = state.intents.get(action.ledger_key)
             if held is not None and held.id == intent.id:
                 return None  # an earlier attempt of this very write landed, its answer was lost
-            refusal = policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what)
+            refusal = (_replayed(state, action.cause, action.ledger_key, what)
+                       or policy.restart_refusal(action.ledger_key, state.history(), rs, now, what=what))
             if refusal is None:
                 state.restarts.setdefault(action.ledger_key, []).append(now)
                 state.notes[action.ledger_key] = model.fit(what, 120)
                 state.intents[action.ledger_key] = intent
+                state.remember(action.cause.signal, action.ledger_key, now)
             return refusal
 
         self._in_flight.add(intent.id)
@@ -318,6 +322,12 @@ class Executor:
                 continue  # being carried out by the task that recorded or resumed it
             self._in_flight.add(intent.id)
             try:
+                problem = vetting.problem(key, intent, self._snapshot, self.settings) if self._live(intent) else ""
+                if problem:
+                    dropped = await self._drop(key, intent, problem, now)
+                    if dropped is not None:
+                        out.append(dropped)
+                    continue
                 if now - intent.at >= self.settings.workload_cooldown_seconds:
                     result = await self._give_up(key, intent, now)
                     if result is not None:
@@ -331,6 +341,31 @@ class Executor:
             finally:
                 self._in_flight.discard(intent.id)
         return out
+
+    async def _drop(self, key: str, intent: ledger.Intent, problem: str, now: float) -> Result | None:
+        """An intent the cluster disagrees with (`vetting.problem`): removed from the ledger (its restart time
+        refunded), counted as `IntentRefused` and reported by an Event on the ledger ConfigMap."""
+        action = intent_action(key, intent)
+
+        def drop(state: ledger.State) -> str | None:
+            current = state.intents.get(key)
+            if current is None or current.id != intent.id:
+                return "another replica handled it"
+            del state.intents[key]
+            times = state.restarts.get(key, [])
+            if intent.at in times:
+                times.remove(intent.at)
+            return None
+
+        if await self._ledger.update(drop, now=now) is not None:
+            return None
+        self._count(action, actions.SkipCode.INTENT_REFUSED.value)
+        log.warning("restart_intent_refused", key=key, intent=intent.id, leader=intent.leader, problem=problem)
+        ledger_ref = actions.ObjectRef("ConfigMap", "v1", self._ledger.name, self._ledger.namespace)
+        await self.emit(ledger_ref, reason="KcoverIntentRefused", action="RestartWorkload", warning=True,
+                        message=f"dropped the pending restart {intent.id} under {key} (recorded by "
+                                f"{intent.leader or 'unknown'}): {problem}; nothing was deleted")
+        return Result(Outcome.SKIPPED, action, f"refused: {problem}")
 
     async def _give_up(self, key: str, intent: ledger.Intent, now: float) -> Result | None:
         """An intent past its validity: done if its pods are gone, else refunded and reported as failed."""
@@ -415,16 +450,29 @@ class Executor:
                                               before_retry=already_deleted)
             items = listed.get("items") if isinstance(listed, dict) else None
             return len(items) if isinstance(items, list) else 0
+        # one DELETE per verified pod, each with its uid as precondition: a pod created meanwhile with the
+        # workload's labels, or a recreated pod of a recorded name, is never deleted
+        gate = asyncio.Semaphore(max(1, self.settings.delete_concurrency))
         deleted = 0
-        for ref in action.selector.pods:
-            self._guard()
-            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": ref.uid}}
-            try:
-                await self._kube.request("DELETE", f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}",
-                                         body=body, fence=self._fence)
-            except (errors.NotFoundError, errors.ConflictError):
-                continue  # already gone, or the name now belongs to a new pod
-            deleted += 1
+
+        async def delete(ref: actions.PodRef) -> None:
+            nonlocal deleted
+            async with gate:
+                self._guard()
+                body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": ref.uid}}
+                try:
+                    await self._kube.request("DELETE", f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}",
+                                             body=body, fence=self._fence)
+                except (errors.NotFoundError, errors.ConflictError):
+                    return  # already gone, or the name now belongs to a new pod
+                deleted += 1
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for ref in action.selector.pods:
+                    tg.create_task(delete(ref), name=f"delete-pod:{ref.namespace}/{ref.name}")
+        except BaseExceptionGroup as group:  # the first failure stands for the others (errors.KubeError)
+            raise group.exceptions[0] from None
         return deleted
 
     # ---------------------------------------------------------------------------------------- nodes
@@ -444,11 +492,15 @@ class Executor:
         now = self._clock.now().timestamp()
 
         def record(state: ledger.State) -> tuple[actions.SkipCode, str] | None:
+            replayed = _replayed(state, action.cause, f"n.{action.node}", f"Node {action.node}")
+            if replayed is not None:
+                return replayed[0], replayed[1]
             last = state.cordons.get(action.node)
             if last is not None and now - last < rs.node_cooldown_seconds:
                 return actions.SkipCode.COOLDOWN, f"Node {action.node} was cordoned {now - last:.0f}s ago"
             state.cordons[action.node] = now
             state.cordon_reasons[action.node] = model.fit(action.reason, 120)
+            state.remember(action.cause.signal, f"n.{action.node}", now)
             return None
 
         if rs.dry_run:
@@ -541,6 +593,17 @@ class Executor:
         await self.emit(about, reason="KcoverUncordonedNode", action="UncordonNode",
                         message=f"un-cordoned Node {action.node}: its fault cleared")
         return Result(Outcome.DONE, action)
+
+
+def _replayed(state: ledger.State, cause: model.CollectorEvent, unit: str,
+              what: str) -> tuple[actions.SkipCode, str, bool] | None:
+    """A refusal when the ledger says this cause's signal already moved `unit` (a replay), else None."""
+    at = state.acted_on(cause.signal, unit)
+    if at is None:
+        return None
+    when = dt.datetime.fromtimestamp(at, dt.UTC)
+    return (actions.SkipCode.ALREADY_ACTED, f"{what}: signal {cause.signal} was already acted on at "
+            f"{when:%Y-%m-%dT%H:%M:%SZ}; a signal moves a unit once", False)
 
 
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")

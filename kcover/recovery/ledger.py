@@ -13,6 +13,13 @@ restart costs one ledger write, and a leader killed between that write and the d
 intent a successor can finish (`executing.Executor.resume`) instead of a cooldown that blocks it.
 An intent left pending by a leader that did delete is recognised by its pods being gone.
 
+Signals: the outside signals acted on (`CollectorEvent.signal`, an annotated Event's uid and count),
+each with the unit it moved (`<signal>|w.<uid>`, `<signal>|n.<node>`), live in one data key
+(`signals`) as `{key: epoch seconds}`, written in the same fencing write as the restart or cordon they
+caused. A new leader, a restarted controller or a replay therefore never acts twice on one signal.
+They are pruned with everything else (the retention covers the event watcher's staleness window
+many times over) and bounded to `MAX_SIGNALS`, oldest dropped.
+
 Dry run: `dry_update()` records in memory only (`history(dry_run=True)` sees it), so a dry run
 honours cooldowns and budgets as the real run would, without writing anything.
 
@@ -54,6 +61,10 @@ MAX_INTENT_UIDS = 16
 """Pod uids an intent keeps (the faulting pod first): enough to tell whether the delete happened."""
 MAX_ATTEMPTS = 5
 """Read-modify-write attempts before giving up on a contended ledger."""
+MAX_SIGNALS = 2000
+"""Signals remembered at most (about 150 bytes each): far more than cooldowns and breakers let kcover act on
+within an Event's staleness window."""
+SIGNALS_KEY = "signals"
 SIZE_LIMIT = 900 * 1024
 """Bytes of data kept; the API server refuses ConfigMaps past 1 MiB in all."""
 
@@ -133,10 +144,22 @@ class State:
     cordon_reasons: dict[str, str] = field(default_factory=dict)
     intents: dict[str, Intent] = field(default_factory=dict)
     """Ledger key -> the restart of that unit recorded but not known to be done."""
+    signals: dict[str, float] = field(default_factory=dict)
+    """`<signal>|<unit>` -> when kcover acted on that signal for that unit (a restart unit's ledger key,
+    or `n.<node>`)."""
 
     def copy(self) -> State:
         return State({k: list(v) for k, v in self.restarts.items()}, dict(self.notes), dict(self.cordons),
-                     dict(self.cordon_reasons), dict(self.intents))
+                     dict(self.cordon_reasons), dict(self.intents), dict(self.signals))
+
+    def acted_on(self, signal: str, unit: str) -> float | None:
+        """When kcover acted on `signal` for `unit`, or None (also for an empty signal)."""
+        return self.signals.get(f"{signal}|{unit}") if signal else None
+
+    def remember(self, signal: str, unit: str, now: float) -> None:
+        """Record that `signal` moved `unit` (nothing for an empty signal)."""
+        if signal:
+            self.signals[f"{signal}|{unit}"] = now
 
     def merged(self, other: State) -> State:
         """A copy holding both states' restart times and cordons (for the dry-run overlay); intents of self."""
@@ -148,6 +171,8 @@ class State:
             if at > out.cordons.get(node, float("-inf")):
                 out.cordons[node] = at
                 out.cordon_reasons[node] = other.cordon_reasons.get(node, "")
+        for key, at in other.signals.items():
+            out.signals[key] = max(at, out.signals.get(key, at))
         return out
 
     def finish(self, completed: dict[str, str]) -> list[str]:
@@ -174,6 +199,8 @@ class State:
         for node in [n for n, t in self.cordons.items() if t < before]:
             del self.cordons[node]
             self.cordon_reasons.pop(node, None)
+        recent = sorted(((at, key) for key, at in self.signals.items() if at >= before), reverse=True)
+        self.signals = {key: at for at, key in recent[:MAX_SIGNALS]}
 
     def encode(self) -> dict[str, str]:
         data: dict[str, str] = {}
@@ -184,6 +211,8 @@ class State:
             data[key] = orjson.dumps(entry).decode()
         for node, at in self.cordons.items():
             data[f"n.{node}"] = orjson.dumps({"c": round(at, 3), "r": self.cordon_reasons.get(node, "")}).decode()
+        if self.signals:
+            data[SIGNALS_KEY] = orjson.dumps({k: round(t, 3) for k, t in self.signals.items()}).decode()
         return data
 
     @classmethod
@@ -197,7 +226,10 @@ class State:
                 continue
             if not isinstance(entry, dict):
                 continue
-            if key.startswith("n.") and isinstance(entry.get("c"), int | float):
+            if key == SIGNALS_KEY:
+                state.signals = {str(k): float(t) for k, t in entry.items()
+                                 if isinstance(t, int | float) and not isinstance(t, bool)}
+            elif key.startswith("n.") and isinstance(entry.get("c"), int | float):
                 state.cordons[key[2:]] = float(entry["c"])
                 state.cordon_reasons[key[2:]] = str(entry.get("r", ""))
             elif key.startswith("w.") and isinstance(entry.get("t"), list):

@@ -162,8 +162,10 @@ def _once(run: Run, job: str, *, deletes: int = 1) -> None:
     c = run.cluster
     got = len(run.api_events(RESTARTED, job))
     run.check(f"PyTorchJob {NS}/{job} restarted exactly once ({RESTARTED} Events: {got})", got == 1)
-    calls = c.srv.request_counts.get("DELETECOLLECTION pods", 0)
-    run.check(f"{deletes} DeleteCollection of pods (made {calls})", calls == deletes)
+    # a PyTorchJob's pods carry no uid label: kcover deletes each pod it verified, with its uid as precondition
+    calls = c.srv.request_counts.get("DELETE pods", 0)
+    want = deletes * c.size.pods_per_job
+    run.check(f"{want} uid-preconditioned pod deletes (made {calls})", calls == want)
 
 
 def _others_untouched(run: Run, before: Mapping[str, set[str]]) -> None:
@@ -299,8 +301,8 @@ async def restart_storm(run: Run) -> None:
     why = [e.message for e in run.api_events(SKIPPED, job)]
     run.check(f"a {SKIPPED} Event says the budget is exhausted",
               any("budget exhausted" in m for m in why), why[0][:120] if why else "none")
-    calls = c.srv.request_counts.get("DELETECOLLECTION pods", 0)
-    run.check(f"{budget} DeleteCollections of pods ({calls})", calls == budget)
+    calls = c.srv.request_counts.get("DELETE pods", 0)
+    run.check(f"{budget} restarts' uid-preconditioned pod deletes ({calls})", calls == budget * c.size.pods_per_job)
     run.check("the job's pods were left in place after the refusal",
               len(c.running_pods(job)) == c.size.pods_per_job)
 

@@ -143,7 +143,8 @@ def test_event_body_text_is_cut_in_utf8_bytes() -> None:
     """600 CJK characters are 1,800 bytes: the API server refuses past 1,024 bytes, not characters."""
     event = _event("XID79").model_copy(update={"message": "显存" * 300, "reason": "故障" * 100})
     body = reporting.event_body(event, node="节点" * 50, reporter="r", when=dt.datetime.now(dt.UTC))
-    assert len(body["message"].encode()) <= 1024 and body["message"].startswith("显存")
+    assert len(body["message"].encode()) <= 1024
+    assert body["message"].startswith("显存")
     for field in ("reason", "reportingInstance", "action"):
         assert len(body[field].encode()) <= 128
     body["message"].encode().decode()  # cut on a character boundary

@@ -220,7 +220,8 @@ async def test_a_restart_costs_three_writes_and_its_completion_rides_on_the_next
         before = dict(srv.request_counts)
         [result] = await a.engine.handle_event(a.fault("train-worker-1"))
         assert result.outcome is executing.Outcome.DONE
-        assert _writes(before, srv.request_counts) == {"CREATE configmaps": 1, "DELETECOLLECTION pods": 1,
+        # a Kubeflow job carries no uid label: its pods are deleted one by one with uid preconditions
+        assert _writes(before, srv.request_counts) == {"CREATE configmaps": 1, "DELETE pods": 3,
                                                        "CREATE events": 1}
         assert not any(k.startswith("LIST") for k in _writes(before, srv.request_counts))
         assert all(p["metadata"].get("deletionTimestamp") for p in _job_pods(srv, "train"))
@@ -230,7 +231,7 @@ async def test_a_restart_costs_three_writes_and_its_completion_rides_on_the_next
 
         before = dict(srv.request_counts)
         await a.engine.handle_event(a.fault("eval-worker-0"))
-        assert _writes(before, srv.request_counts) == {"UPDATE configmaps": 1, "DELETECOLLECTION pods": 1,
+        assert _writes(before, srv.request_counts) == {"UPDATE configmaps": 1, "DELETE pods": 3,
                                                        "CREATE events": 1}
         pending = _pending(srv)
         assert key not in pending, "the first restart's completion was folded into the second's write"
@@ -247,7 +248,7 @@ async def test_a_successor_finishes_the_restart_a_leader_recorded_but_died_befor
         old = {p["metadata"]["uid"] for p in _job_pods(srv, "train")}
         await a.engine.handle([fault])
     assert a.engine.counts["not_leader"] == 1
-    assert srv.request_counts.get("DELETECOLLECTION pods", 0) == 0
+    assert srv.request_counts.get("DELETE pods", 0) == 0
     assert not _restart_events(srv)
     [intent] = _pending(srv).values()
     assert intent["l"] == "a"
@@ -257,7 +258,7 @@ async def test_a_successor_finishes_the_restart_a_leader_recorded_but_died_befor
         [done] = await b.engine.resume()
         assert done.outcome is executing.Outcome.DONE
         assert done.deleted == 3
-        assert _writes(before, srv.request_counts) == {"UPDATE configmaps": 1, "DELETECOLLECTION pods": 1,
+        assert _writes(before, srv.request_counts) == {"UPDATE configmaps": 1, "DELETE pods": 3,
                                                        "CREATE events": 1}
         assert {p["metadata"]["uid"] for p in _job_pods(srv, "train")} == old
         assert all(p["metadata"].get("deletionTimestamp") for p in _job_pods(srv, "train"))
@@ -283,7 +284,7 @@ async def test_a_successor_finishes_the_restart_a_leader_recorded_but_died_befor
         assert seen.outcome is executing.Outcome.SKIPPED
         assert _writes(before, srv.request_counts) == {}
     assert len(_restart_events(srv)) == 1
-    assert srv.request_counts["DELETECOLLECTION pods"] == 1
+    assert srv.request_counts["DELETE pods"] == 3
 
 
 async def test_a_pending_intent_whose_pods_were_replaced_is_not_carried_out_again(
@@ -324,7 +325,7 @@ async def test_an_intent_older_than_the_cooldown_is_given_up_refunded_and_report
     async with Replica(srv, "b", clock=clock) as b:
         (result,) = await b.engine.resume()
         assert result.outcome is executing.Outcome.SKIPPED
-    assert srv.request_counts.get("DELETECOLLECTION pods", 0) == 0
+    assert srv.request_counts.get("DELETE pods", 0) == 0
     assert not _pending(srv)
     assert all(not v.get("t") for v in _ledger_entries(srv).values())  # a restart that never happened: refunded
     failed = [e for e in srv.store.iter_objects("events") if e.get("reason") == "KcoverRecoveryFailed"]
@@ -352,14 +353,14 @@ async def test_dry_run_acts_once_per_cooldown_and_writes_no_ledger(srv: simserve
         assert len([e for e in srv.store.iter_objects("events") if e.get("action") == "DryRunRestart"]) == 2
         assert _ledger_entries(srv) == {}
         assert not any(k.split()[1] == "configmaps" for k in srv.request_counts if k.split()[0] in WRITES)
-        assert srv.request_counts.get("DELETECOLLECTION pods", 0) == 0
+        assert srv.request_counts.get("DELETE pods", 0) == 0
 
         # dry run switched off: what it remembered does not hold the real run back
         live = a.recovery.model_copy(update={"dry_run": False})
         a.engine.reconfigure(live)
         clock.moment += dt.timedelta(seconds=1)
         assert [r.outcome for r in await a.engine.handle_event(fault)] == [executing.Outcome.DONE]
-        assert srv.request_counts["DELETECOLLECTION pods"] == 1
+        assert srv.request_counts["DELETE pods"] == 3
 
 
 async def test_dry_run_cordons_once_per_node_cooldown(srv: simserver.SimServer) -> None:
@@ -394,7 +395,7 @@ async def test_a_restart_whose_delete_keeps_failing_stays_pending_and_is_retried
         srv.faults.error_rate = 1.0  # every pods request answers 500 past the retry deadline
         await a.engine.handle([a.fault("train-worker-1")])
         assert a.engine.counts["errors"] == 1
-        assert srv.request_counts["DELETECOLLECTION pods"] >= 1
+        assert srv.request_counts["DELETE pods"] >= 1
         assert a.kube.retry_stats.retries["server_error"] > 0, "retried before giving up"
         assert not _restart_events(srv)
         [(key, intent)] = _pending(srv).items()
@@ -457,5 +458,7 @@ async def test_a_deposed_leaders_delayed_delete_cannot_restart_twice(srv: simser
         await asyncio.sleep(1.5)  # past the moment a's held request would have been served
     assert {p["metadata"]["uid"] for p in _job_pods(srv, "train")
             if not p["metadata"].get("deletionTimestamp")} == new, "the new pods were not deleted"
-    assert srv.request_counts["DELETECOLLECTION pods"] == 2  # a's (abandoned after 0.3 s, never applied) and b's
+    # a's three deletes (sent at once, abandoned after 0.3 s) and b's three: each carries its pod's uid as
+    # precondition, so even one applied late could not touch a recreated pod
+    assert srv.request_counts["DELETE pods"] == 6
     assert len(_restart_events(srv)) == 1

@@ -80,7 +80,9 @@ def summary(planned: list[actions.Action]) -> list[str]:
     out = []
     for a in planned:
         if isinstance(a, actions.RestartWorkload):
-            mode = "pods=" + ",".join(p.uid for p in a.selector.pods) if a.selector.pods is not None else a.selector.render()
+            # uid-bearing selectors: one DeleteCollection; others: uid-preconditioned deletes of the verified pods
+            mode = a.selector.render() + ("" if a.selector.pods is None
+                                          else " by-uid=" + ",".join(p.uid for p in a.selector.pods))
             out.append(f"restart {a.workload.kind} {a.workload.name} [{mode}] {a.ledger_key}")
         elif isinstance(a, actions.CordonNode):
             out.append(f"cordon {a.node}")
@@ -102,11 +104,11 @@ H0 = policy.History()
 
 ROWS: list[tuple[str, model.CollectorEvent, policy.History, dict[str, Any], list[str]]] = [
     ("kubeflow pod error restarts its job, selector narrowed by operator", pod_event("pt-0"), H0, {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("dra-health error restarts too", pod_event("pt-1", detector="dra-health", reason="DeviceUnhealthy"), H0, {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("event-watcher on a pod restarts", pod_event("pt-1", detector="event-watcher"), H0, {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("same-named TFJob not opted in", pod_event("tf-0"), H0, {}, ["skip NotOptedIn quiet"]),
     ("warning is ignored", pod_event("pt-0", severity=model.Severity.WARNING), H0, {}, []),
     ("unknown detector error is reported", pod_event("pt-0", detector="logscan"), H0, {}, ["report"]),
@@ -114,7 +116,7 @@ ROWS: list[tuple[str, model.CollectorEvent, policy.History, dict[str, Any], list
      {"rules": [{"detector": "pod-status", "reason": "OOM*", "action": "ignore"}]}, []),
     ("rule can report", pod_event("pt-0"), H0, {"rules": [{"detector": "pod-*", "action": "report"}]}, ["report"]),
     ("rule by severity does not match errors", pod_event("pt-0"), H0,
-     {"rules": [{"severity": "Warning", "action": "ignore"}]}, [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     {"rules": [{"severity": "Warning", "action": "ignore"}]}, [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("restartPolicy Never forbids", pod_event("never-0"), H0, {}, ["skip RestartPolicyForbids"]),
     ("namespace denied", pod_event("sys-0"), H0, {}, ["skip NamespaceDenied quiet"]),
     ("namespace not in allow list", pod_event("pt-0"), H0, {"namespaces_allow": ["other"]}, ["skip NamespaceDenied quiet"]),
@@ -124,40 +126,40 @@ ROWS: list[tuple[str, model.CollectorEvent, policy.History, dict[str, Any], list
     ("trainjob restarts through its jobset with the uid label", pod_event("js-0"), H0, {},
      ["restart TrainJob tj [jobset.sigs.k8s.io/jobset-name=tj,jobset.sigs.k8s.io/jobset-uid=js-uid] w.tj-uid"]),
     ("lws restarts the faulting group only", pod_event("lws-1"), H0, {},
-     ["restart LeaderWorkerSet serve [leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=1] w.lws-uid.g1"]),
+     ["restart LeaderWorkerSet serve [leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=1 by-uid=lws-1] w.lws-uid.g1"]),
     ("batch job by controller uid", pod_event("bj-0"), H0, {},
      ["restart Job bj [batch.kubernetes.io/controller-uid=bj-uid] w.bj-uid"]),
-    ("volcano job by name", pod_event("vc-0"), H0, {}, ["restart Job vc [volcano.sh/job-name=vc] w.vc-uid"]),
+    ("volcano job by name", pod_event("vc-0"), H0, {}, ["restart Job vc [volcano.sh/job-name=vc by-uid=vc-0] w.vc-uid"]),
     ("cooldown", pod_event("pt-0"), policy.History(restarts={"w.pt-uid": (T - 10,)}), {}, ["skip Cooldown quiet"]),
     ("cooldown over", pod_event("pt-0"), policy.History(restarts={"w.pt-uid": (T - 61,)}), {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("budget exhausted", pod_event("pt-0"),
      policy.History(restarts={"w.pt-uid": tuple(T - 3000 + i * 100 for i in range(5))}), {}, ["skip BudgetExhausted"]),
     ("budget counts only the window", pod_event("pt-0"),
      policy.History(restarts={"w.pt-uid": (T - 7200, T - 7100, T - 7000, T - 6900, T - 100)}), {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("concurrent restarts open the breaker", pod_event("pt-0"), policy.History(in_flight_restarts=10), {},
      ["skip BreakerOpen"]),
     ("lws group cooldown is per group", pod_event("lws-0"), policy.History(restarts={"w.lws-uid.g1": (T - 5,)}), {},
-     ["restart LeaderWorkerSet serve [leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=0] w.lws-uid.g0"]),
+     ["restart LeaderWorkerSet serve [leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=0 by-uid=lws-0] w.lws-uid.g0"]),
     ("node condition cordons and restarts opted-in workloads on it", node_event("n1"), H0, {},
-     ["cordon n1", f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     ["cordon n1", f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("node sweep passes over refusals silently", node_event("n6"), H0, {}, ["cordon n6"]),
     ("recommended cordon-node narrows to cordon only", node_event("n1", recommended=model.Action.CORDON_NODE), H0, {},
      ["cordon n1"]),
     ("recommended restart-workload on a node", node_event("n1", recommended=model.Action.RESTART_WORKLOAD), H0, {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("recommendation above the rule is not honoured", pod_event("pt-0", recommended=model.Action.CORDON_NODE), H0, {},
-     [f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("no recommendation: the rule decides", node_event("n3"), H0, {},
      ["cordon n3", "skip RestartPolicyForbids",
       "restart TrainJob tj [jobset.sigs.k8s.io/jobset-name=tj,jobset.sigs.k8s.io/jobset-uid=js-uid] w.tj-uid"]),
     ("event-watcher node event cordons", node_event("n2", detector="event-watcher"), H0, {},
-     ["cordon n2", f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     ["cordon n2", f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("rule can make a node fault cordon only", node_event("n2"), H0,
      {"rules": [{"detector": "node-condition", "action": "cordon-node"}]}, ["cordon n2"]),
     ("node cooldown", node_event("n2"), policy.History(cordons={"n2": T - 60}), {},
-     ["skip Cooldown quiet", f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]),
+     ["skip Cooldown quiet", f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown"]),
     ("pod fault routed to cordon by rule uses the pod's node", pod_event("vc-0"), H0,
      {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["cordon n5"]),
@@ -236,7 +238,7 @@ def test_stray_pod_with_the_same_label_forces_per_pod_deletes() -> None:
     snap = world(o.pod("debug", uid="stray", node="n9", labels=KF_PT,
                        owner=o.owner("apps/v1", "ReplicaSet", "dbg", "rs-x")))
     (restart,) = policy.plan(pod_event("pt-0"), snap, H0, rs(), NOW)
-    assert summary([restart]) == ["restart PyTorchJob train [pods=pt-0,pt-1] w.pt-uid"]
+    assert summary([restart]) == [f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1] w.pt-uid"]
 
 
 def test_workload_target_restarts_through_its_pods() -> None:
@@ -269,7 +271,7 @@ def test_one_restart_per_unit_per_event() -> None:
     pt = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=OPT)
     snap = world(o.pod("train-worker-1", uid="pt-2", node="n1", labels=KF_PT, owner=pt))
     planned = policy.plan(node_event("n1"), snap, H0, rs(), NOW)
-    assert summary(planned) == ["cordon n1", f"restart PyTorchJob train [{KF_SEL}] w.pt-uid"]
+    assert summary(planned) == ["cordon n1", f"restart PyTorchJob train [{KF_SEL} by-uid=pt-0,pt-1,pt-2] w.pt-uid"]
 
 
 def test_concurrency_limit_counts_restarts_planned_in_the_same_event() -> None:

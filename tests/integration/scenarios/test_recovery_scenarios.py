@@ -143,7 +143,8 @@ async def _until_event(cluster: Cluster, reason: str, uid: str, what: str) -> li
 
 
 def _deletecollections(cluster: Cluster) -> int | None:
-    """DeleteCollections of pods the server served (sim only: a real server does not count them)."""
+    """DeleteCollections of pods the server served (sim only: a real server does not count them). A
+    Kubeflow job's pods carry no uid label, so its restarts delete pod by pod (uid preconditions): none."""
     counts = cluster.request_counts
     return None if counts is None else int(counts.get("DELETECOLLECTION pods", 0))
 
@@ -265,7 +266,7 @@ async def test_pod_error_restarts_its_job_once_and_nothing_else(cluster: Cluster
                           (tf_pods, await _pods(cluster, "train", "TFJob"))):
         assert _uids(after) == _uids(before)
         assert all(not p["metadata"].get("deletionTimestamp") for p in after)
-    assert _deletecollections(cluster) in (None, 1)
+    assert _deletecollections(cluster) in (None, 0)
 
 
 async def test_dra_unhealthy_device_restarts_its_job(cluster: Cluster, tmp_path: Path) -> None:
@@ -282,7 +283,7 @@ async def test_dra_unhealthy_device_restarts_its_job(cluster: Cluster, tmp_path:
         await _recreated(cluster, "train", old)
         await asyncio.sleep(SETTLE)
         assert len(_about(await _events(cluster), RESTARTED, train["metadata"]["uid"])) == 1
-    assert _deletecollections(cluster) in (None, 1)
+    assert _deletecollections(cluster) in (None, 0)
 
 
 async def test_event_annotation_on_a_pod_restarts_its_job(cluster: Cluster, tmp_path: Path) -> None:
@@ -301,7 +302,7 @@ async def test_event_annotation_on_a_pod_restarts_its_job(cluster: Cluster, tmp_
         await _recreated(cluster, "train", old)
         await asyncio.sleep(SETTLE)
         assert len(_about(await _events(cluster), RESTARTED, train["metadata"]["uid"])) == 1
-    assert _deletecollections(cluster) in (None, 1)
+    assert _deletecollections(cluster) in (None, 0)
 
 
 async def test_restart_storm_stops_at_the_budget_and_says_why(cluster: Cluster, tmp_path: Path) -> None:
@@ -330,7 +331,7 @@ async def test_restart_storm_stops_at_the_budget_and_says_why(cluster: Cluster, 
     assert any("budget exhausted" in e.get("message", "") for e in skipped), [e.get("message") for e in skipped]
     assert _uids(left) == _uids(pods)  # the last generation is left in place
     assert all(not p["metadata"].get("deletionTimestamp") for p in left)
-    assert _deletecollections(cluster) in (None, budget)
+    assert _deletecollections(cluster) in (None, 0)
 
 
 async def _restarts(cluster: Cluster, uid: str, at_least: int) -> bool:
@@ -364,7 +365,7 @@ async def test_leader_failover_successor_restarts_once(cluster: Cluster, tmp_pat
     assert took < limit, f"the successor restarted the job {took:.1f} s after the kill (limit {limit:g} s)"
     assert [e.get("reportingInstance") for e in restarted] == [successor.identity]
     assert len(_about(events, RESTARTED, uid)) == 1
-    assert _deletecollections(cluster) in (None, 1)
+    assert _deletecollections(cluster) in (None, 0)
 
 
 async def test_forged_node_event_is_refused_and_counted(cluster: Cluster, tmp_path: Path) -> None:
@@ -375,12 +376,12 @@ async def test_forged_node_event_is_refused_and_counted(cluster: Cluster, tmp_pa
         mets = _leader(replicas).metrics
 
         def refused() -> float:
-            got = mets.registry.get_sample_value("kcover_events_rejected_total", {"reason": "untrusted_reporter"})
+            got = mets.registry.get_sample_value("kcover_events_rejected_total", {"reason": "namespace_not_allowed"})
             return got or 0.0
 
         await _post_event(cluster, "default", {"kind": "Node", "apiVersion": "v1", "name": node, "uid": node_uid},
                           reason="GPUFailure", message="all GPUs failed, cordon now",
-                          reporter="totally-legit.example.com/agent")
+                          reporter="kcover.io/agent")  # the agent's name, from a namespace not kcover's
         await _until_true(lambda: refused() >= 1, "the event watcher to refuse the Event")
         await asyncio.sleep(SETTLE)  # room for a wrongful cordon to show
         spec = (await cluster.client.request("GET", f"/api/v1/nodes/{node}")).get("spec") or {}
