@@ -196,6 +196,36 @@ class SaveLogsSettings(_Group):
     concurrency: int = Field(8, ge=1, description="Log requests in flight at once: 8 saves a 1,000-container job within the timeout without a burst on the API server; memory stays under concurrency x max_bytes_per_container.")
 
 
+class DrainMode(enum.StrEnum):
+    """Which pods a node-ladder drain evicts after kcover cordoned the node."""
+
+    NONE = "none"
+    """No drain: the cordon only keeps new pods away."""
+    OPTED_IN = "opted-in"
+    """Evict only the pods of workloads opted in to kcover's recovery."""
+    ALL = "all"
+    """Evict every pod except DaemonSet pods and mirror (static) pods, as `kubectl drain` does."""
+
+
+class VerifySettings(_Group):
+    enabled: bool = Field(True, description="Follow every restarted workload until all its pods run again with new uids (or it finished), export the time from the fault to running again as `kcover_recovery_mttr_seconds`, and report it Stalled past the deadline.")
+    deadline_seconds: float = Field(600.0, gt=0, description="Seconds after a restart by which the workload must run again; past it the recovery is Stalled (a `KcoverRecoveryStalled` Event with the cause read from the cluster). Ten minutes covers image pulls and gang scheduling of a large job.")
+    max_followed: int = Field(1000, ge=1, description="Recoveries followed at once; past it the oldest is dropped (logged). A bound on memory, far above what the restart breaker lets through.")
+
+
+class EscalationSettings(_Group):
+    repeat_count: int = Field(3, ge=0, description="Restarts of one workload for faults on the same node within `repeat_window_seconds` after which kcover cordons that node before the next restart, so the job restarts elsewhere; 0 turns this step off. Three: once is bad luck, three times on one node is the node.")
+    repeat_window_seconds: float = Field(3600.0, gt=0, description="Seconds over which faults of one workload on one node are counted (one hour, the restart budget's window).")
+    drain_mode: DrainMode = Field(DrainMode.NONE, description="After kcover cordoned a node: `none`, `opted-in` (evict the pods of opted-in workloads) or `all` (every pod but DaemonSet and mirror pods), through the Eviction API, which honours PodDisruptionBudgets.")
+    drain_timeout_seconds: float = Field(300.0, gt=0, description="Seconds a drain keeps retrying evictions a PodDisruptionBudget refuses (HTTP 429) before it gives up and says so.")
+    remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
+
+
+class ValidationSettings(_Group):
+    dcgm_level: int = Field(0, ge=0, le=4, description="Before kcover un-cordons a node, ask the node's agent to run `dcgmi diag -r <level>` and un-cordon only once it passed; 0 skips the validation. Level 1 takes seconds; 2 and more stress the GPUs for minutes (the node is cordoned, so nothing else runs there).")
+    timeout_seconds: float = Field(1800.0, gt=0, description="Seconds the controller waits for the agent's answer before it asks again.")
+
+
 class NodeJudgement(enum.StrEnum):
     """How a fault source's recommended action combines with the controller's rule for the fault."""
 
@@ -226,6 +256,12 @@ class RecoverySettings(_Group):
     node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
     delete_concurrency: int = Field(16, ge=1, description="Pod DELETEs in flight at once when a restart deletes pods one by one with uid preconditions (kinds whose pods carry no uid label: Kubeflow v1, Volcano, LeaderWorkerSet): a 1,000-pod job is deleted in about 60 round trips, without a burst the API server's priority and fairness would throttle.")
+    verify: VerifySettings = Field(default_factory=VerifySettings, description="Verification after every restart: following the workload until it runs again, MTTR, Stalled recoveries.")
+    escalation: EscalationSettings = Field(default_factory=EscalationSettings, description="The escalation ladder: a fault that keeps coming back on one node, and what follows a cordon (drain, remediation request, a person).")
+    validation: ValidationSettings = Field(default_factory=ValidationSettings, description="Validation a node must pass before kcover returns it to service.")
+    breaker_latch: bool = Field(False, description="Once the circuit breaker refuses an action, keep it open (refusing every restart and cordon) until a person resets it with `kcover breaker reset` or the annotation `kcover.io/breaker-reset=true` on the controls ConfigMap. Off by default: the breaker closes on its own as restarts finish and nodes return.")
+    breaker_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds after a latched breaker was reset during which kcover still refuses restarts and cordons (`BreakerCooldown`), so a storm that is not over does not trip it again at once.")
+    controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
     resume_interval_seconds: float = Field(2.0, gt=0, description="Seconds between the leader's passes over the ledger's pending restarts (recorded, not carried out: a failed delete, or a dead leader's): each pass retries those still within `workload_cooldown_seconds` and gives up the older ones with a KcoverRecoveryFailed Event. Short, since a pending restart is a job not yet recovered; a pass with nothing pending reads nothing.")
 
     removed: ClassVar[Mapping[str, str]] = {
@@ -271,6 +307,8 @@ class AgentSettings(_Group):
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
+    validation_poll_seconds: float = Field(0.0, ge=0, description="Seconds between the agent's reads of its Node for a validation request (`kcover.io/validate`, written by the controller before it returns the node to service, `recovery.validation.dcgm_level`); 0: the agent does not answer them. One GET per node per period: 30 s costs a 5,000-node cluster about 170 requests a second, so enable it only with the controller's validation.")
+    validation_timeout_seconds: float = Field(1800.0, gt=0, description="Seconds one `dcgmi diag` run may take before the agent reports the validation failed (level 4 runs for about an hour on eight GPUs; level 3 about 30 minutes).")
 
 
 class Settings(BaseSettings):

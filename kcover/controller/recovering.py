@@ -22,7 +22,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import caching, retrying
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
-from kcover.recovery import actions, engine, executing, ledger, logsaving
+from kcover.recovery import actions, engine, ledger, logsaving, overseeing
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,11 @@ class LeaderEngine:
     """`RecoveryEngine` plus a ledger reload whenever leadership (its epoch) changed since the last batch."""
 
     def __init__(self, inner: engine.RecoveryEngine, ledger_: ledger.Ledger, epoch: Callable[[], int],
-                 live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None,
+                 overseer: overseeing.Overseer | None = None) -> None:
         self.inner = inner
+        self.overseer = overseer
+        """Verification, escalation and controls around the executor; its `tick()` runs on every resume pass."""
         self.ledger = ledger_
         self._epoch = epoch
         self._live = live
@@ -67,6 +70,8 @@ class LeaderEngine:
             return
         await self._reload()
         await self.inner.resume()
+        if self.overseer is not None:
+            await self.overseer.tick()
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
         await self._reload()
@@ -93,12 +98,13 @@ def build(deps: EngineDeps) -> LeaderEngine:
             raise errors.KcoverError(f"saving logs failed: {result.error} (partial copy: {result.path})")
         return result.path
 
-    executor = executing.Executor(deps.client, snap, ledger_, recovery=live.recovery, metrics_=deps.metrics,
-                                  clock=deps.clock, identity=deps.identity, is_leader=deps.is_leader,
-                                  save_logs=save_logs, epoch=deps.epoch, fence=deps.fence)
+    executor = overseeing.Overseer(deps.client, snap, ledger_, cache=deps.cache, recovery=live.recovery,
+                                   metrics_=deps.metrics, clock=deps.clock, identity=deps.identity,
+                                   is_leader=deps.is_leader, save_logs=save_logs, epoch=deps.epoch,
+                                   fence=deps.fence)
     inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
                                   is_leader=deps.is_leader)
-    return LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced)
+    return LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced, overseer=executor)
 
 
 class _Live:

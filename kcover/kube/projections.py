@@ -96,6 +96,8 @@ class ContainerState(NamedTuple):
     last_terminated: Terminated | None
     """`lastState.terminated`: how the previous instance ended (after an in-place restart)."""
     resources: tuple[ResourceHealth, ...]
+    waiting: tuple[str, str] | None = None
+    """`state.waiting` (reason, message) when the container waits: `ErrImagePull`, `CrashLoopBackOff`, ..."""
 
 
 class Pod(NamedTuple):
@@ -115,6 +117,8 @@ class Pod(NamedTuple):
     restart_policy: str
     containers: tuple[ContainerState, ...]
     """Init containers first (`init=True`), then regular ones."""
+    unschedulable: str = ""
+    """The scheduler's message while the pod's `PodScheduled` condition is False (reason `Unschedulable`)."""
 
     @property
     def deleting(self) -> bool:
@@ -292,9 +296,18 @@ def _resources(status: Mapping[str, Any]) -> tuple[ResourceHealth, ...]:
 
 def _container(status: Any, init: bool) -> ContainerState:
     status = _d(status)
+    waiting = _d(_d(status.get("state")).get("waiting"))
     return ContainerState(_intern(_s(status.get("name"))), init, _i(status.get("restartCount")),
                           _terminated(status.get("state")), _terminated(status.get("lastState")),
-                          _resources(status))
+                          _resources(status),
+                          (_intern(_s(waiting.get("reason"))), _s(waiting.get("message"))) if waiting else None)
+
+
+def _unschedulable(status: Mapping[str, Any]) -> str:
+    for cond in map(_d, _l(status.get("conditions"))):
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return _s(cond.get("message")) or _s(cond.get("reason")) or "Unschedulable"
+    return ""
 
 
 # ------------------------------------------------------------------------------------ projections
@@ -319,6 +332,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         deletion_timestamp=_s(meta.get("deletionTimestamp")),
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
         containers=containers,
+        unschedulable=_unschedulable(status),
     )
 
 

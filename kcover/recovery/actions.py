@@ -88,6 +88,12 @@ class SkipCode(enum.StrEnum):
     """The signal that caused this was acted on before (the ledger remembers): a replay, never acted on twice."""
     INTENT_REFUSED = "IntentRefused"
     """A pending intent in the ledger no longer matches the cluster (workload, opt-in, selector): dropped."""
+    PAUSED = "Paused"
+    """An operator paused kcover for this target (`kcover.io/paused=true` at global, namespace, workload or node scope)."""
+    BREAKER_LATCHED = "BreakerLatched"
+    """The breaker tripped and stays open until a person resets it (`recovery.breaker_latch`)."""
+    BREAKER_COOLDOWN = "BreakerCooldown"
+    """A latched breaker was reset less than `recovery.breaker_cooldown_seconds` ago."""
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,13 @@ class _Planner:
         return [actions.UncordonNode(node=name, cause=self.event)]
 
 
+def cordon_for(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: History,
+               rs: settings.RecoverySettings, now: dt.datetime, node: str) -> list[actions.Action]:
+    """Cordon `node` for `event` with every check `plan` makes (an admin's cordon, cooldown, breaker):
+    the escalation ladder's "cordon that node and restart elsewhere"."""
+    return _Planner(event, snapshot, history, rs, _epoch(now)).cordon(node)
+
+
 def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: History,
          rs: settings.RecoverySettings, now: dt.datetime, *,
          rules: Sequence[Rule] | None = None) -> list[actions.Action]:
