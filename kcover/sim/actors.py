@@ -159,8 +159,10 @@ class Kubelets:
             self._later(self.start_delay, lambda: self._start(ns, name, uid), f"kubelet-start-{ns}/{name}")
 
     def _bind(self, pod: Obj) -> None:
-        nodes = [n for n in self.store.iter_objects("nodes") if _schedulable(n, pod)]
+        every = list(self.store.iter_objects("nodes"))
+        nodes = [n for n in every if _schedulable(n, pod)]
         if not nodes:
+            self._unschedulable(pod, every)
             return
         node = nodes[self._next_node % len(nodes)]["metadata"]["name"]
         self._next_node += 1
@@ -168,6 +170,30 @@ class Kubelets:
         with contextlib.suppress(status.ApiError):
             self.store.mutate("pods", meta["namespace"], meta["name"],
                               lambda o: o["spec"].update(nodeName=node) if not o["spec"].get("nodeName") else None)
+
+    def _unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
+        """As kube-scheduler does: PodScheduled=False, reason Unschedulable, with why each node was refused."""
+        cordoned = sum(1 for n in nodes if (n.get("spec") or {}).get("unschedulable"))
+        tainted = len(nodes) - cordoned
+        why = [f"{cordoned} node(s) were unschedulable"] if cordoned else []
+        why += [f"{tainted} node(s) had untolerated taint"] if tainted else []
+        message = f"0/{len(nodes)} nodes are available: {', '.join(why) or 'no nodes'}."
+        meta = pod["metadata"]
+
+        def change(obj: Obj) -> None:
+            status_ = obj.setdefault("status", {})
+            conditions = [c for c in status_.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            status_["conditions"] = [*conditions, {"type": "PodScheduled", "status": "False",
+                                                   "reason": "Unschedulable", "message": message,
+                                                   "lastTransitionTime": self._now()}]
+            status_.setdefault("phase", "Pending")
+
+        current: Obj = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                        if c.get("type") == "PodScheduled"), {})
+        if current.get("status") == "False" and current.get("message") == message:
+            return
+        with contextlib.suppress(status.ApiError):
+            self.store.mutate("pods", meta["namespace"], meta["name"], change)
 
     def _start(self, ns: str, name: str, uid: str) -> None:
         now = self._now()

@@ -452,6 +452,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "plugin classifies it as communication, the job is restarted", log_classified,
              overrides={"detectors": {"entries": {"logscan": {}}}}, plugin="logscan"),
 )}
+
+from kcover.sim import loopscenarios  # noqa: E402  (they build on this module's helpers)
+
+SCENARIOS.update({s.name: s for s in loopscenarios.SCENARIOS})
 DEFAULT = "pod-error"
 
 

@@ -1,0 +1,232 @@
+"""The `kcover sim` scenarios of the closed loop: verification, return to service, pause, the latched breaker.
+
+Owns four scenarios, played like the others (`scenarios.Run`, `scenarios.Scenario`) and listed in
+`scenarios.SCENARIOS`: `restart-stalled` (a restart whose pods stay Pending is reported Stalled with
+the scheduler's message, and a person is called), `node-repaired` (XID 79, cordon, the GPU recovers,
+un-cordon after the hold; an admin-cordoned bystander is left alone), `pause` (paused workload,
+namespace and global scope are skipped with Events; resumed, kcover acts) and `breaker-latch` (the
+breaker latches open on a refused cordon, refuses restarts until `kcover breaker reset`, then holds
+back for its cooldown). How it fails: as `scenarios` does (a timed-out wait fails the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kcover.aio import clock as clock_
+from kcover.kube import client as client_
+from kcover.recovery import controls
+from kcover.sim import cluster as cluster_
+from kcover.sim import scenarios as sc
+
+NS = sc.NS
+STALLED = "KcoverRecoveryStalled"
+ESCALATED = "KcoverEscalated"
+VERIFIED = "KcoverRecoveryVerified"
+UNCORDONED = "KcoverUncordonedNode"
+LATCHED = "KcoverBreakerLatched"
+CONTROLS = "kcover-controls"
+LEDGER_NS = "kcover-system"
+
+
+def _set_annotation(c: cluster_.SimCluster, resource: str, namespace: str, name: str, key: str,
+                    value: str | None) -> None:
+    """An operator's `kubectl annotate` (None removes the annotation)."""
+    def change(obj: dict[str, Any]) -> None:
+        annotations = obj["metadata"].setdefault("annotations", {}) or {}
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+        obj["metadata"]["annotations"] = annotations
+
+    c.srv.store.mutate(resource, namespace, name, change)
+
+
+def _admin_cordon(c: cluster_.SimCluster, node: str, on: bool = True) -> None:
+    """`kubectl cordon` / `uncordon` by a person: spec.unschedulable only, no kcover marks."""
+    c.srv.store.mutate("nodes", "", node, lambda o: o["spec"].update(unschedulable=on) if on
+                       else o["spec"].pop("unschedulable", None))
+
+
+def _skipped_with(run: sc.Run, name: str, text: str) -> Any:
+    return lambda: next((e for e in run.api_events(sc.SKIPPED, name) if text in e.message), None)
+
+
+# ---------------------------------------------------------------------------------------------- restart-stalled
+
+async def restart_stalled(run: sc.Run) -> None:
+    c = run.cluster
+    job = c.jobs[0]
+    pod = sc._worker(c, job)
+    old = c.pod_uids(job)
+    for node in c.nodes:  # no capacity left: whatever is restarted stays Pending
+        _admin_cordon(c, node)
+    run.note("admin", f"a person cordoned every node ({', '.join(c.nodes)})")
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    sc._fail(c, pod, "worker group failed (exitcode: 1)")
+    await run.detected(f, sc._about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+    await run.acted(f, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
+    pending = await c.until(lambda: [p for p in c.job_pods(job) if p["metadata"]["uid"] not in old
+                                     and (p.get("status") or {}).get("conditions")], sc.WAIT,
+                            "the recreated pods to be refused by the scheduler")
+    run.note("scheduler", f"Pod {NS}/{pending[0]['metadata']['name']} Pending: "
+                          f"{pending[0]['status']['conditions'][-1]['message']}")
+    stalled = await c.until(lambda: next(iter(run.api_events(STALLED, job)), None), sc.WAIT,
+                            f"a {STALLED} Event for PyTorchJob {NS}/{job}")
+    run.note("stalled", stalled.message[:200], stalled.at)
+    run.check("the recovery is reported Stalled: Unschedulable", "Stalled: Unschedulable" in stalled.message,
+              stalled.message[:160])
+    run.check("the Stalled Event carries the scheduler's message", "0/2 nodes are available" in stalled.message
+              or f"0/{len(c.nodes)} nodes are available" in stalled.message, stalled.message[:200])
+    person = await c.until(lambda: next((e for e in run.api_events(ESCALATED, job) if "a person" in e.message), None),
+                           sc.WAIT, f"a {ESCALATED} Event (a person) for PyTorchJob {NS}/{job}")
+    run.note("escalated", person.message[:160], person.at)
+    counted = c.metric("kcover_recovery_stalled_total", {"cause": "Unschedulable"})
+    run.check(f"kcover_recovery_stalled_total{{cause=\"Unschedulable\"}} counted it ({counted:g})", counted == 1)
+    run.check("no second restart", len(run.api_events(sc.RESTARTED, job)) == 1)
+
+
+# ---------------------------------------------------------------------------------------------- node-repaired
+
+async def node_repaired(run: sc.Run) -> None:
+    c = run.cluster
+    node = str(c.running_pods(c.jobs[0])[1]["spec"]["nodeName"])
+    bystander = next(n for n in c.nodes if n != node)
+    _admin_cordon(c, bystander)
+    run.note("admin", f"a person cordoned {bystander} (maintenance)")
+    gpu = 0
+    f = run.fault("gpu-xid-79", f"Node {node}", "XID 79: the GPU falls off the bus")
+    c.agents[node].nvml.gpu_lost(gpu)
+    c.agents[node].nvml.xid(79, gpu)
+    await run.acted(f, lambda e: e.reason == sc.CORDONED and e.name == node, f"a {sc.CORDONED} Event for {node}")
+    f.detected_at = f.detected_at or f.acted_at
+    await asyncio.sleep(0.5)
+    c.agents[node].nvml.clear(gpu)
+    run.note("repair", f"the GPU on {node} was reset and answers again")
+    back = await c.until(lambda: c.api_event(lambda e: e.reason == UNCORDONED and e.name == node, f.injected_at),
+                         sc.WAIT * 2, f"a {UNCORDONED} Event for {node}")
+    f.recovered_at = back.at
+    run.note("uncordon", back.message[:160], back.at)
+    await asyncio.sleep(sc.SETTLE)
+    spec = c.srv.store.get("nodes", "", node)["spec"]
+    taints = [t.get("key") for t in spec.get("taints") or []]
+    annotations = c.srv.store.get("nodes", "", node)["metadata"].get("annotations") or {}
+    run.check(f"Node {node} is schedulable again", not spec.get("unschedulable"))
+    run.check(f"kcover's taint is gone from {node}", "kcover.io/unhealthy" not in taints, str(taints))
+    run.check("kcover's cordon annotations are gone", not any(k.startswith("kcover.io/cordon") for k in annotations))
+    cordoned = await c.until(lambda: c.api_event(lambda e: e.reason == sc.CORDONED and e.name == node, f.injected_at),
+                             sc.WAIT, "the cordon Event")
+    hold = float(NODE_REPAIRED.overrides["detectors"]["entries"]["node-condition"]["config"]["recovered_hold_seconds"])
+    run.check(f"the un-cordon came at least the hold ({hold:g}s) after the cordon",
+              (back.at - cordoned.at).total_seconds() >= hold)
+    other = c.srv.store.get("nodes", "", bystander)["spec"]
+    run.check(f"the admin-cordoned {bystander} is still cordoned", other.get("unschedulable") is True)
+    run.check(f"kcover wrote nothing about {bystander}",
+              not [e for e in run.api_events(UNCORDONED) + run.api_events(sc.CORDONED) if e.name == bystander])
+
+
+# ---------------------------------------------------------------------------------------------- pause
+
+async def pause(run: sc.Run) -> None:
+    c = run.cluster
+    first, second = c.jobs[0], c.jobs[1]
+    scopes: list[tuple[str, str, str, str, str]] = [
+        ("pytorchjobs.kubeflow.org", NS, first, f"PyTorchJob {NS}/{first}", first),
+        ("namespaces", "", NS, f"namespace {NS}", second),
+        ("configmaps", LEDGER_NS, CONTROLS, "every target", first),
+    ]
+    c.srv.store.create("configmaps", {"metadata": {"name": CONTROLS, "namespace": LEDGER_NS}})
+    for resource, namespace, name, scope, job in scopes:
+        _set_annotation(c, resource, namespace, name, controls.PAUSED, "true")
+        run.note("pause", f"{controls.PAUSED}=true on {resource} {namespace + '/' if namespace else ''}{name}")
+        pod = sc._worker(c, job)
+        f = run.fault("container-error", f"Pod {NS}/{pod}", f"exits with code 1 while {scope} is paused")
+        sc._fail(c, pod, "worker group failed (exitcode: 1)")
+        def paused(e: cluster_.ApiEvent, job: str = job, scope: str = scope) -> bool:
+            return e.reason == sc.SKIPPED and e.name == job and "Paused" in e.message and scope in e.message
+
+        found = await run.acted(f, paused, f"a Paused {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
+        run.note("skipped", found.message[:140], found.at)
+        _set_annotation(c, resource, namespace, name, controls.PAUSED, None)
+    run.check("nothing was restarted while paused", not run.api_events(sc.RESTARTED))
+    job = first
+    pod = sc._worker(c, job)
+    old = c.pod_uids(job)
+    f = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 after the pauses were lifted")
+    sc._fail(c, pod, "worker group failed (exitcode: 1)")
+    await run.acted(f, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(f, job, old)
+    await asyncio.sleep(sc.SETTLE)
+    run.check("kcover acted again once resumed", len(run.api_events(sc.RESTARTED, job)) == 1)
+
+
+# ---------------------------------------------------------------------------------------------- breaker-latch
+
+async def breaker_latch(run: sc.Run) -> None:
+    c = run.cluster
+    first, second = c.nodes[0], c.nodes[1]
+    f = run.fault("gpu-xid-79", f"Node {first}", "XID 79 on the first node")
+    c.agents[first].nvml.xid(79, 0)
+    await run.acted(f, lambda e: e.reason == sc.CORDONED and e.name == first, f"a {sc.CORDONED} Event for {first}")
+    await asyncio.sleep(sc.SETTLE)
+    g = run.fault("gpu-xid-79", f"Node {second}", "XID 79 on the second node: past max_cordoned_fraction")
+    c.agents[second].nvml.xid(79, 0)
+    latched = await run.acted(g, lambda e: e.reason == LATCHED, f"a {LATCHED} Event")
+    run.note("latched", latched.message[:160], latched.at)
+    cm = c.srv.store.get("configmaps", LEDGER_NS, CONTROLS)
+    run.check("the controls ConfigMap holds the open breaker",
+              (cm["metadata"].get("annotations") or {}).get(controls.BREAKER) == controls.OPEN)
+    await asyncio.sleep(sc.SETTLE)
+    job = c.jobs[0]
+    pod = sc._worker(c, job)
+    h = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 while the breaker is latched")
+    sc._fail(c, pod, "worker group failed (exitcode: 1)")
+    await run.acted(h, lambda e: e.reason == sc.SKIPPED and e.name == job and "BreakerLatched" in e.message,
+                    f"a BreakerLatched {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
+    cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
+    run.check(f"only {first} was cordoned", cordoned == [first], ", ".join(cordoned))
+    async with client_.from_configuration(c.srv.kube_configuration()) as kube:
+        was_open = await controls.reset(kube, namespace=LEDGER_NS, name=CONTROLS, now=clock_.utcnow())
+    run.check("`kcover breaker reset` closed it", was_open)
+    run.note("reset", "a person ran `kcover breaker reset`")
+    pod = sc._worker(c, job)
+    i = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 during the breaker's cooldown")
+    sc._fail(c, pod, "worker group failed (exitcode: 1)")
+    await run.acted(i, lambda e: e.reason == sc.SKIPPED and e.name == job and "BreakerCooldown" in e.message,
+                    f"a BreakerCooldown {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
+    cooldown = float(BREAKER_LATCH.overrides["recovery"]["breaker_cooldown_seconds"])
+    await asyncio.sleep(cooldown)
+    pod = sc._worker(c, job)
+    old = c.pod_uids(job)
+    k = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 after the cooldown")
+    sc._fail(c, pod, "worker group failed (exitcode: 1)")
+    await run.acted(k, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.recovered(k, job, old)
+    restarted = [e for e in run.api_events(sc.RESTARTED, job) if e.at >= latched.at]
+    run.check("restarted exactly once after the latch (after the reset and cooldown)", len(restarted) == 1,
+              str(len(restarted)))
+
+
+RESTART_STALLED = sc.Scenario(
+    "restart-stalled", "a restarted job's pods stay Pending (every node cordoned by a person): the recovery is "
+    "reported Stalled with the scheduler's message and a person is called", restart_stalled,
+    overrides={"recovery": {"verify": {"deadline_seconds": 1.5}, "resume_interval_seconds": 0.3}})
+NODE_REPAIRED = sc.Scenario(
+    "node-repaired", "XID 79: the node is cordoned; the GPU recovers and the node returns to service after the "
+    "hold; a node a person cordoned is left alone", node_repaired, nodes=3,
+    overrides={"recovery": {"uncordon_enabled": True},
+               "detectors": {"entries": {"node-condition": {"config": {"recovered_hold_seconds": 1.0}}}}},
+    agent_overrides={"agent": {"condition_hold_seconds": 0.5},
+                     "detectors": {"entries": {"nvml": {"config": {"health_interval_seconds": 0.2}}}}})
+PAUSE = sc.Scenario(
+    "pause", "kcover.io/paused=true on a job, its namespace, then globally: each failure is skipped with a Paused "
+    "Event; lifted, the next failure is restarted", pause,
+    overrides={"recovery": {"workload_cooldown_seconds": 0.5}})
+BREAKER_LATCH = sc.Scenario(
+    "breaker-latch", "a cordon past max_cordoned_fraction latches the breaker: restarts are refused until "
+    "`kcover breaker reset`, then for its cooldown, then kcover acts again", breaker_latch,
+    overrides={"recovery": {"breaker_latch": True, "breaker_cooldown_seconds": 1.5,
+                            "workload_cooldown_seconds": 0.5}})
+SCENARIOS: tuple[sc.Scenario, ...] = (RESTART_STALLED, NODE_REPAIRED, PAUSE, BREAKER_LATCH)
