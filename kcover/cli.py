@@ -28,8 +28,11 @@ from pydantic import ValidationError
 
 import kcover
 from kcover import checking, errors, logs, metrics, reloading, serving, settings, wiring
+from kcover.aio import clock as clock_
 from kcover.bench import running as bench_running
 from kcover.detectors import contract, registry
+from kcover.kube import client as client_
+from kcover.recovery import controls
 from kcover.sim import running as sim_running
 
 log = structlog.get_logger()
@@ -114,6 +117,30 @@ def cmd_detectors(args: argparse.Namespace) -> int:
         for r in rows:
             print("  ".join(r[k].ljust(widths[k]) for k in widths) + "  " + r["status"])
     return 1 if any(i.cls is None for i in reg.infos) and args.strict else 0
+
+
+def cmd_breaker_reset(args: argparse.Namespace) -> int:
+    """`kcover breaker reset`: close the latched breaker on the controls ConfigMap the settings name."""
+    cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
+    rs = cfg.recovery
+
+    async def reset() -> bool:
+        kube = await client_.connect(cfg.kube.kubeconfig)
+        try:
+            return await controls.reset(kube, namespace=rs.ledger_namespace, name=rs.controls_name,
+                                        now=clock_.utcnow())
+        finally:
+            await kube.close()
+
+    try:
+        was_open = asyncio.run(reset())
+    except errors.KcoverError as exc:
+        print(f"kcover breaker reset: {exc}", file=sys.stderr)
+        return 1
+    where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
+    print(f"breaker reset ({where}); kcover acts again after {rs.breaker_cooldown_seconds:g}s" if was_open
+          else f"the breaker was not latched ({where}); the cooldown starts now")
+    return 0
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -326,6 +353,12 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     p = sub.add_parser("bench", help="measure latency, scale, throughput and API cost against the targets")
     bench_running.add_arguments(p)
 
+    p = sub.add_parser("breaker", help="the latched circuit breaker (recovery.breaker_latch)")
+    bsub = p.add_subparsers(dest="breaker_command", required=True, metavar="SUBCOMMAND")
+    b = bsub.add_parser("reset", help="close a latched breaker; kcover acts again after recovery.breaker_cooldown_seconds")
+    _add_common(b)
+    b.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -346,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_detectors(args)
     if args.command == "config":
         return cmd_config_check(args) if args.config_command == "check" else cmd_config_show(args)
+    if args.command == "breaker":
+        return cmd_breaker_reset(args)
     _, role, _ = wiring.ROLES[args.command]
     return _run_role(args, role)
 
