@@ -1,0 +1,31 @@
+"""The chart grants what the closed loop uses: the drain's evictions, the remediation request's label and
+Node condition, the namespace pause, and the controls ConfigMap by name (docs/runbook.md, "Operator controls"
+and "The escalation ladder")."""
+
+from __future__ import annotations
+
+from chartkit import Render, find
+
+
+def _rules(objs: list[dict[str, object]], kind: str, name: str) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    role = find(objs, kind, name)
+    return [(g, r, tuple(rule["verbs"]), tuple(rule.get("resourceNames") or ()))  # type: ignore[index]
+            for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]]  # type: ignore[index]
+
+
+def test_controller_may_evict_request_remediation_and_read_namespace_pauses(render: Render) -> None:
+    objs = render({})
+    granted = {(g, r): verbs for g, r, verbs, _ in _rules(objs, "ClusterRole", "-controller")}
+    assert "create" in granted[("", "pods/eviction")]
+    assert "patch" in granted[("", "nodes")]
+    assert granted[("", "nodes/status")] == ("patch",)
+    assert granted[("", "namespaces")] == ("get",)
+
+
+def test_controller_reads_and_writes_the_controls_configmap_by_name(render: Render) -> None:
+    objs = render({"controller": {"controlsName": "my-controls"}})
+    named = [(verbs, names) for g, r, verbs, names in _rules(objs, "Role", "-controller") if r == "configmaps" and names]
+    assert any("my-controls" in names and {"get", "update"} <= set(verbs) for verbs, names in named), named
+    container = find(objs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KCOVER_RECOVERY__CONTROLS_NAME"] == "my-controls"
