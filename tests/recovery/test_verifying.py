@@ -1,0 +1,69 @@
+"""Verification's pure decisions, as tables over the cache's own projections: when a restarted unit is
+back (new uids, all Running), finished, or Stalled, and which cause a Stalled recovery reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kcover.kube import projections as proj
+from kcover.recovery import actions, verifying
+
+JOB = "training.kubeflow.org/job-name"
+SEL = actions.MemberSelector(labels=((JOB, "train"),))
+OLD = frozenset({"old-0", "old-1"})
+
+
+def _followed(expected: int = 2) -> verifying.Followed:
+    return verifying.Followed(key="w.u", workload=actions.WorkloadRef("PyTorchJob", "kubeflow.org/v1", "train", "ml", "u"),
+                              selector=SEL, what="PyTorchJob ml/train", old_uids=OLD, expected=expected,
+                              fault_at=0.0, restarted_at=1.0, deadline=10.0, fault="ContainerError")
+
+
+def _pod(uid: str, phase: str = "Running", *, status: dict[str, Any] | None = None, deleting: bool = False) -> proj.Pod:
+    meta: dict[str, Any] = {"uid": uid, "name": f"train-{uid}", "namespace": "ml", "labels": {JOB: "train"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return proj.pod({"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": phase, **(status or {})}})
+
+
+UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": "0/4 nodes are available: 4 node(s) were unschedulable."}]}
+IMAGE = {"containerStatuses": [{"name": "pytorch", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                                         "message": "Back-off pulling image"}}}]}
+CRASH = {"containerStatuses": [{"name": "pytorch", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+
+
+@pytest.mark.parametrize(("pods", "expected"), [
+    ([_pod("new-0"), _pod("new-1")], verifying.Outcome.RECOVERED),
+    ([_pod("new-0"), _pod("new-1", "Pending")], None),  # not all running
+    ([_pod("new-0")], None),  # the operator has recreated one of two
+    ([_pod("new-0"), _pod("new-1"), _pod("old-0", deleting=True)], verifying.Outcome.RECOVERED),  # old one terminating
+    ([_pod("new-0"), _pod("old-1")], None),  # an old pod is still there
+    ([], None),
+])
+def test_assess(pods: list[proj.Pod], expected: verifying.Outcome | None) -> None:
+    assert verifying.assess(_followed(), pods, None) is expected
+
+
+def test_a_finished_workload_is_finished_not_stalled() -> None:
+    done = proj.workload({"kind": "PyTorchJob", "apiVersion": "kubeflow.org/v1", "metadata": {"uid": "u"},
+                          "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}})
+    assert verifying.assess(_followed(), [], done) is verifying.Outcome.FINISHED
+
+
+@pytest.mark.parametrize(("pods", "cause", "says"), [
+    ([_pod("new-0", "Pending", status=UNSCHEDULABLE), _pod("new-1", "Pending", status=UNSCHEDULABLE)],
+     verifying.StallCause.UNSCHEDULABLE, "0/4 nodes are available"),
+    ([_pod("new-0", "Pending", status=IMAGE), _pod("new-1")], verifying.StallCause.IMAGE_PULL, "ImagePullBackOff"),
+    ([_pod("new-0", status=CRASH), _pod("new-1")], verifying.StallCause.CRASHED_AGAIN, "CrashLoopBackOff"),
+    ([_pod("new-0")], verifying.StallCause.NOT_RECREATED, "1 of 2 pods"),
+    ([], verifying.StallCause.NOT_RECREATED, "0 of 2 pods"),
+    ([_pod("new-0", "Pending"), _pod("new-1", "Pending")], verifying.StallCause.NOT_RUNNING, "2 Pending"),
+])
+def test_diagnose_reads_the_cause_from_the_pods(pods: list[proj.Pod], cause: verifying.StallCause, says: str) -> None:
+    got, detail = verifying.diagnose(_followed(), pods)
+    assert got is cause
+    assert says in detail
