@@ -30,7 +30,8 @@ async def test_mttr_on_metrics_matches_the_pod_error_timeline_within_50ms() -> N
         text = exposition.generate_latest(leader.metrics.registry).decode()  # what /metrics serves
     assert all(check.ok for check in run.checks), [ch.text for ch in run.checks if not ch.ok]
     fault = run.faults[0]
-    assert fault.detected_at is not None and fault.recovered_at is not None
+    assert fault.detected_at is not None
+    assert fault.recovered_at is not None
     timeline = (fault.recovered_at - fault.detected_at).total_seconds()
     got = _samples(text, "kcover_recovery_mttr_seconds")
     assert got["kcover_recovery_mttr_seconds_count"] == 1
