@@ -221,11 +221,6 @@ class EscalationSettings(_Group):
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
 
 
-class ValidationSettings(_Group):
-    dcgm_level: int = Field(0, ge=0, le=4, description="Before kcover un-cordons a node, ask the node's agent to run `dcgmi diag -r <level>` and un-cordon only once it passed; 0 skips the validation. Level 1 takes seconds; 2 and more stress the GPUs for minutes (the node is cordoned, so nothing else runs there).")
-    timeout_seconds: float = Field(1800.0, gt=0, description="Seconds the controller waits for the agent's answer before it asks again.")
-
-
 class NodeJudgement(enum.StrEnum):
     """How a fault source's recommended action combines with the controller's rule for the fault."""
 
@@ -258,7 +253,6 @@ class RecoverySettings(_Group):
     delete_concurrency: int = Field(16, ge=1, description="Pod DELETEs in flight at once when a restart deletes pods one by one with uid preconditions (kinds whose pods carry no uid label: Kubeflow v1, Volcano, LeaderWorkerSet): a 1,000-pod job is deleted in about 60 round trips, without a burst the API server's priority and fairness would throttle.")
     verify: VerifySettings = Field(default_factory=VerifySettings, description="Verification after every restart: following the workload until it runs again, MTTR, Stalled recoveries.")
     escalation: EscalationSettings = Field(default_factory=EscalationSettings, description="The escalation ladder: a fault that keeps coming back on one node, and what follows a cordon (drain, remediation request, a person).")
-    validation: ValidationSettings = Field(default_factory=ValidationSettings, description="Validation a node must pass before kcover returns it to service.")
     breaker_latch: bool = Field(False, description="Once the circuit breaker refuses an action, keep it open (refusing every restart and cordon) until a person resets it with `kcover breaker reset` or the annotation `kcover.io/breaker-reset=true` on the controls ConfigMap. Off by default: the breaker closes on its own as restarts finish and nodes return.")
     breaker_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds after a latched breaker was reset during which kcover still refuses restarts and cordons (`BreakerCooldown`), so a storm that is not over does not trip it again at once.")
     controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
@@ -307,8 +301,6 @@ class AgentSettings(_Group):
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
-    validation_poll_seconds: float = Field(0.0, ge=0, description="Seconds between the agent's reads of its Node for a validation request (`kcover.io/validate`, written by the controller before it returns the node to service, `recovery.validation.dcgm_level`); 0: the agent does not answer them. One GET per node per period: 30 s costs a 5,000-node cluster about 170 requests a second, so enable it only with the controller's validation.")
-    validation_timeout_seconds: float = Field(1800.0, gt=0, description="Seconds one `dcgmi diag` run may take before the agent reports the validation failed (level 4 runs for about an hour on eight GPUs; level 3 about 30 minutes).")
 
 
 class Settings(BaseSettings):
