@@ -19,7 +19,7 @@ from kcover import bus as bus_
 from kcover import errors, metrics, model, settings
 from kcover.kube import caching, client, watching
 from kcover.kube import projections as proj
-from kcover.recovery import actions, adapters, engine, executing, ledger
+from kcover.recovery import actions, adapters, engine, executing, ledger, policy
 
 KF = "kubeflow.org/v1"
 Cluster = Any  # tests/backends.py's Cluster
@@ -496,3 +496,76 @@ async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applie
     assert rig.engine.in_flight_restarts == 0
     assert await alive(cluster) >= {"train-chief-0", "train-chief-1"}
     assert not await alive(cluster) & {"train-worker-0", "other-worker-0"}
+
+
+async def test_a_pod_created_with_the_jobs_labels_during_a_restart_is_not_deleted(cluster: Cluster) -> None:
+    """The restart is planned, then (while it is in flight) someone creates a pod carrying every label of the
+    job's selector: the uid-preconditioned deletes remove exactly the job's verified pods, never the newcomer."""
+    await seed(cluster)
+    clock = Clock()
+    rig = await Rig.make(cluster, clock)
+    await rig.ledger.load()
+    fault = await pod_fault(cluster, "train-worker-1", clock)
+    [planned] = [a for a in policy.plan(fault, rig.snap, rig.ledger.history(), rig.recovery, clock.now())
+                 if isinstance(a, actions.RestartWorkload)]
+    assert planned.selector.pods is not None
+    assert not planned.selector.uid_bearing
+    labels = {adapters.KUBEFLOW_JOB_NAME: "train", adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
+    await make_pod(cluster, "intruder", "gpu-7", labels, None)  # in flight: after the plan, before the delete
+    await rig.refresh()  # even a cache that already sees it does not widen the planned restart
+    result = await rig.executor.execute(planned)
+    assert result.outcome is executing.Outcome.DONE
+    assert result.deleted == 3
+    assert await alive(cluster) == {"train-chief-0", "train-chief-1", "train-debug", "intruder"}
+
+
+@pytest.mark.parametrize("pods", [2, 8])
+async def test_what_a_restart_costs_in_requests_by_delete_choice(cluster: Cluster, pods: int) -> None:
+    """Requests one restart sends, counted by the product's client: a uid-bearing selector (batch/v1 Job's
+    controller-uid) costs one DeleteCollection whatever the size; a kind without one (a Kubeflow job)
+    one uid-preconditioned DELETE per pod. Both add one ledger write and one Event, and no LIST."""
+    ns = cluster.namespace
+    await create(cluster, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-c"},
+                                            "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+    pt = await create(cluster, f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
+        "apiVersion": KF, "kind": "PyTorchJob",
+        "metadata": {"name": "kf", "namespace": ns, "labels": {proj.OPT_IN_LABEL: "true"}},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": pods, "restartPolicy": "OnFailure"}}}})
+    job = await create(cluster, f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "bj", "namespace": ns, "labels": {proj.OPT_IN_LABEL: "true"}},
+        "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "Never",
+                                                          "containers": [{"name": "c", "image": "trainer"}]}}}})
+    for i in range(pods):
+        await make_pod(cluster, f"kf-worker-{i}", "gpu-c", {adapters.KUBEFLOW_JOB_NAME: "kf",
+                                                           adapters.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}, pt)
+        await make_pod(cluster, f"bj-{i}", "gpu-c", {adapters.BATCH_JOB_NAME: "bj",
+                                                    adapters.BATCH_CONTROLLER_UID: job["metadata"]["uid"]}, job)
+    clock = Clock()
+    rig = await Rig.make(cluster, clock)
+    await rig.ledger.load()
+    cost: dict[str, dict[str, int]] = {}
+    for name, pod in (("uid-label DeleteCollection", "bj-0"), ("uid-preconditioned deletes", "kf-worker-0")):
+        rig.kube.request_counts.clear()
+        [result] = await rig.engine.handle_event(await pod_fault(cluster, pod, clock))
+        assert result.outcome is executing.Outcome.DONE
+        assert result.deleted == pods
+        cost[name] = dict(rig.kube.request_counts)
+    assert cost["uid-label DeleteCollection"] == {"CREATE configmaps": 1, "DELETECOLLECTION pods": 1, "CREATE events": 1}
+    assert cost["uid-preconditioned deletes"] == {"UPDATE configmaps": 1, "DELETE pods": pods, "CREATE events": 1}
+
+
+async def test_an_audit_event_with_multibyte_text_is_written(cluster: Cluster) -> None:
+    """600 CJK characters are 1,800 bytes: the Event is cut to 1,024 bytes on a character boundary and the
+    server (a real kube-apiserver counts bytes) accepts it."""
+    await seed(cluster)
+    clock = Clock()
+    rig = await Rig.make(cluster, clock)
+    about = actions.ObjectRef("PyTorchJob", KF, "train", cluster.namespace, "")
+    await rig.executor.emit(about, reason="Kcover故障" * 30, action="重启" * 80, message="显存故障" * 150, warning=True)
+    [event] = [e for e in await events(cluster) if e["involvedObject"].get("name") == "train"]
+    assert len(event["message"].encode()) <= 1024
+    assert event["message"].startswith("显存故障")
+    assert event["message"].endswith("...")
+    assert len(event["reason"].encode()) <= 128
+    assert len(event["action"].encode()) <= 128
