@@ -5,7 +5,10 @@ A pytest plugin (loaded from tests/conftest.py). Owns:
 * Backend selection. ``KCOVER_TEST_BACKENDS`` is a comma list of ``sim`` (the simulated API server,
   `kcover.sim.server.SimServer`, one per test), ``apiserver`` (etcd + kube-apiserver from
   tests/controlplane/server.py, one per session) and ``k3s`` (a k3s container through testcontainers,
-  one per session). Unset: sim and apiserver, plus k3s when a Docker engine answers.
+  one per session) and ``cluster`` (real components around the apiserver: scheduler,
+  controller-manager, kwok, the Kubeflow training operator, with kcover installed by helm; one per
+  session, for tests/integration/cluster only, through its ``realcluster`` fixture). Unset: sim,
+  apiserver and cluster, plus k3s when a Docker engine answers.
 * ``cluster``: every test requesting it is parametrised over the selected backends (test ids
   ``[sim]``, ``[apiserver]``, ``[k3s]``). A test marked ``@pytest.mark.sim_only("why")`` runs on sim only.
   The `Cluster` gives ``backend``, ``client`` (a `kcover.kube.client.KubeClient`), ``kubeconfig_path``,
@@ -43,9 +46,10 @@ from kcover.kube import client as kubeclient
 
 TESTS = Path(__file__).resolve().parent
 CONTROLPLANE_DIR = TESTS / "controlplane"
-BACKENDS = ("sim", "apiserver", "k3s")
+BACKENDS = ("sim", "apiserver", "k3s", "cluster")
+GENERIC = ("sim", "apiserver", "k3s")  # backends the generic `cluster` fixture runs tests on
 K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
-PARAMS = ("cluster", "conformance_api")  # fixtures whose parameter is a backend name
+PARAMS = ("cluster", "conformance_api", "realcluster")  # fixtures whose parameter is a backend name
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
 
@@ -75,7 +79,7 @@ def controlplane_binaries() -> Path | None:
 def selected_backends() -> list[str]:
     raw = os.environ.get("KCOVER_TEST_BACKENDS", "").strip()
     if not raw:
-        return ["sim", "apiserver", *(["k3s"] if docker_answers() else [])]
+        return ["sim", "apiserver", "cluster", *(["k3s"] if docker_answers() else [])]
     chosen = [b.strip() for b in raw.split(",") if b.strip()]
     unknown = sorted(set(chosen) - set(BACKENDS))
     if unknown:
@@ -106,12 +110,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     defs = metafunc.definition._fixtureinfo.name2fixturedefs.get("cluster") or ()
     if not defs or defs[-1].func is not cluster.__wrapped__:  # type: ignore[attr-defined]
         return  # a directory's own `cluster` fixture (tests/chart) overrides this one
-    backends = selected_backends()
+    backends = [b for b in selected_backends() if b in GENERIC]
     if metafunc.definition.get_closest_marker("sim_only") is not None:
         backends = [b for b in backends if b == "sim"]
     if not backends:
         metafunc.parametrize("cluster", [pytest.param("sim", marks=pytest.mark.skip(
-            reason="sim-only test and the sim backend is not selected (KCOVER_TEST_BACKENDS)"))],
+            reason="none of the selected backends (KCOVER_TEST_BACKENDS) runs this test"))],
                              indirect=True, ids=["sim"])
         return
     metafunc.parametrize("cluster", backends, indirect=True, ids=backends)
