@@ -144,6 +144,8 @@ async def pause(run: sc.Run) -> None:
         pod = sc._worker(c, job)
         f = run.fault("container-error", f"Pod {NS}/{pod}", f"exits with code 1 while {scope} is paused")
         sc._fail(c, pod, "worker group failed (exitcode: 1)")
+        await run.detected(f, sc._about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
+
         def paused(e: cluster_.ApiEvent, job: str = job, scope: str = scope) -> bool:
             return e.reason == sc.SKIPPED and e.name == job and "Paused" in e.message and scope in e.message
 
@@ -169,6 +171,8 @@ async def breaker_latch(run: sc.Run) -> None:
     first, second = c.nodes[0], c.nodes[1]
     f = run.fault("gpu-xid-79", f"Node {first}", "XID 79 on the first node")
     c.agents[first].nvml.xid(79, 0)
+    await run.detected(f, lambda e: e.reason == "XID79" and first in (e.target.node, e.target.name),
+                       f"the agent on {first} to report XID 79")
     await run.acted(f, lambda e: e.reason == sc.CORDONED and e.name == first, f"a {sc.CORDONED} Event for {first}")
     await asyncio.sleep(sc.SETTLE)
     g = run.fault("gpu-xid-79", f"Node {second}", "XID 79 on the second node: past max_cordoned_fraction")
