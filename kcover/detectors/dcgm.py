@@ -174,8 +174,16 @@ def _detail(notes: list[str]) -> str:
 
 
 def parse_diag_json(text: str) -> list[Finding]:
-    """`dcgmi diag -j`: FAIL results per GPU (`gpu_ids` "0,1" or `gpu_id`), with their warnings."""
-    data = json.loads(text)
+    """`dcgmi diag -j`: FAIL results per GPU (`gpu_ids` "0,1" or `gpu_id`), with their warnings.
+
+    Raises `ValueError` for text that is not JSON or not shaped like dcgmi's document."""
+    try:
+        return _diag_findings(json.loads(text))
+    except (AttributeError, TypeError) as exc:
+        raise ValueError(f"not a dcgmi diag document: {exc}") from exc
+
+
+def _diag_findings(data: Any) -> list[Finding]:
     root = data.get("DCGM GPU Diagnostic") or data.get("DCGM Diagnostic") or {}
     findings: list[Finding] = []
     for category in root.get("test_categories", []):
@@ -204,6 +212,8 @@ def parse_health_json(text: str) -> list[Finding]:
         if not isinstance(node, dict):
             return
         children = node.get("children")
+        if not isinstance(children, dict):
+            children = None
         health = node.get("Health", {})
         health_value = health.get("value") if isinstance(health, dict) else None
         if isinstance(health_value, str) and len(path) >= 2 and path[-1] not in ("Overall Health",):
