@@ -432,6 +432,8 @@ class Executor:
 
     async def _delete(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
         ns = action.workload.namespace
+        if adapters.evicts(action.workload.api_version.rpartition("/")[0], action.workload.kind):
+            return await self._evict(action, intent)
         if action.selector.pods is None:
             self._guard()
             path = f"/api/v1/namespaces/{ns}/pods"
@@ -474,6 +476,32 @@ class Executor:
         except BaseExceptionGroup as group:  # the first failure stands for the others (errors.KubeError)
             raise group.exceptions[0] from None
         return deleted
+
+    async def _evict(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
+        """Evict the workload's pods one by one (uid preconditions): the Job controller then sees the
+        DisruptionTarget condition, which a podFailurePolicy can ignore, instead of a failure that counts
+        towards backoffLimit (`adapters.evicts`). Only pods the intent recorded are evicted."""
+        ns = action.workload.namespace
+        if action.selector.pods is not None:
+            refs = [(ref.name, ref.uid) for ref in action.selector.pods]
+        else:
+            listed = await self._kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                              query={"labelSelector": action.selector.render()})
+            refs = [(str(p["metadata"]["name"]), str(p["metadata"]["uid"])) for p in listed.get("items") or []
+                    if not p["metadata"].get("deletionTimestamp")
+                    and (not intent.uids or p["metadata"].get("uid") in intent.uids)]
+        evicted = 0
+        for name, uid in refs:
+            self._guard()
+            body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
+                    "deleteOptions": {"preconditions": {"uid": uid}}}
+            try:
+                await self._kube.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body,
+                                         fence=self._fence)
+            except (errors.NotFoundError, errors.ConflictError):
+                continue  # already gone, or the name now belongs to a new pod
+            evicted += 1
+        return evicted
 
     # ---------------------------------------------------------------------------------------- nodes
 

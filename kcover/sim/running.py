@@ -281,4 +281,4 @@ def chaos_scenario(args: argparse.Namespace) -> scenarios_.Scenario:
         run.results["chaos"] = tally.as_dict()
 
     return scenarios_.Scenario(CHAOS, CHAOS_SUMMARY, play, overrides=chaos_.OVERRIDES,
-                               timeout=120.0 + options.faults * 3.0)
+                               timeout=120.0 + options.faults * 6.0)
