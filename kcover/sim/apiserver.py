@@ -2,8 +2,8 @@
 
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
-verbs get, list, watch, create, update, patch, delete, deletecollection and pods/log, request
-counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
+verbs get, list, watch, create, update, patch, delete, deletecollection, pods/log and pods/eviction
+(`evicting`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
 exception answers 500 InternalError rather than closing the connection.
 """
@@ -21,8 +21,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from kcover.aio import clock as clocks
 from kcover.sim import (
     discovery,
+    evicting,
     faults,
     patching,
     podlogs,
@@ -188,6 +190,8 @@ class ApiServer:
             verb, handler = "CREATE", self._create
         elif method == "POST" and sub == "binding":
             verb, handler = "CREATE", self._bind
+        elif method == "POST" and sub == "eviction":
+            verb, handler = "CREATE", self._evict
         elif method == "PUT" and t.name is not None:
             verb, handler = "UPDATE", self._update
         elif method == "PATCH" and t.name is not None:
@@ -438,6 +442,18 @@ class ApiServer:
                                   f"\"{pod['spec']['nodeName']}\"")
         pod["spec"]["nodeName"] = node
         self.store.update("pods", pod)
+        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+
+    async def _evict(self, request: web.Request, t: Target) -> web.StreamResponse:
+        """The Eviction API, PodDisruptionBudgets honoured (`evicting`): 201 and a Success Status."""
+        assert t.name is not None
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise status.bad_request("the object provided is not an object")
+        now = clocks.rfc3339(self.store.clock.now())
+        _, gone = evicting.evict(self.store, t.namespace or "", t.name, body, now)
+        if gone:
+            self.logs.forget_pod(t.namespace or "", t.name)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
 
     async def _log(self, request: web.Request, t: Target) -> web.StreamResponse:

@@ -142,7 +142,7 @@ NAMESPACE_FIELDS: Mapping[str, FieldGetter] = {
 }
 
 RESOURCES: tuple[Resource, ...] = (
-    Resource(plural="pods", kind="Pod", subresources=("status", "log", "binding"), short_names=("po",),
+    Resource(plural="pods", kind="Pod", subresources=("status", "log", "binding", "eviction"), short_names=("po",),
              field_labels=POD_FIELDS, has_generation=True),
     Resource(plural="nodes", kind="Node", namespaced=False, subresources=("status",), short_names=("no",),
              field_labels=NODE_FIELDS),
@@ -155,6 +155,8 @@ RESOURCES: tuple[Resource, ...] = (
              field_labels=NEW_EVENT_FIELDS, store_key="events"),
     Resource(plural="leases", kind="Lease", group="coordination.k8s.io", put_without_rv=False),
     Resource(plural="jobs", kind="Job", group="batch", subresources=("status",), has_generation=True),
+    Resource(plural="poddisruptionbudgets", kind="PodDisruptionBudget", group="policy", subresources=("status",),
+             short_names=("pdb",), has_generation=True),
     Resource(plural="resourceslices", kind="ResourceSlice", group="resource.k8s.io", namespaced=False,
              field_labels=RESOURCE_SLICE_FIELDS, has_generation=True),
     _custom("pytorchjobs", "PyTorchJob", "kubeflow.org", "v1"),
