@@ -221,6 +221,14 @@ class EscalationSettings(_Group):
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
 
 
+class RecordsSettings(_Group):
+    enabled: bool = Field(True, description="Write a `Recovery` resource (kcover.io/v1alpha1) for every action and every audited refusal, in the workload's namespace (a node's in `ledger_namespace`), so `kubectl get recoveries -A` shows what kcover did after its Events expired. Written after the action, by a task of its own: never on the recovery's critical path.")
+    retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a Recovery is kept: one week, long enough to read what happened over a weekend.")
+    retention_per_target: int = Field(20, ge=1, description="Recoveries kept per target (workload or node), newest first: a restart storm leaves its last 20 rows, not thousands.")
+    queue_size: int = Field(1000, ge=1, description="Recovery changes waiting to be written at most; past it a new one is dropped and counted in `kcover_recovery_records_failed_total{reason=\"queue_full\"}`. Far above what the restart breaker lets through between two writes.")
+    prune_interval_seconds: float = Field(600.0, gt=0, description="Seconds between the leader's retention passes (one paginated LIST of kcover's recoveries, then a DELETE per expired one).")
+
+
 class NodeJudgement(enum.StrEnum):
     """How a fault source's recommended action combines with the controller's rule for the fault."""
 
@@ -257,6 +265,7 @@ class RecoverySettings(_Group):
     breaker_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds after a latched breaker was reset during which kcover still refuses restarts and cordons (`BreakerCooldown`), so a storm that is not over does not trip it again at once.")
     controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
     resume_interval_seconds: float = Field(2.0, gt=0, description="Seconds between the leader's passes over the ledger's pending restarts (recorded, not carried out: a failed delete, or a dead leader's): each pass retries those still within `workload_cooldown_seconds` and gives up the older ones with a KcoverRecoveryFailed Event. Short, since a pending restart is a job not yet recovered; a pass with nothing pending reads nothing.")
+    records: RecordsSettings = Field(default_factory=RecordsSettings, description="The Recovery resources: one per action and audited refusal, with phase, timings and cause; their retention.")
 
     removed: ClassVar[Mapping[str, str]] = {
         "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "

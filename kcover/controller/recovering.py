@@ -13,6 +13,7 @@ fails raises from the hook, and the executor applies `save_logs.proceed_on_failu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,11 @@ class LeaderEngine:
         await self.inner.resume()
         if self.overseer is not None:
             await self.overseer.tick()
+
+    async def background(self, stop: asyncio.Event) -> None:
+        """Work beside the engine, off its critical path: writing the Recovery resources the overseer notes."""
+        if self.overseer is not None:
+            await self.overseer.recorder.run(stop)
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
         await self._reload()

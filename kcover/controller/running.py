@@ -51,7 +51,9 @@ class Engine(Protocol):
     An engine may also define `async resume()`: called at the start of each leadership term (and at
     start without leader election), before any batch, then every `recovery.resume_interval_seconds`
     while leading, fenced like `handle`; the default engine
-    finishes there the restarts a dead leader recorded in the ledger but did not carry out."""
+    finishes there the restarts a dead leader recorded in the ledger but did not carry out. It may also
+    define `async background(stop)`, run in its own task for the process's life (the default engine
+    writes its Recovery resources there, off the critical path)."""
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
         """Plan and execute for a batch of events; called only while leading, cancelled on a loss."""
@@ -142,6 +144,10 @@ class Controller:
             tg.create_task(self._consume(stop), name="recovery")
             tg.create_task(self._resume_pending(stop), name="recovery-resume")
             tg.create_task(self.answers.run(stop), name="refusal-answers")
+            background: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = getattr(
+                self.engine, "background", None)
+            if background is not None:
+                tg.create_task(background(stop), name="recovery-records")
             if self.elector is not None:
                 tg.create_task(self.elector.run(inner), name="leader-election")
             await stop.wait()

@@ -23,10 +23,10 @@ from typing import Any
 
 import structlog
 
-from kcover import settings
+from kcover import errors, settings
 from kcover.kube import caching
 from kcover.kube import client as kube_client
-from kcover.recovery import actions, controls, escalating, executing, ledger, policy, verifying
+from kcover.recovery import actions, controls, escalating, executing, ledger, policy, recording, verifying
 
 log = structlog.get_logger()
 
@@ -51,8 +51,12 @@ class Overseer(executing.Executor):
                  cache: caching.ClusterCache | None, **kwargs: Any) -> None:
         super().__init__(kube, snapshot, ledger_, **kwargs)
         self.verify_metrics = verifying.VerifyMetrics(self._metrics.registry)
+        self.recorder = recording.Recorder(kube, recording.RecordMetrics(self._metrics.registry),
+                                           recovery=lambda: self.settings, clock=self._clock,
+                                           identity=self.identity, is_leader=self._is_leader, fence=self._fence)
+        """The Recovery resources: noted here after each action, written by `recorder.run()` in its own task."""
         self.verifier = verifying.Verifier(cache, self.verify_metrics, settings_=lambda: self.settings.verify,
-                                           emit=self.emit)
+                                           emit=self.emit, on_end=self._verified)
         self.controls = controls.Controls(kube, snapshot, recovery=lambda: self.settings, clock=self._clock,
                                           is_leader=self._is_leader, fence=self._fence)
         self.repeats = escalating.Repeats()
@@ -70,13 +74,21 @@ class Overseer(executing.Executor):
         if isinstance(action, actions.RestartWorkload):
             await self._cordon_if_repeating(action)
             before = self._members(action) if self.settings.verify.enabled else []
-            result = await super().execute(action)
+            try:
+                result = await super().execute(action)
+            except errors.KubeError as exc:  # the delete failed: the intent stays pending, resumed later
+                self.recorder.note(action, recording.Phase.ACTING, cause="DeleteFailed",
+                                   message=f"the delete failed and is retried: {exc}")
+                raise
             if result.outcome is Outcome.DONE:
                 self._step("workload", "restart")
                 if self.settings.verify.enabled:
                     self._follow(action, before)
+                self._record_restart(action, result)
             return result
         result = await super().execute(action)
+        if result.outcome is Outcome.DONE and isinstance(action, actions.CordonNode | actions.UncordonNode):
+            self.recorder.note(action, recording.Phase.RECOVERED, message=f"{recording.decision(action)} done")
         if isinstance(action, actions.Skip):
             await self._after_skip(action)
         elif isinstance(action, actions.CordonNode) and result.outcome in (Outcome.DONE, Outcome.DRY_RUN):
@@ -84,6 +96,62 @@ class Overseer(executing.Executor):
         elif isinstance(action, actions.UncordonNode) and result.outcome is Outcome.DONE:
             await self._withdraw_remediation(action.node)
         return result
+
+    # ----------------------------------------------------------------------------------- records
+
+    async def skip(self, action: actions.Skip) -> executing.Result:
+        result = await super().skip(action)
+        if action.audit and action.about is not None:
+            self.recorder.note(action, recording.Phase.REFUSED, cause=action.code.value, message=action.text)
+        return result
+
+    def _record_restart(self, action: actions.RestartWorkload, result: executing.Result) -> None:
+        verified = self.settings.verify.enabled
+        self.recorder.note(action, recording.Phase.VERIFYING if verified else recording.Phase.RECOVERED,
+                           cause="" if verified else "NotVerified",
+                           message=f"deleted {result.deleted} pods" + ("" if verified else
+                                                                       "; recovery.verify.enabled is off"))
+
+    def _verified(self, record: verifying.Record) -> None:
+        if record.outcome is verifying.Outcome.STALLED:
+            cause = record.cause.value if record.cause is not None else ""
+            self.recorder.phase(record.key, recording.Phase.STALLED, at=record.at, cause=cause, message=record.detail)
+        else:
+            finished = record.outcome is verifying.Outcome.FINISHED
+            self.recorder.phase(record.key, recording.Phase.RECOVERED, at=record.at, mttr_seconds=record.mttr_seconds,
+                                cause="Finished" if finished else "",
+                                message="the workload finished after its restart" if finished else
+                                "every pod Running again with a new uid")
+
+    async def resume(self) -> list[executing.Result]:
+        """`Executor.resume()`, then the records of what it did: a restart finished is followed like any
+        other, one given up is Failed, an intent the cluster disagreed with is Refused."""
+        pending = self._ledger.pending()
+        results = await super().resume()
+        for result in results:
+            action = result.action
+            if not isinstance(action, actions.RestartWorkload):
+                continue
+            if result.outcome is Outcome.DONE:
+                intent = pending.get(action.ledger_key)
+                if self.settings.verify.enabled and intent is not None:
+                    self._follow_resumed(action, intent)
+                self._record_restart(action, result)
+            elif result.detail.startswith("failed:"):
+                self.recorder.note(action, recording.Phase.FAILED, cause="DeleteFailed",
+                                   message=result.detail.removeprefix("failed: "))
+            elif result.detail.startswith("refused:"):
+                self.recorder.note(action, recording.Phase.REFUSED, cause=actions.SkipCode.INTENT_REFUSED.value,
+                                   message=result.detail.removeprefix("refused: "), acted=False)
+        return results
+
+    def _follow_resumed(self, action: actions.RestartWorkload, intent: ledger.Intent) -> None:
+        now = self._clock.now().timestamp()
+        what = action.workload.describe() + (f" {action.unit}" if action.unit else "")
+        self.verifier.follow(verifying.Followed(
+            key=action.ledger_key, workload=action.workload, selector=action.selector, what=what,
+            old_uids=frozenset(intent.uids), expected=len(intent.uids), fault_at=intent.at, restarted_at=now,
+            deadline=now + self.settings.verify.deadline_seconds, fault=intent.message), lambda: self._clock.now().timestamp())
 
     # ----------------------------------------------------------------------------------- verification
 

@@ -162,8 +162,11 @@ class Verifier:
     """Follows restarted units through the cache; `flush()` writes what became of them."""
 
     def __init__(self, cache: caching.ClusterCache | None, metrics: VerifyMetrics, *,
-                 settings_: Callable[[], settings.VerifySettings], emit: Emit) -> None:
+                 settings_: Callable[[], settings.VerifySettings], emit: Emit,
+                 on_end: Callable[[Record], None] | None = None) -> None:
         self._cache = cache
+        self._on_end = on_end
+        """Told synchronously of every outcome (the Recovery resource's phase); must not raise or block."""
         self._metrics = metrics
         self._settings = settings_
         self._emit = emit
@@ -218,6 +221,8 @@ class Verifier:
         record = Record(f.key, f.what, outcome, now, mttr_seconds=mttr)
         self.history.append(record)
         self._unwritten.append((record, f.workload))
+        if self._on_end is not None:
+            self._on_end(record)
         log.info("recovery_verified", workload=f.what, outcome=outcome.value,
                  mttr_seconds=None if mttr is None else round(mttr, 3),
                  since_restart_seconds=round(now - f.restarted_at, 3))
@@ -233,6 +238,8 @@ class Verifier:
             self._metrics.stalled.labels(cause=cause.value).inc()
             self.history.append(record)
             self._unwritten.append((record, f.workload))
+            if self._on_end is not None:
+                self._on_end(record)
             out.append(record)
             log.warning("recovery_stalled", workload=f.what, cause=cause.value, detail=detail)
         return out

@@ -28,6 +28,7 @@ from kcover.sim import (
     faults,
     patching,
     podlogs,
+    printing,
     registry,
     selectors,
     status,
@@ -272,6 +273,9 @@ class ApiServer:
         assert t.name is not None
         self._check_rv(request.query.get("resourceVersion"))
         entry = self.store.entry(t.resource.key, t.namespace or "", t.name)
+        if printing.wants_table(request.headers.get("Accept", ""), t.resource):
+            return _json(printing.table(t.resource, [entry.obj()], include=request.query.get("includeObject", ""),
+                                        now=self.store.clock.now()))
         return _json(self._render(t, entry.raw))
 
     async def _list(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -298,18 +302,21 @@ class ApiServer:
                 more = bool(limit) and len(entries) > limit
                 entries = entries[:limit] if more else entries
                 token = encode_continue(rv, stores.entry_key(entries[-1])) if more else None
-                return self._list_response(t, entries, rv, token, None)
+                return self._list_response(t, entries, rv, token, None, request)
         result = self.store.list(t.resource.key, flt, limit=limit, continue_after=after)
         cont = encode_continue(list_rv, result.continue_after) if result.continue_after else None
-        return self._list_response(t, result.entries, list_rv, cont, result.remaining)
+        return self._list_response(t, result.entries, list_rv, cont, result.remaining, request)
 
     def _list_response(self, t: Target, entries: list[tables.Entry], rv: int, cont: str | None,
-                       remaining: int | None) -> web.Response:
+                       remaining: int | None, request: web.Request | None = None) -> web.Response:
         meta: Obj = {"resourceVersion": str(rv)}
         if cont:
             meta["continue"] = cont
         if remaining is not None:
             meta["remainingItemCount"] = remaining
+        if request is not None and printing.wants_table(request.headers.get("Accept", ""), t.resource):
+            return _json(printing.table(t.resource, [e.obj() for e in entries], list_meta=meta,
+                                        include=request.query.get("includeObject", ""), now=self.store.clock.now()))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version, "metadata": meta})
         items = b",".join(self._render(t, e.raw) for e in entries)
         return web.Response(body=head[:-1] + b',"items":[' + items + b"]}", content_type=_JSON)

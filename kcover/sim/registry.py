@@ -44,6 +44,18 @@ def _event_source(obj: Obj) -> str:
 
 
 @dataclass(frozen=True)
+class Column:
+    """One `additionalPrinterColumns` entry of a CRD: name, type (string, integer, number, boolean, date),
+    a simple JSONPath (`.status.phase`), priority (0 shown by default, more only with `-o wide`)."""
+
+    name: str
+    type: str
+    json_path: str
+    priority: int = 0
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Resource:
     """Static description of one served resource (one group/version/plural)."""
 
@@ -60,6 +72,8 @@ class Resource:
     strategic_merge: bool = True
     singular: str = ""
     store_key: str = ""
+    columns: tuple[Column, ...] = ()
+    """A custom resource's `additionalPrinterColumns`: with any, list and get answer `as=Table` requests."""
 
     @property
     def key(self) -> str:
@@ -173,6 +187,21 @@ RESOURCES: tuple[Resource, ...] = (
     Resource(plural="preflightreports", kind="PreflightReport", group="kcover.io", version="v1alpha1",
              subresources=("status",), short_names=("pfr",), has_generation=True, put_without_rv=False,
              strategic_merge=False),
+    # kcover's record of what it did (helm/kcover/files/recovery-crd.yaml; the columns are the CRD's)
+    Resource(plural="recoveries", kind="Recovery", group="kcover.io", version="v1alpha1", subresources=("status",),
+             short_names=("krec",), has_generation=True, put_without_rv=False, strategic_merge=False,
+             columns=(Column("Phase", "string", ".status.phase"),
+                      Column("Action", "string", ".spec.decision.action"),
+                      Column("Target", "string", ".spec.target.name"),
+                      Column("Kind", "string", ".spec.target.kind"),
+                      Column("Fault", "string", ".spec.fault.reason"),
+                      Column("Cause", "string", ".status.cause"),
+                      Column("MTTR", "number", ".status.mttrSeconds"),
+                      Column("Detected", "date", ".status.detectedAt"),
+                      Column("Node", "string", ".spec.target.node", priority=1),
+                      Column("Detector", "string", ".spec.fault.detector", priority=1),
+                      Column("Message", "string", ".status.message", priority=1),
+                      Column("Age", "date", ".metadata.creationTimestamp"))),
 )
 
 

@@ -1,0 +1,437 @@
+"""Recovery resources: the durable, kubectl-visible record of what kcover did, written off the critical path.
+
+Owns the `kcover.io/v1alpha1` kind `Recovery` (plural `recoveries`, short name `krec`): one object per
+action kcover took (a restart, a cordon, an un-cordon) and per audited refusal. The spec says what
+happened and why, and never changes: the fault (detector, reason, message, the typed fault identity
+and the source's recommended action), the target, and the decision (action, refusal code, leader).
+The status follows the recovery: `phase` (Acting, Verifying, Recovered, Stalled, Failed, Refused),
+`detectedAt`, `actedAt`, `recoveredAt`, `mttrSeconds`, `cause` and `message`.
+
+Where they live: a workload's recoveries in the workload's namespace (a tenant who may read its own
+namespace reads its own history), a node's in the release namespace (`recovery.ledger_namespace`),
+since a namespaced kind cannot hold cluster-scoped objects and a node is the operator's business. The
+name is derived from the target and the fault (`name_for`), so a retried write, a resumed restart and
+its verification all land on the same object.
+
+A dry run writes no Recovery (it writes only its Events). It decides nothing. `Recorder.note()` is synchronous and never waits: it merges the change into a
+bounded queue, keyed by object, that `Recorder.run()` drains in its own task (create, then merge-patch
+`/status`, the custom-resource way). A write that keeps failing is retried `WRITE_ATTEMPTS` times and
+then dropped; every drop (queue full, API errors, lost leadership) is logged and counted in
+`kcover_recovery_records_failed_total{reason}`, so nothing is lost silently. Retention: every
+`records.prune_interval_seconds` the leader lists its recoveries and deletes those older than
+`records.retention_age_seconds` and, per target, all but the newest `records.retention_per_target`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import enum
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kcover import errors, model, settings
+from kcover.aio import clock as clock_
+from kcover.kube import client as kube_client
+from kcover.kube import retrying
+from kcover.recovery import actions
+
+log = structlog.get_logger()
+
+GROUP = "kcover.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Recovery"
+PLURAL = "recoveries"
+MANAGED = {"app.kubernetes.io/managed-by": "kcover"}
+TARGET_LABEL = "kcover.io/target"
+"""A short hash of the target (kind, namespace, name): retention counts per value."""
+WRITE_ATTEMPTS = 5
+"""Tries of one record before it is dropped (each already retried by the client on 429/5xx)."""
+RETRY_DELAY_SECONDS = 1.0
+
+
+class Phase(enum.StrEnum):
+    ACTING = "Acting"
+    """Recorded, not carried out yet: a restart whose delete failed and stays pending."""
+    VERIFYING = "Verifying"
+    """Done; kcover follows the workload until it runs again."""
+    RECOVERED = "Recovered"
+    """The workload runs again (or finished); for a node action, the action took hold."""
+    STALLED = "Stalled"
+    """The workload did not run again within `recovery.verify.deadline_seconds`; `cause` says why."""
+    FAILED = "Failed"
+    """kcover could not carry the action out; `message` says why."""
+    REFUSED = "Refused"
+    """kcover decided not to act; `cause` is the refusal code."""
+
+
+def collection(namespace: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
+
+
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def name_for(target: str, *identity: str) -> str:
+    """A DNS-1123 name: a readable slug of `target` and a hash of `identity` (stable across retries)."""
+    slug = _NOT_NAME.sub("-", target.lower()).strip("-")[:40].strip("-") or "recovery"
+    digest = hashlib.sha256("|".join(identity).encode()).hexdigest()[:10]
+    return f"{slug}-{digest}"
+
+
+def _target_hash(kind: str, namespace: str, name: str) -> str:
+    return hashlib.sha256(f"{kind}/{namespace}/{name}".encode()).hexdigest()[:16]
+
+
+def _time(at: dt.datetime | float) -> str:
+    when = at if isinstance(at, dt.datetime) else dt.datetime.fromtimestamp(at, dt.UTC)
+    return clock_.rfc3339(when)
+
+
+def fault_spec(cause: model.CollectorEvent) -> dict[str, Any]:
+    """The fault part of a spec, from the typed event (never from its free-form attributes)."""
+    out: dict[str, Any] = {"detector": cause.detector, "reason": cause.reason, "severity": cause.severity.value,
+                           "message": model.fit(cause.message, 512), "id": cause.id,
+                           "source": cause.target.describe()}
+    identity = cause.fault.model_dump(mode="json", exclude_defaults=True)
+    if identity:
+        out["identity"] = identity
+    if cause.fault.describe():
+        out["describe"] = cause.fault.describe()
+    if cause.recommended is not None:
+        out["recommendedAction"] = cause.recommended.value
+    if cause.signal:
+        out["signal"] = cause.signal
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    api_version: str = ""
+    node: str = ""
+    unit: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        out = {"kind": self.kind, "name": self.name}
+        for key, value in (("namespace", self.namespace), ("uid", self.uid), ("apiVersion", self.api_version),
+                           ("node", self.node), ("unit", self.unit)):
+            if value:
+                out[key] = value
+        return out
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind}/{where}" + (f" {self.unit}" if self.unit else "")
+
+
+def target_of(action: actions.Action) -> Target | None:
+    """What an action is about, or None for actions that leave no record (a report without an object)."""
+    if isinstance(action, actions.RestartWorkload):
+        w = action.workload
+        node = action.cause.target.node
+        return Target(w.kind, w.name, w.namespace, w.uid, w.api_version, node=node, unit=action.unit)
+    if isinstance(action, actions.CordonNode | actions.UncordonNode):
+        return Target("Node", action.node)
+    if isinstance(action, actions.Skip) and action.about is not None:
+        a = action.about
+        return Target(a.kind, a.name, a.namespace, a.uid, a.api_version)
+    return None
+
+
+def decision(action: actions.Action) -> str:
+    if isinstance(action, actions.RestartWorkload):
+        return "RestartWorkload"
+    if isinstance(action, actions.CordonNode):
+        return "CordonNode"
+    if isinstance(action, actions.UncordonNode):
+        return "UncordonNode"
+    return "Skip" if isinstance(action, actions.Skip) else "Report"
+
+
+def identity_of(action: actions.Action) -> tuple[str, ...]:
+    """What makes two notes the same Recovery: the unit or node, the cause, the decision."""
+    cause = getattr(action, "cause", None)
+    cause_id = cause.id if cause is not None else ""
+    if isinstance(action, actions.RestartWorkload):
+        return ("restart", action.ledger_key, cause_id)
+    if isinstance(action, actions.CordonNode | actions.UncordonNode):
+        return (decision(action), action.node, cause_id)
+    if isinstance(action, actions.Skip):
+        about = action.about
+        return ("skip", action.code.value, about.describe() if about else "", about.uid if about else "", cause_id)
+    return ("other", cause_id)
+
+
+@dataclass
+class _Write:
+    namespace: str
+    name: str
+    body: dict[str, Any]
+    """The object to create (spec, labels), if it may not exist yet."""
+    status: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0
+    created: bool = False
+
+
+class RecordMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.written = Counter("kcover_recovery_records_written", "Recovery resource writes that succeeded "
+                               "(creates and status updates).", registry=registry)
+        self.failed = Counter("kcover_recovery_records_failed", "Recovery resource changes dropped, by reason "
+                              "(queue_full, api_error, not_leader).", ["reason"], registry=registry)
+        self.queued = Gauge("kcover_recovery_records_queued", "Recovery resource changes waiting to be written.",
+                            registry=registry)
+        self.pruned = Counter("kcover_recovery_records_pruned", "Recovery resources deleted by retention.",
+                              registry=registry)
+        for reason in ("queue_full", "api_error", "not_leader"):
+            self.failed.labels(reason=reason)
+
+
+class Recorder:
+    """Notes recoveries without waiting (`note`, `phase`) and writes them in its own task (`run`)."""
+
+    def __init__(self, kube: kube_client.KubeClient, metrics: RecordMetrics, *,
+                 recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, identity: str,
+                 is_leader: Callable[[], bool], fence: retrying.Fence | None = None) -> None:
+        self._kube = kube
+        self.metrics = metrics
+        self._recovery = recovery
+        self._clock = clock
+        self.identity = identity
+        self._is_leader = is_leader
+        self._fence = fence
+        self._queue: collections.OrderedDict[tuple[str, str], _Write] = collections.OrderedDict()
+        self._wake = asyncio.Event()
+        self._by_key: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        """Restart unit's ledger key -> its latest restart's Recovery (namespace, name), for the verifier."""
+        self._last_prune = float("-inf")
+
+    @property
+    def enabled(self) -> bool:
+        return self._recovery().records.enabled
+
+    # ------------------------------------------------------------------------------------------ noting
+
+    def note(self, action: actions.Action, phase: Phase, *, cause: str = "", message: str = "",
+             acted: bool = True) -> tuple[str, str] | None:
+        """Queue the Recovery of `action` in `phase`; returns its (namespace, name), or None if none is kept."""
+        rs = self._recovery()
+        target = target_of(action)
+        if not rs.records.enabled or rs.dry_run or target is None:
+            return None
+        namespace = target.namespace if target.kind != "Node" and target.namespace else rs.ledger_namespace
+        name = name_for(f"{target.kind}-{target.name}", *identity_of(action))
+        now = self._clock.now()
+        source = getattr(action, "cause", None)
+        spec: dict[str, Any] = {"target": target.spec(),
+                                "decision": {"action": decision(action), "leader": self.identity}}
+        if isinstance(action, actions.Skip):
+            spec["decision"]["code"] = action.code.value
+            spec["decision"]["text"] = model.fit(action.text, 512)
+        if isinstance(action, actions.RestartWorkload):
+            spec["decision"]["selector"] = action.selector.render()
+            spec["decision"]["ledgerKey"] = action.ledger_key
+        if isinstance(action, actions.CordonNode):
+            spec["decision"]["text"] = model.fit(action.reason, 512)
+        if source is not None:
+            spec["fault"] = fault_spec(source)
+        labels = {**MANAGED, TARGET_LABEL: _target_hash(target.kind, target.namespace, target.name)}
+        body = {"apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": spec}
+        status: dict[str, Any] = {"phase": phase.value}
+        if source is not None:
+            status["detectedAt"] = _time(source.observed_at)
+        if acted and phase is not Phase.REFUSED:
+            status["actedAt"] = _time(now)
+        if cause:
+            status["cause"] = cause
+        if message:
+            status["message"] = model.fit(message, 1024)
+        if phase is Phase.RECOVERED:
+            status["recoveredAt"] = _time(now)
+        self._put(namespace, name, body, status)
+        if isinstance(action, actions.RestartWorkload):
+            self._by_key.pop(action.ledger_key, None)
+            self._by_key[action.ledger_key] = (namespace, name)
+            while len(self._by_key) > rs.records.queue_size:
+                self._by_key.popitem(last=False)
+        return namespace, name
+
+    def phase(self, key: str, phase: Phase, *, at: float, cause: str = "", message: str = "",
+              mttr_seconds: float | None = None) -> bool:
+        """Move the latest restart of ledger key `key` to `phase`; False when this leader did not record it."""
+        ref = self._by_key.get(key)
+        if ref is None or not self.enabled:
+            return False
+        status: dict[str, Any] = {"phase": phase.value}
+        if phase is Phase.RECOVERED:
+            status["recoveredAt"] = _time(at)
+        if mttr_seconds is not None:
+            status["mttrSeconds"] = round(mttr_seconds, 3)
+        if cause:
+            status["cause"] = cause
+        if message:
+            status["message"] = model.fit(message, 1024)
+        self._put(ref[0], ref[1], None, status)
+        return True
+
+    def _put(self, namespace: str, name: str, body: dict[str, Any] | None, status: dict[str, Any]) -> None:
+        key = (namespace, name)
+        write = self._queue.get(key)
+        if write is None:
+            if len(self._queue) >= self._recovery().records.queue_size:
+                self._drop("queue_full", namespace, name)
+                return
+            write = self._queue[key] = _Write(namespace, name, body or {}, created=body is None)
+        elif body is not None and not write.body:
+            write.body, write.created = body, False
+        write.status.update(status)
+        self.metrics.queued.set(len(self._queue))
+        self._wake.set()
+
+    def _drop(self, reason: str, namespace: str, name: str, error: str = "") -> None:
+        self.metrics.failed.labels(reason=reason).inc()
+        log.error("recovery_record_dropped", reason=reason, namespace=namespace, name=name, error=error)
+
+    # ------------------------------------------------------------------------------------------ writing
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write what was noted until `stop`, then what is left (while leading); prune while leading."""
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                if not self._queue:
+                    self._wake.clear()
+                    woken = asyncio.ensure_future(self._wake.wait())
+                    interval = self._recovery().records.prune_interval_seconds
+                    await asyncio.wait({woken, stopped}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                    woken.cancel()
+                await self.flush()
+                await self._maybe_prune()
+            await self.flush()
+        finally:
+            stopped.cancel()
+
+    async def flush(self) -> None:
+        """Write every queued change once; a failed one goes back to the queue until its attempts run out."""
+        retry: list[_Write] = []
+        while self._queue:
+            _, write = self._queue.popitem(last=False)
+            self.metrics.queued.set(len(self._queue))
+            try:
+                await self._write(write)
+            except errors.NotLeaderError as exc:
+                self._drop("not_leader", write.namespace, write.name, str(exc))
+            except errors.KubeError as exc:
+                write.attempts += 1
+                if write.attempts >= WRITE_ATTEMPTS:
+                    self._drop("api_error", write.namespace, write.name, str(exc))
+                else:
+                    log.warning("recovery_record_retry", name=write.name, attempt=write.attempts, error=str(exc))
+                    retry.append(write)
+        for write in retry:
+            key = (write.namespace, write.name)
+            newer = self._queue.pop(key, None)
+            if newer is not None:  # changes noted meanwhile go on top of the failed ones
+                write.status.update(newer.status)
+            self._queue[key] = write
+        self.metrics.queued.set(len(self._queue))
+        if retry:
+            await asyncio.sleep(RETRY_DELAY_SECONDS)
+
+    async def _write(self, write: _Write) -> None:
+        if not self._is_leader():
+            raise errors.NotLeaderError("not leading: Recovery not written")
+        base = collection(write.namespace)
+        if not write.created:
+            try:
+                await self._kube.request("POST", base, body=write.body, fence=self._fence)
+                self.metrics.written.inc()
+            except errors.ConflictError:
+                pass  # AlreadyExists: an earlier write (or a resumed restart's) made it
+            write.created = True
+        if write.status:
+            try:
+                await self._kube.request("PATCH", f"{base}/{write.name}/status", body={"status": write.status},
+                                         content_type=kube_client.MERGE_PATCH, fence=self._fence)
+            except errors.NotFoundError:
+                if not write.body:
+                    return  # pruned meanwhile, and this leader never had its spec: nothing to keep
+                write.created = False
+                raise
+            self.metrics.written.inc()
+
+    # ------------------------------------------------------------------------------------------ retention
+
+    async def _maybe_prune(self) -> None:
+        rs = self._recovery()
+        now = self._clock.monotonic()
+        if now - self._last_prune < rs.records.prune_interval_seconds or not self._is_leader():
+            return
+        self._last_prune = now
+        try:
+            await self.prune()
+        except errors.KubeError as exc:
+            log.warning("recovery_records_prune_failed", error=str(exc))
+
+    async def prune(self) -> int:
+        """Delete recoveries past the age limit, and per target all but the newest `retention_per_target`."""
+        rec = self._recovery().records
+        items: list[dict[str, Any]] = []
+        query: dict[str, str | int] = {"labelSelector": "app.kubernetes.io/managed-by=kcover", "limit": 500}
+        while True:
+            page = await self._kube.request("GET", f"/apis/{API_VERSION}/{PLURAL}", query=query)
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            query = {**query, "continue": token}
+        doomed = retained(items, now=self._clock.now(), max_age_seconds=rec.retention_age_seconds,
+                          per_target=rec.retention_per_target)
+        for namespace, name in doomed:
+            if not self._is_leader():
+                raise errors.NotLeaderError("not leading: retention stopped")
+            try:
+                await self._kube.request("DELETE", f"{collection(namespace)}/{name}", fence=self._fence)
+            except errors.NotFoundError:
+                continue
+            self.metrics.pruned.inc()
+        if doomed:
+            log.info("recovery_records_pruned", deleted=len(doomed), kept=len(items) - len(doomed))
+        return len(doomed)
+
+
+def retained(items: list[dict[str, Any]], *, now: dt.datetime, max_age_seconds: float,
+             per_target: int) -> list[tuple[str, str]]:
+    """(namespace, name) of the recoveries retention deletes: too old, or past the newest `per_target` of a target."""
+    doomed: list[tuple[str, str]] = []
+    groups: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+    for item in items:
+        meta = item.get("metadata") or {}
+        created = str(meta.get("creationTimestamp") or "")
+        ref = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        try:
+            age = (now - dt.datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()
+        except ValueError:
+            age = 0.0
+        if age > max_age_seconds:
+            doomed.append(ref)
+            continue
+        target = (meta.get("labels") or {}).get(TARGET_LABEL) or f"{ref[0]}/{ref[1]}"
+        groups[target].append((created, ref[0], ref[1]))
+    for members in groups.values():
+        members.sort(reverse=True)
+        doomed += [(ns, name) for _, ns, name in members[per_target:]]
+    return doomed
