@@ -1,0 +1,155 @@
+"""The Recovery writer: names, retention, and a Recorder that never blocks and never drops silently.
+
+A fake gateway stands in for the API server (recording only makes plain requests); the metrics are the
+ones /metrics exports. Retention and naming are pure functions, tested with tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import re
+from typing import Any
+
+import pytest
+
+from kcover import errors, metrics, model, settings
+from kcover.aio import clock as clock_
+from kcover.recovery import actions, recording
+
+NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Clock:
+    def now(self) -> dt.datetime:
+        return NOW
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+class Kube:
+    """Records requests; `fail` makes every request raise it."""
+
+    def __init__(self, fail: errors.KcoverError | None = None) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        self.fail = fail
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        self.requests.append((method, path, kw.get("body")))
+        if self.fail is not None:
+            raise self.fail
+        return {}
+
+
+def _cause(**kw: Any) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="nvml", severity=model.Severity.ERROR, reason="XID79",
+                                target=model.Target(kind=model.TargetKind.NODE, name="gpu-1", node="gpu-1"),
+                                observed_at=NOW - dt.timedelta(seconds=2), id="c1",
+                                fault=model.Fault(xid=79, gpu_index=3), recommended=model.Action.CORDON_NODE, **kw)
+
+
+def _restart(cause_id: str = "c1") -> actions.RestartWorkload:
+    workload = actions.WorkloadRef("PyTorchJob", "kubeflow.org/v1", "train", "ml", "uid-1")
+    return actions.RestartWorkload(workload, actions.MemberSelector((("job", "train"),)), "w.uid-1", None,
+                                   _cause().model_copy(update={"id": cause_id}))
+
+
+def _recorder(kube: Kube, **records: Any) -> tuple[recording.Recorder, metrics.Metrics]:
+    mets = metrics.Metrics()
+    rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", "records": records})
+    rec = recording.Recorder(kube, recording.RecordMetrics(mets.registry),  # type: ignore[arg-type]
+                             recovery=lambda: rs, clock=Clock(), identity="ctl-a", is_leader=lambda: True)
+    return rec, mets
+
+
+@pytest.mark.parametrize(("target", "identity"), [
+    ("PyTorchJob-train", ("restart", "w.uid-1", "c1")),
+    ("Node-GPU_Node.17", ("CordonNode", "gpu-node.17", "c2")),
+    ("x" * 300, ("skip",)),
+    ("---", ("skip",)),
+])
+def test_names_are_dns_labels_and_stable(target: str, identity: tuple[str, ...]) -> None:
+    name = recording.name_for(target, *identity)
+    assert DNS.match(name), name
+    assert len(name) <= 63
+    assert name == recording.name_for(target, *identity)
+    assert name != recording.name_for(target, *identity, "other")
+
+
+def _item(ns: str, name: str, age_s: float, target: str) -> dict[str, Any]:
+    created = clock_.rfc3339(NOW - dt.timedelta(seconds=age_s))
+    return {"metadata": {"namespace": ns, "name": name, "creationTimestamp": created,
+                         "labels": {recording.TARGET_LABEL: target}}}
+
+
+@pytest.mark.parametrize(("items", "max_age", "per_target", "doomed"), [
+    ([_item("a", "old", 100, "t"), _item("a", "new", 1, "t")], 50, 10, [("a", "old")]),
+    ([_item("a", f"r{i}", i, "t") for i in range(5)], 1000, 2, [("a", "r2"), ("a", "r3"), ("a", "r4")]),
+    ([_item("a", "x", 5, "t1"), _item("b", "y", 6, "t2")], 1000, 1, []),
+    ([], 10, 1, []),
+])
+def test_retention_by_age_and_per_target(items: list[dict[str, Any]], max_age: float, per_target: int,
+                                         doomed: list[tuple[str, str]]) -> None:
+    assert sorted(recording.retained(items, now=NOW, max_age_seconds=max_age, per_target=per_target)) == doomed
+
+
+async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> None:
+    kube = Kube()
+    rec, mets = _recorder(kube)
+    ref = rec.note(_restart(), recording.Phase.VERIFYING, message="deleted 2 pods")
+    assert ref is not None
+    assert ref[0] == "ml"
+    assert kube.requests == []  # noting never waits on the API
+    assert rec.phase("w.uid-1", recording.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
+    await rec.flush()
+    (m1, p1, body), (m2, p2, patch) = kube.requests
+    assert (m1, p1) == ("POST", "/apis/kcover.io/v1alpha1/namespaces/ml/recoveries")
+    assert body["spec"]["fault"]["identity"] == {"xid": 79, "gpu_index": 3}
+    assert body["spec"]["fault"]["recommendedAction"] == "cordon-node"
+    assert body["spec"]["decision"] == {"action": "RestartWorkload", "leader": "ctl-a", "selector": "job=train",
+                                        "ledgerKey": "w.uid-1"}
+    assert (m2, p2) == ("PATCH", f"/apis/kcover.io/v1alpha1/namespaces/ml/recoveries/{ref[1]}/status")
+    assert patch["status"]["phase"] == "Recovered"
+    assert patch["status"]["mttrSeconds"] == 2.0
+    assert patch["status"]["detectedAt"] == "2026-05-01T11:59:58Z"
+    assert mets.registry.get_sample_value("kcover_recovery_records_written_total") == 2.0
+
+
+async def test_a_node_action_lives_in_the_release_namespace_and_dry_run_writes_none() -> None:
+    kube = Kube()
+    rec, _ = _recorder(kube)
+    ref = rec.note(actions.CordonNode("gpu-1", "XID79", _cause()), recording.Phase.RECOVERED)
+    assert ref is not None
+    assert ref[0] == "kcover-system"
+    dry = settings.RecoverySettings.model_validate({"dry_run": True})
+    rec._recovery = lambda: dry
+    assert rec.note(_restart("c9"), recording.Phase.VERIFYING) is None
+
+
+async def test_a_full_queue_and_a_failing_api_are_counted_not_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec, mets = _recorder(Kube(errors.KubeError("boom", status=500)), queue_size=2)
+    for i in range(3):
+        rec.note(_restart(f"c{i}"), recording.Phase.VERIFYING)
+    assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "queue_full"}) == 1.0
+    monkeypatch.setattr(recording, "RETRY_DELAY_SECONDS", 0.0)
+    for _ in range(recording.WRITE_ATTEMPTS):
+        await rec.flush()
+    assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "api_error"}) == 2.0
+    assert mets.registry.get_sample_value("kcover_recovery_records_queued") == 0.0
+
+
+async def test_run_writes_in_its_own_task_and_ends_on_stop() -> None:
+    kube = Kube()
+    rec, _ = _recorder(kube)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rec.run(stop), name="records")
+    rec.note(_restart(), recording.Phase.VERIFYING)
+    for _ in range(50):
+        if len(kube.requests) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 2.0)
+    assert [m for m, _, _ in kube.requests[:2]] == ["POST", "PATCH"]
