@@ -28,6 +28,10 @@ CORDONED_BY = "kcover.io/cordoned-by"
 """Node annotation `kcover` on nodes kcover cordoned (kcover only ever un-cordons those)."""
 CORDON_REASON = "kcover.io/cordon-reason"
 CORDONED_AT = "kcover.io/cordoned-at"
+CORDON_TAINTS = "kcover.io/cordon-taints"
+"""The other scheduling taints (`key:effect,...`) a node had when kcover cordoned it (`recovery.cordoning`)."""
+KEEP_CORDONED = "kcover.io/keep-cordoned"
+"""`true` on a Node kcover cordoned: a person keeps it cordoned; kcover never makes it schedulable again."""
 KCOVER_PREFIX = "kcover.io/"
 
 MEMBERSHIP_LABELS: Mapping[str, tuple[str, str]] = {

@@ -6,7 +6,8 @@ the fencing write) -> preconditions again -> optional log save -> ONE DeleteColl
 pods (or, when the labels were not safe, uid-preconditioned deletes of the verified pods) -> an Event.
 A cordon is: ledger record -> read the Node -> set `spec.unschedulable`, add kcover's taint(s) and
 annotations, never touching other taints -> PUT with the resourceVersion (retried on 409) -> an Event.
-An un-cordon reverses only what kcover's annotation says kcover did.
+An un-cordon reverses only what kcover's annotation says kcover did, and leaves the node unschedulable
+when a person took the cordon over (`cordoning.taken_over`).
 
 The ledger record of a restart is a pending intent (`ledger.Intent`: leader, epoch, fault, selector,
 faulting pod, pod uids); it is dropped by the next ledger write once the delete succeeded, so a restart
@@ -45,7 +46,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import actions, adapters, auditing, ledger, policy, vetting
+from kcover.recovery import actions, adapters, auditing, cordoning, ledger, policy, vetting
 
 log = structlog.get_logger()
 
@@ -556,6 +557,7 @@ class Executor:
             spec["taints"] = kept + ours
             spec["unschedulable"] = True
             annotations[proj.CORDONED_BY] = "kcover"
+            annotations[proj.CORDON_TAINTS] = cordoning.record(kept, rs.taint_key)
             annotations[proj.CORDON_REASON] = model.fit(f"{fault}: {action.reason}", model.MESSAGE_MAX)
             annotations[proj.CORDONED_AT] = clock_.rfc3339(self._clock.now())
             return ""
@@ -599,23 +601,36 @@ class Executor:
             await self.emit(about, reason="KcoverUncordonedNode", action="DryRunUncordon",
                             message=f"dry run: would un-cordon Node {action.node}")
             return Result(Outcome.DRY_RUN, action)
+        taken = ""
+
         def uncordon(node: dict[str, Any]) -> str:
+            nonlocal taken
             meta = node.setdefault("metadata", {})
             annotations = meta.get("annotations") or {}
             if annotations.get(proj.CORDONED_BY) != "kcover":
                 return f"Node {action.node} was not cordoned by kcover"
-            for key in (proj.CORDONED_BY, proj.CORDON_REASON, proj.CORDONED_AT):
+            taken = cordoning.taken_over(node, rs.taint_key)  # then the person's cordon stays
+            for key in (proj.CORDONED_BY, proj.CORDON_REASON, proj.CORDONED_AT, proj.CORDON_TAINTS):
                 annotations.pop(key, None)
             meta["annotations"] = annotations
             spec = node.setdefault("spec", {})
             spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != rs.taint_key]
-            spec.pop("unschedulable", None)
+            if not taken:
+                spec.pop("unschedulable", None)
             return ""
 
         node, refused = await self._rewrite_node(action.node, uncordon)
         about = policy.node_ref(action.node, str(node.get("metadata", {}).get("uid", "")))
         if refused:
             return await self._refuse(action, actions.SkipCode.NOT_CORDONED_BY_KCOVER, refused, about, audit=False)
+        if taken:
+            self._count(action, "handed_over")
+            log.info("node_cordon_handed_over", node=action.node, why=taken)
+            state = "cordoned" if (node.get("spec") or {}).get("unschedulable") else "schedulable"
+            await self.emit(about, reason="KcoverCordonHandedOver", action="HandOver",
+                            message=f"Node {action.node}: its fault cleared, but {taken}; kcover removed only its own "
+                                    f"taint and annotations and left the node {state}")
+            return Result(Outcome.DONE, action, taken)
         self._count(action, "done")
         log.info("node_uncordoned", node=action.node)
         await self.emit(about, reason="KcoverUncordonedNode", action="UncordonNode",
