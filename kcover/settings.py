@@ -229,6 +229,12 @@ class RecordsSettings(_Group):
     prune_interval_seconds: float = Field(600.0, gt=0, description="Seconds between the leader's retention passes (one paginated LIST of kcover's recoveries, then a DELETE per expired one).")
 
 
+class ReturnValidationSettings(_Group):
+    enabled: bool = Field(False, description="Before kcover un-cordons a node whose fault cleared, ask the node's agent to run `dcgmi diag -r diag_level` (the annotations `kcover.io/validate-request` and `kcover.io/validate-level` on the Node) and un-cordon only when its answer, the Node condition `KcoverGPUValidated`, says it passed. A failure climbs the node ladder again; no answer within `timeout_seconds` leaves the node cordoned. Needs `agent.validation.enabled` on the agents.")
+    diag_level: int = Field(1, ge=1, le=4, description="The `dcgmi diag -r` level: 1 takes seconds and is safe beside anything still running on the node; 2 (minutes) to 4 (about an hour on eight GPUs) stress the GPUs and belong after a drain.")
+    timeout_seconds: float = Field(1800.0, gt=0, description="Seconds the controller waits for the agent's answer before it gives up, leaves the node cordoned and says so (`ValidationTimedOut`). Half an hour covers a level 3 run on eight GPUs.")
+
+
 class NodeJudgement(enum.StrEnum):
     """How a fault source's recommended action combines with the controller's rule for the fault."""
 
@@ -261,6 +267,7 @@ class RecoverySettings(_Group):
     delete_concurrency: int = Field(16, ge=1, description="Pod DELETEs in flight at once when a restart deletes pods one by one with uid preconditions (kinds whose pods carry no uid label: Kubeflow v1, Volcano, LeaderWorkerSet): a 1,000-pod job is deleted in about 60 round trips, without a burst the API server's priority and fairness would throttle.")
     verify: VerifySettings = Field(default_factory=VerifySettings, description="Verification after every restart: following the workload until it runs again, MTTR, Stalled recoveries.")
     escalation: EscalationSettings = Field(default_factory=EscalationSettings, description="The escalation ladder: a fault that keeps coming back on one node, and what follows a cordon (drain, remediation request, a person).")
+    return_validation: ReturnValidationSettings = Field(default_factory=ReturnValidationSettings, description="The health check a node kcover cordoned must pass before kcover returns it to service.")
     breaker_latch: bool = Field(False, description="Once the circuit breaker refuses an action, keep it open (refusing every restart and cordon) until a person resets it with `kcover breaker reset` or the annotation `kcover.io/breaker-reset=true` on the controls ConfigMap. Off by default: the breaker closes on its own as restarts finish and nodes return.")
     breaker_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds after a latched breaker was reset during which kcover still refuses restarts and cordons (`BreakerCooldown`), so a storm that is not over does not trip it again at once.")
     controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
@@ -299,6 +306,12 @@ class LeaseSettings(_Group):
         return out
 
 
+class AgentValidationSettings(_Group):
+    enabled: bool = Field(False, description="Answer the controller's validation requests (`recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`.", json_schema_extra=_RESTART)
+    dcgmi_path: str = Field("dcgmi", description="The dcgmi program (looked up on PATH): the agent image carries none, so this needs an image with DCGM.")
+    timeout_seconds: float = Field(3600.0, gt=0, description="Seconds one diagnostic may run before it is killed and the validation reported as not run (`DiagError`): level 4 runs for about an hour on eight GPUs.")
+
+
 class AgentSettings(_Group):
     node_name: str = Field("", description="The node this agent runs on; empty means $NODE_NAME (downward API).", json_schema_extra=_RESTART)
     condition_type: str = Field("KcoverGPUHealthy", description="Node condition the agent sets.")
@@ -310,6 +323,7 @@ class AgentSettings(_Group):
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
+    validation: AgentValidationSettings = Field(default_factory=AgentValidationSettings, description="Running the validation the controller asks for before it returns this node to service.")
 
 
 class Settings(BaseSettings):

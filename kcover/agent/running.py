@@ -1,6 +1,7 @@
 """Composition of the node agent: bus, detector supervisor (role agent), reporter.
 
-Owns wiring one agent process: loads the XID policy (`agent.xid_policy_file` over the shipped one),
+Owns wiring one agent process (and, with `agent.validation.enabled`, the validator that answers the
+controller's return-to-service checks, `validating`): loads the XID policy (`agent.xid_policy_file` over the shipped one),
 builds the detector context (NVML backend, Kubernetes client, pod lookup; the DCGM detector runs its
 tools as subprocesses), runs the supervisor and the reporter until `stop` is set, then closes the bus
 so the reporter drains what was queued. `reconfigure()` applies a reload; a changed XID policy (a new
@@ -23,7 +24,7 @@ import structlog
 
 from kcover import bus as bus_
 from kcover import errors, metrics, serving, settings
-from kcover.agent import podresources, reporting
+from kcover.agent import podresources, reporting, validating
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
@@ -79,6 +80,8 @@ class Agent:
         self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
                                            tick_seconds=reporter_tick_seconds)
+        self.validator = (validating.Validator(client, node, config.agent.validation, clock=self.clock)
+                          if config.agent.validation.enabled else None)
 
     async def reconfigure(self, new: settings.Settings, changed: set[str]) -> None:
         """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy.
@@ -98,6 +101,8 @@ class Agent:
         self.bus.configure(dedupe_window_seconds=new.bus.dedupe_window_seconds,
                            block_timeout_seconds=new.bus.block_timeout_seconds)
         self.reporter.config = new.agent
+        if self.validator is not None:
+            self.validator.config = new.agent.validation
         self.config = new
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -111,6 +116,8 @@ class Agent:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.supervisor.run(detectors_stop), name="agent:detectors")
                 group.create_task(self.reporter.run(self.subscription, reporter_stop), name="agent:reporter")
+                if self.validator is not None:
+                    group.create_task(self.validator.run(detectors_stop), name="agent:validation")
                 await stop.wait()
                 detectors_stop.set()
                 await self.bus.close(drain_timeout_seconds=self.config.bus.drain_timeout_seconds)

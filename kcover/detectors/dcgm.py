@@ -409,6 +409,12 @@ class DcgmDetector:
             recommended=None if cleared else finding.action, cleared=cleared))
 
 
+def parse_diag(out: str) -> list[Finding]:
+    """What `dcgmi diag` printed, JSON or table: the findings of the scheduled diagnostic and of the agent's
+    return-to-service validation (`kcover.agent.validating`). JSON it cannot read is read as a table."""
+    return _parse_any_diag(out)
+
+
 def _parse_any_diag(out: str) -> list[Finding]:
     """`-j` output where supported, else the table (older dcgmi print the table whatever the flag)."""
     start = out.find("{")

@@ -6,6 +6,8 @@ Owns the order around `executing.Executor`'s writes, not the writes themselves:
   breaker or its cooldown) refuse it with an audited `KcoverRecoverySkipped`; before a restart, the
   workload ladder (`escalating.Repeats`) may cordon the faulting node first, so the job restarts
   elsewhere;
+* an un-cordon waits for the node's validation when `recovery.return_validation` asks for one
+  (`returning.Returner`: a pass un-cordons, a failure climbs the node ladder again);
 * after it: a restart done is followed until the workload runs again (`verifying.Verifier`); a
   cordon done climbs the node ladder (drain, remediation request, a person); an un-cordon takes
   the remediation request back; a breaker refusal latches the breaker (`recovery.breaker_latch`);
@@ -23,10 +25,20 @@ from typing import Any
 
 import structlog
 
-from kcover import errors, settings
+from kcover import errors, model, settings
 from kcover.kube import caching
 from kcover.kube import client as kube_client
-from kcover.recovery import actions, controls, escalating, executing, ledger, policy, recording, verifying
+from kcover.recovery import (
+    actions,
+    controls,
+    escalating,
+    executing,
+    ledger,
+    policy,
+    recording,
+    returning,
+    verifying,
+)
 
 log = structlog.get_logger()
 
@@ -61,6 +73,9 @@ class Overseer(executing.Executor):
                                           is_leader=self._is_leader, fence=self._fence)
         self.repeats = escalating.Repeats()
         self.drainer = escalating.Drainer(kube, is_leader=self._is_leader, fence=self._fence)
+        self.returner = returning.Returner(kube, snapshot, recovery=lambda: self.settings, metrics_=self._metrics,
+                                           clock=self._clock, emit=self.emit, uncordon=self.execute,
+                                           escalate=self._validation_failed, fence=self._fence)
 
     def _step(self, ladder: str, step: str) -> None:
         self.verify_metrics.steps.labels(ladder=ladder, step=step).inc()
@@ -71,6 +86,8 @@ class Overseer(executing.Executor):
             code, text = refusal
             prefix = "dry run: " if self.settings.dry_run else ""
             return await self._refuse(action, code, prefix + text, _about(action))
+        if isinstance(action, actions.UncordonNode) and self.returner.wanted(action):
+            return await self.returner.ask(action)
         if isinstance(action, actions.RestartWorkload):
             await self._cordon_if_repeating(action)
             before = self._members(action) if self.settings.verify.enabled else []
@@ -176,6 +193,7 @@ class Overseer(executing.Executor):
             return
         now = self._clock.now().timestamp()
         await self.verifier.flush(now)
+        await self.returner.tick(now)
         for drain in await self.drainer.tick(now):
             about = policy.node_ref(drain.node)
             if drain.waiting:
@@ -265,6 +283,14 @@ class Overseer(executing.Executor):
                 else "recovery.uncordon_enabled is off: a person returns it to service")
         await self.emit(about, reason=ESCALATED, action="Person", warning=True,
                         message=f"Node {node}: {', '.join(done)}; a person should repair it ({back})")
+
+    async def _validation_failed(self, action: actions.UncordonNode, why: str) -> None:
+        """A node that failed its return-to-service validation climbs the node ladder again."""
+        cause = action.cause or model.CollectorEvent(
+            detector="kcover-validation", severity=model.Severity.ERROR, reason="ValidationFailed", message=why,
+            target=model.Target(kind=model.TargetKind.NODE, name=action.node, node=action.node))
+        cordon = actions.CordonNode(node=action.node, reason=f"validation failed: {why}", cause=cause)
+        await self._node_ladder(cordon, dry_run=False)
 
     async def _withdraw_remediation(self, node: str) -> None:
         if not self.settings.escalation.remediation_enabled:

@@ -20,7 +20,7 @@ from kcover.recovery import controls
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as sc
 
-NS = sc.NS
+NS: str = sc.NS
 STALLED = "KcoverRecoveryStalled"
 ESCALATED = "KcoverEscalated"
 VERIFIED = "KcoverRecoveryVerified"

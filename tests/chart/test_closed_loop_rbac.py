@@ -4,6 +4,7 @@ and "The escalation ladder")."""
 
 from __future__ import annotations
 
+import yaml
 from chartkit import Render, find
 
 
@@ -29,3 +30,17 @@ def test_controller_reads_and_writes_the_controls_configmap_by_name(render: Rend
     container = find(objs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["KCOVER_RECOVERY__CONTROLS_NAME"] == "my-controls"
+
+
+def test_return_validation_lets_the_agent_watch_nodes_and_turns_both_sides_on(render: Render) -> None:
+    off = {(g, r): verbs for g, r, verbs, _ in _rules(render({}), "ClusterRole", "-agent")}
+    assert off[("", "nodes")] == ("get",)
+    objs = render({"returnValidation": {"enabled": True, "diagLevel": 3}})
+    on: dict[tuple[str, str], set[str]] = {}
+    for g, r, verbs, _ in _rules(objs, "ClusterRole", "-agent"):
+        on.setdefault((g, r), set()).update(verbs)
+    assert on[("", "nodes")] == {"get", "list", "watch"}
+    assert on[("", "nodes/status")] == {"patch"}, "the answer goes through nodes/status: no write to nodes"
+    config = yaml.safe_load(find(objs, "ConfigMap", "")["data"]["config.yaml"])  # type: ignore[index]
+    assert config["recovery"]["return_validation"] == {"enabled": True, "diag_level": 3}
+    assert config["agent"]["validation"] == {"enabled": True}

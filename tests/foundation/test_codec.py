@@ -153,3 +153,39 @@ def test_the_agent_condition_false_recommends_a_cordon(ctype: str, status: str,
     assert codec.condition_recommendation(ctype, status) == recommended
     assert codec.condition_status(True) == "False"
     assert codec.condition_status(False) == "True"
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+@settings(max_examples=200, derandomize=True, database=None)
+@given(rid=st.from_regex(r"[a-z0-9]{1,32}", fullmatch=True), level=st.integers(1, 4),
+       outcome=st.sampled_from(list(codec.ValidationOutcome)), text=st.text(max_size=300))
+def test_validation_request_and_answer_round_trip(rid: str, level: int, outcome: codec.ValidationOutcome,
+                                                  text: str) -> None:
+    request = codec.ValidationRequest(rid, level)
+    assert codec.decode_validation_request(codec.encode_validation_request(request)) == request
+    cond = codec.encode_validation_answer(codec.ValidationAnswer(rid, outcome, text), "2026-01-01T00:00:00Z")
+    answer = codec.decode_validation_answer(cond["type"], cond["status"], cond["reason"], cond["message"])
+    assert answer is not None
+    assert (answer.request, answer.outcome) == (rid, outcome)
+    assert cond["message"].startswith(f"request {rid}: ")
+
+
+@pytest.mark.parametrize("annotations", [
+    {}, {"kcover.io/validate-request": "abc"}, {"kcover.io/validate-request": "ABC", "kcover.io/validate-level": "1"},
+    {"kcover.io/validate-request": "abc", "kcover.io/validate-level": "5"},
+    {"kcover.io/validate-request": "abc", "kcover.io/validate-level": "x"},
+])
+def test_a_malformed_validation_request_is_no_request(annotations: dict[str, str]) -> None:
+    assert codec.decode_validation_request(annotations) is None
+
+
+@pytest.mark.parametrize(("ctype", "status", "reason", "message"), [
+    ("KcoverGPUHealthy", "True", "Passed", "request abc: ok"),  # another condition
+    ("KcoverGPUValidated", "False", "Passed", "request abc: ok"),  # status disagrees with the reason
+    ("KcoverGPUValidated", "True", "Fine", "request abc: ok"),  # not an outcome
+    ("KcoverGPUValidated", "True", "Passed", "passed"),  # names no request
+])
+def test_an_answer_the_agent_could_not_have_written_is_no_answer(ctype: str, status: str, reason: str,
+                                                                 message: str) -> None:
+    assert codec.decode_validation_answer(ctype, status, reason, message) is None

@@ -82,6 +82,23 @@ Namespaces, names, ports and paths the chart depends on are set by environment v
 {{- $_ := set $rec "dry_run" true -}}
 {{- $_ := set $cfg "recovery" $rec -}}
 {{- end -}}
+{{- if (.Values.returnValidation | default dict).enabled -}}
+{{- $rec := dict -}}
+{{- if hasKey $cfg "recovery" }}{{ $rec = index $cfg "recovery" }}{{ end -}}
+{{- $rv := dict -}}
+{{- if hasKey $rec "return_validation" }}{{ $rv = index $rec "return_validation" }}{{ end -}}
+{{- $_ := set $rv "enabled" true -}}
+{{- $_ := set $rv "diag_level" (.Values.returnValidation.diagLevel | default 1) -}}
+{{- $_ := set $rec "return_validation" $rv -}}
+{{- $_ := set $cfg "recovery" $rec -}}
+{{- $agent := dict -}}
+{{- if hasKey $cfg "agent" }}{{ $agent = index $cfg "agent" }}{{ end -}}
+{{- $av := dict -}}
+{{- if hasKey $agent "validation" }}{{ $av = index $agent "validation" }}{{ end -}}
+{{- $_ := set $av "enabled" true -}}
+{{- $_ := set $agent "validation" $av -}}
+{{- $_ := set $cfg "agent" $agent -}}
+{{- end -}}
 {{- $wanted := deepCopy (.Values.detectors | default dict) -}}
 {{- if .Values.preflight.enabled -}}
 {{- $judge := dict "isolated" false "config" (dict "collection_timeout_seconds" .Values.preflight.collectionTimeoutSeconds) -}}

@@ -1,0 +1,136 @@
+"""The agent's side of return-to-service validation: run the `dcgmi diag` the controller asks for, answer.
+
+Owns one loop per agent (`agent.validation.enabled`): a reflector watches the agent's own Node (field
+selector `metadata.name`, so one object), and each new request the codec reads from its annotations
+(`codec.decode_validation_request`: an id and a `dcgmi diag -r` level) is run once through the DCGM
+detector's command runner and parsers (`dcgm.CommandRunner`, `dcgm.parse_diag`). The verdict is written
+as the Node condition `KcoverGPUValidated` (`codec.encode_validation_answer`, a strategic-merge patch
+of nodes/status, the one write the agent already makes):
+
+* `Passed`: dcgmi printed a diagnostic in which every test passed;
+* `Failed`: some test failed or warned (the message names them);
+* `DiagError`: dcgmi is missing, ran past `agent.validation.timeout_seconds`, or printed no result.
+
+A request already answered (the condition names its id) is not run again, so an agent restart does not
+repeat a diagnostic. Runs never overlap; a request that arrives during a run is taken after it. It
+decides nothing: the controller reads the answer and un-cordons, escalates or waits. How it fails: API
+errors writing the answer are logged and the answer is written again on the next change of the Node;
+the reflector retries its watch on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+
+import structlog
+
+from kcover import codec, errors, settings
+from kcover.aio import clock as clock_
+from kcover.detectors import dcgm
+from kcover.kube import client as client_
+from kcover.kube import projections as proj
+from kcover.kube import watching
+
+log = structlog.get_logger()
+_PASS = re.compile(r"\bpass\b", re.IGNORECASE)
+
+
+def verdict(returncode: int, out: str, level: int) -> tuple[codec.ValidationOutcome, str]:
+    """Judge one `dcgmi diag -r level` run from its exit code and output."""
+    if not out.strip():
+        return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} printed nothing (exit code {returncode})"
+    try:
+        findings = dcgm.parse_diag(out)
+    except ValueError as exc:
+        return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level}: unreadable output ({exc})"
+    if findings:
+        named = "; ".join(f.message for f in findings[:3]) + (f" (and {len(findings) - 3} more)"
+                                                              if len(findings) > 3 else "")
+        return codec.ValidationOutcome.FAILED, f"dcgmi diag -r {level} failed: {named}"
+    if returncode == 0 and _PASS.search(out):
+        return codec.ValidationOutcome.PASSED, f"dcgmi diag -r {level}: every test passed"
+    tail = " ".join(out.split())[-200:]
+    return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} gave no result (exit code {returncode}): {tail}"
+
+
+class Validator:
+    """Runs the validations the controller asks of this node. `await run(stop)`."""
+
+    def __init__(self, kube: client_.KubeClient, node: str, config: settings.AgentValidationSettings, *,
+                 runner: dcgm.CommandRunner | None = None, clock: clock_.Clock | None = None) -> None:
+        self._kube = kube
+        self.node = node
+        self.config = config
+        self._runner = runner or dcgm.SubprocessRunner()
+        self._clock = clock or clock_.SystemClock()
+        self._wake = asyncio.Event()
+        self._latest: proj.Node | None = None
+        self.answered: dict[str, codec.ValidationOutcome] = {}
+        """Request id -> the outcome this agent reported (this process's memory; the condition is the record)."""
+        self.reflector: watching.Reflector[proj.Node] = watching.Reflector(
+            kube, "/api/v1/nodes", proj.node, sink=self._changed, name=f"validation:{node}",
+            query={"fieldSelector": f"metadata.name={node}"})
+
+    def _changed(self, _old: proj.Node | None, new: proj.Node | None) -> None:
+        self._latest = new
+        self._wake.set()
+
+    def pending(self) -> codec.ValidationRequest | None:
+        """The request on the Node not answered yet (by this process or, per its condition, an earlier one)."""
+        node = self._latest
+        if node is None:
+            return None
+        request = codec.decode_validation_request(dict(node.annotations))
+        if request is None or request.id in self.answered:
+            return None
+        for cond in node.conditions:
+            answer = codec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
+            if answer is not None and answer.request == request.id:
+                return None
+        return request
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("validation_agent_starting", node=self.node, dcgmi=self.config.dcgmi_path)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.reflector.run(stop), name=f"validation:{self.node}:watch")
+            while not stop.is_set():
+                request = self.pending()
+                if request is not None:
+                    await self.validate(request)
+                    continue
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                    stopper.cancel()
+
+    async def validate(self, request: codec.ValidationRequest) -> codec.ValidationOutcome:
+        """Run the diagnostic `request` asks for and write the answer; returns the outcome."""
+        argv: Sequence[str] = [self.config.dcgmi_path, "diag", "-r", str(request.level), "-j"]
+        log.info("validation_started", node=self.node, request=request.id, level=request.level)
+        try:
+            result = await self._runner.run(argv, timeout_seconds=self.config.timeout_seconds)
+        except FileNotFoundError as exc:
+            outcome, text = codec.ValidationOutcome.ERROR, f"{self.config.dcgmi_path} not found: {exc}"
+        except TimeoutError:
+            outcome, text = (codec.ValidationOutcome.ERROR,
+                             f"dcgmi diag -r {request.level} ran past {self.config.timeout_seconds:g}s and was killed")
+        else:
+            outcome, text = verdict(result.returncode, result.stdout, request.level)
+        self.answered[request.id] = outcome
+        log.info("validation_finished", node=self.node, request=request.id, outcome=outcome.value, text=text)
+        answer = codec.ValidationAnswer(request.id, outcome, text)
+        condition = codec.encode_validation_answer(answer, clock_.rfc3339(self._clock.now()))
+        try:
+            await self._kube.request("PATCH", f"/api/v1/nodes/{self.node}/status",
+                                     body={"status": {"conditions": [condition]}},
+                                     content_type="application/strategic-merge-patch+json")
+        except errors.KubeError as exc:
+            log.warning("validation_answer_failed", node=self.node, request=request.id, error=str(exc))
+            del self.answered[request.id]  # answered again on the Node's next change
+        return outcome
