@@ -27,7 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 import kcover
-from kcover import checking, errors, logs, metrics, reloading, serving, settings, wiring
+from kcover import checking, errors, logs, metrics, reloading, serving, settings, status, wiring
 from kcover.aio import clock as clock_
 from kcover.bench import running as bench_running
 from kcover.detectors import contract, registry
@@ -141,6 +141,26 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
     print(f"breaker reset ({where}); kcover acts again after {rs.breaker_cooldown_seconds:g}s" if was_open
           else f"the breaker was not latched ({where}); the cooldown starts now")
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`kcover status`: leader, breaker, cordons, recent recoveries, budgets; exit 1 when a person is needed."""
+    cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
+
+    async def read() -> status.Report:
+        kube = await client_.connect(cfg.kube.kubeconfig)
+        try:
+            return await status.gather(kube, cfg, now=clock_.utcnow())
+        finally:
+            await kube.close()
+
+    try:
+        report = asyncio.run(read())
+    except errors.KcoverError as exc:
+        print(f"kcover status: {exc}", file=sys.stderr)
+        return 3
+    print(json.dumps(report.to_json(), indent=2) if args.output == "json" else status.render(report))
+    return 1 if report.problems() else 0
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -359,6 +379,12 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     _add_common(b)
     b.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
 
+    p = sub.add_parser("status", help="what kcover is doing: leader, breaker, cordons, recoveries of the last 24 h, "
+                                      "budgets; exit 1 when something needs a person, 3 when the cluster cannot be read")
+    _add_common(p)
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -381,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_config_check(args) if args.config_command == "check" else cmd_config_show(args)
     if args.command == "breaker":
         return cmd_breaker_reset(args)
+    if args.command == "status":
+        return cmd_status(args)
     _, role, _ = wiring.ROLES[args.command]
     return _run_role(args, role)
 
