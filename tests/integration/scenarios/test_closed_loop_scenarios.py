@@ -7,12 +7,17 @@ against the backend; the harness plays the operator and, here, the scheduler tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import secrets
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import test_recovery_scenarios as base
 
+from kcover import settings
+from kcover.agent import validating
 from kcover.recovery import controls
 
 Cluster = Any
@@ -104,3 +109,222 @@ async def test_paused_workload_namespace_and_global_are_skipped_until_lifted(clu
 async def _annotate(kube: Any, path: str, value: str | None) -> None:
     await kube.request("PATCH", path, body={"metadata": {"annotations": {controls.PAUSED: value}}},
                        content_type="application/merge-patch+json")
+
+
+# ------------------------------------------------------------------------------------------------ nodes
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dcgmi-diag"
+DIAG_PASS = FIXTURES / "ramble-r3-pass-dcgm3.3.9-h200x8-table.txt"
+DIAG_FAIL = FIXTURES / "nccl-tests-264-r3-fail-cuda-init-dcgm3.3.8-h100x8-table.txt"
+UNCORDONED = "KcoverUncordonedNode"
+HANDED_OVER = "KcoverCordonHandedOver"
+VALIDATION = "KcoverValidation"
+LATCHED = "KcoverBreakerLatched"
+TAINT = "kcover.io/unhealthy"
+
+
+def _gpu_resource() -> str:
+    """A GPU resource name only this test's nodes have: the breaker counts only them (kube.gpu_resources)."""
+    return f"gpu-{secrets.token_hex(3)}.kcover-test.io/gpu"
+
+
+async def _gpu_node(cluster: Cluster, resource: str, *, name: str = "") -> str:
+    name = name or f"scn-{secrets.token_hex(3)}"
+    kube = cluster.client
+    await kube.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    node = await kube.request("GET", f"/api/v1/nodes/{name}")
+    resources = {resource: "8", "cpu": "64", "memory": "512Gi", "pods": "110"}
+    node["status"] = {"capacity": resources, "allocatable": resources,
+                      "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                      "message": "kubelet is posting ready status"}]}
+    await kube.request("PUT", f"/api/v1/nodes/{name}/status", body=node)
+    return name
+
+
+async def _gpu_condition(cluster: Cluster, node: str, healthy: bool) -> None:
+    """What kcover's agent writes: KcoverGPUHealthy False on a fault, True once it cleared."""
+    now = base.clock_.rfc3339(base.clock_.utcnow())
+    cond = {"type": "KcoverGPUHealthy", "status": "True" if healthy else "False",
+            "reason": "GPUHealthy" if healthy else "XID79", "message": "" if healthy else "XID 79 on GPU 0",
+            "lastTransitionTime": now, "lastHeartbeatTime": now}
+    await cluster.client.request("PATCH", f"/api/v1/nodes/{node}/status", body={"status": {"conditions": [cond]}},
+                                 content_type="application/strategic-merge-patch+json")
+
+
+async def _patch_node(cluster: Cluster, node: str, body: dict[str, Any]) -> None:
+    await cluster.client.request("PATCH", f"/api/v1/nodes/{node}", body=body,
+                                 content_type="application/merge-patch+json")
+
+
+async def _node_obj(cluster: Cluster, node: str) -> dict[str, Any]:
+    return dict(await cluster.client.request("GET", f"/api/v1/nodes/{node}"))
+
+
+async def _node_events(cluster: Cluster, node: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await base._events(cluster, "default")
+            if e.get("reason") == reason and e["involvedObject"].get("name") == node]
+
+
+async def _until_node_event(cluster: Cluster, node: str, reason: str, action: str = "",
+                            within: float = base.WAIT) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        return next((e for e in await _node_events(cluster, node, reason)
+                     if not action or e.get("action") == action), None)
+    return await base._until(probe, f"a {reason} {action} Event on Node {node}", within)
+
+
+@contextlib.asynccontextmanager
+async def _agent_validators(cluster: Cluster, tmp_path: Path, nodes: list[str], fixture: Path,
+                            exit_code: int = 0) -> AsyncIterator[None]:
+    """kcover's agent validation loop for each node, with a fake `dcgmi` printing a real diag output."""
+    script = tmp_path / "dcgmi"
+    script.write_text(f"#!/bin/sh\ncat {fixture}\nexit {exit_code}\n")
+    script.chmod(0o755)
+    config = settings.AgentValidationSettings(enabled=True, dcgmi_path=str(script), timeout_seconds=10.0)
+    stop = asyncio.Event()
+    clients = [cluster.new_client() for _ in nodes]
+    tasks = [asyncio.create_task(validating.Validator(kube, node, config).run(stop), name=f"validator:{node}")
+             for kube, node in zip(clients, nodes, strict=True)]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait(tasks, timeout=10.0)
+        for kube in clients:
+            await kube.close()
+        for task in tasks:
+            task.result()
+
+
+def _node_settings(resource: str, **more: Any) -> dict[str, Any]:
+    return base._merged({"kube": {"gpu_resources": [resource]},
+                         "detectors": {"entries": {"node-condition": {"config": {"recovered_hold_seconds": 1.0}}}}},
+                        more)
+
+
+async def test_node_repaired_returns_after_validation_and_leaves_a_persons_cordons(cluster: Cluster,
+                                                                                   tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    repaired, kept, bystander = [await _gpu_node(cluster, gpu) for _ in range(3)]
+    await _patch_node(cluster, bystander, {"spec": {"unschedulable": True}})  # a person's cordon (maintenance)
+    recovery = {"uncordon_enabled": True, "resume_interval_seconds": 0.3,
+                "return_validation": {"enabled": True, "diag_level": 3, "timeout_seconds": 15.0}}
+    async with _agent_validators(cluster, tmp_path, [repaired, kept], DIAG_PASS), \
+            base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
+        for node in (repaired, kept):
+            await _gpu_condition(cluster, node, healthy=False)
+            await _until_node_event(cluster, node, base.CORDONED)
+        await _patch_node(cluster, kept, {"metadata": {"annotations": {"kcover.io/keep-cordoned": "true"}}})
+        await asyncio.sleep(0.5)
+        for node in (repaired, kept):
+            await _gpu_condition(cluster, node, healthy=True)
+        cleared_at = base.clock_.parse_time(next(  # second precision, as the hold counts it
+            c["lastTransitionTime"] for c in (await _node_obj(cluster, repaired))["status"]["conditions"]
+            if c["type"] == "KcoverGPUHealthy"))
+        passed = await _until_node_event(cluster, repaired, VALIDATION, "ValidationPassed")
+        back = await _until_node_event(cluster, repaired, UNCORDONED)
+        handed = await _until_node_event(cluster, kept, HANDED_OVER)
+        asked = await _until_node_event(cluster, repaired, VALIDATION, "RequestValidation")
+        await asyncio.sleep(base.SETTLE)
+        nodes = {n: await _node_obj(cluster, n) for n in (repaired, kept, bystander)}
+        bystander_events = [e for r in (base.CORDONED, UNCORDONED, HANDED_OVER, VALIDATION)
+                            for e in await _node_events(cluster, bystander, r)]
+    spec, annotations = nodes[repaired]["spec"], nodes[repaired]["metadata"].get("annotations") or {}
+    assert not spec.get("unschedulable")
+    assert TAINT not in {t.get("key") for t in spec.get("taints") or []}
+    assert not [k for k in annotations if k.startswith(("kcover.io/cordon", "kcover.io/validate"))], annotations
+    assert "dcgmi diag -r 3" in asked["message"]
+    assert "every test passed" in passed["message"]
+    answered = next(c for c in nodes[repaired]["status"]["conditions"] if c["type"] == "KcoverGPUValidated")
+    assert answered["status"] == "True"
+    assert base.clock_.parse_time(back["eventTime"]) >= cleared_at + datetime.timedelta(seconds=1.0)  # the hold
+    assert nodes[kept]["spec"]["unschedulable"] is True  # the person's cordon stays
+    assert TAINT not in {t.get("key") for t in nodes[kept]["spec"].get("taints") or []}
+    assert "keep-cordoned" in handed["message"]
+    assert nodes[bystander]["spec"]["unschedulable"] is True
+    assert bystander_events == []
+
+
+async def test_a_failed_validation_keeps_the_node_cordoned_and_escalates(cluster: Cluster, tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    recovery = {"uncordon_enabled": True, "resume_interval_seconds": 0.3,
+                "return_validation": {"enabled": True, "timeout_seconds": 15.0}}
+    async with _agent_validators(cluster, tmp_path, [node], DIAG_FAIL, exit_code=226), \
+            base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
+        await _gpu_condition(cluster, node, healthy=False)
+        await _until_node_event(cluster, node, base.CORDONED)
+        await _gpu_condition(cluster, node, healthy=True)
+        failed = await _until_node_event(cluster, node, VALIDATION, "ValidationFailed")
+
+        async def escalated_again() -> bool:
+            return len([e for e in await _node_events(cluster, node, ESCALATED) if e.get("action") == "Person"]) >= 2
+        await base._until(escalated_again, "the node ladder climbed again")
+        await asyncio.sleep(base.SETTLE)
+        obj = await _node_obj(cluster, node)
+        uncordoned = await _node_events(cluster, node, UNCORDONED)
+    assert "GPU Memory" in failed["message"]
+    assert obj["spec"]["unschedulable"] is True
+    assert TAINT in {t.get("key") for t in obj["spec"].get("taints") or []}
+    assert uncordoned == []
+
+
+async def test_no_validation_answer_leaves_the_node_cordoned_with_an_event(cluster: Cluster, tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    recovery = {"uncordon_enabled": True, "resume_interval_seconds": 0.3,
+                "return_validation": {"enabled": True, "timeout_seconds": 1.0}}
+    async with base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):  # no agent answers
+        await _gpu_condition(cluster, node, healthy=False)
+        await _until_node_event(cluster, node, base.CORDONED)
+        await _gpu_condition(cluster, node, healthy=True)
+        timed_out = await _until_node_event(cluster, node, VALIDATION, "ValidationTimedOut")
+        obj = await _node_obj(cluster, node)
+    assert "no answer" in timed_out["message"]
+    assert obj["spec"]["unschedulable"] is True
+    assert "kcover.io/validate-request" not in (obj["metadata"].get("annotations") or {})
+
+
+async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    first, second = await _gpu_node(cluster, gpu), await _gpu_node(cluster, gpu)
+    plain = f"scn-{secrets.token_hex(3)}"
+    await base._node(cluster.client, plain)  # the job's node: not one of the GPU nodes counted
+    train = await base._job(cluster, "train", plain)
+    uid, ns = train["metadata"]["uid"], cluster.namespace
+    recovery = {"breaker_latch": True, "breaker_cooldown_seconds": 1.5, "max_cordoned_fraction": 0.5,
+                "workload_cooldown_seconds": 0.5}
+    async with cluster.harness.playing(), base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
+        await _gpu_condition(cluster, first, healthy=False)
+        await _until_node_event(cluster, first, base.CORDONED)
+        await _gpu_condition(cluster, second, healthy=False)  # 1 of 2 GPU nodes cordoned: at the fraction
+        latched = await base._until(
+            lambda: _latched(cluster), "a KcoverBreakerLatched Event on the controls ConfigMap")
+        controls_cm = await cluster.client.request("GET", f"/api/v1/namespaces/{ns}/configmaps/kcover-controls")
+        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="while latched")
+
+        async def skipped(code: str) -> bool:
+            return any(code in e["message"] for e in base._about(await base._events(cluster), base.SKIPPED, uid))
+        await base._until(lambda: skipped("BreakerLatched"), "a BreakerLatched refusal of the restart")
+        async with contextlib.AsyncExitStack():
+            was_open = await controls.reset(cluster.client, namespace=ns, name="kcover-controls",
+                                            now=base.clock_.utcnow())
+        await asyncio.sleep(0.6)
+        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="during the cooldown")
+        await base._until(lambda: skipped("BreakerCooldown"), "a BreakerCooldown refusal of the restart")
+        restarted_early = base._about(await base._events(cluster), base.RESTARTED, uid)
+        await asyncio.sleep(1.5)
+        old = base._uids(await base._pods(cluster, "train"))
+        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="after the cooldown")
+        await base._until_event(cluster, base.RESTARTED, uid, "a restart once the cooldown is over")
+        await base._recreated(cluster, "train", old)
+        second_node = await _node_obj(cluster, second)
+    assert "latched open" in latched["message"]
+    assert (controls_cm["metadata"].get("annotations") or {}).get(controls.BREAKER) == controls.OPEN
+    assert not second_node["spec"].get("unschedulable")
+    assert was_open is True
+    assert restarted_early == []
+
+
+async def _latched(cluster: Cluster) -> dict[str, Any] | None:
+    return next((e for e in await base._events(cluster) if e.get("reason") == LATCHED), None)

@@ -164,12 +164,21 @@ async def _post_event(cluster: Cluster, namespace: str, involved: dict[str, Any]
 
 # ------------------------------------------------------------------------------------------------ controller
 
-def _settings(cluster: Cluster, identity: str, tmp_path: Path, **recovery: Any) -> settings.Settings:
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` deep-merged over it (dicts merged key by key, anything else replaced)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _settings(cluster: Cluster, identity: str, tmp_path: Path, *, extra: dict[str, Any] | None = None,
+              **recovery: Any) -> settings.Settings:
     ns = cluster.namespace
     # a real kube-apiserver proxies pods/log to a kubelet, and none runs there
     save_logs = ({"directory": str(tmp_path / "logs"), "timeout_seconds": 2.0} if cluster.sim is not None
                  else {"enabled": False})
-    return settings.Settings.model_validate({
+    return settings.Settings.model_validate(_merged({
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": save_logs, **recovery},
         "lease": {"namespace": ns, "identity": identity, **LEASE},
@@ -178,7 +187,7 @@ def _settings(cluster: Cluster, identity: str, tmp_path: Path, **recovery: Any) 
         "detectors": {"entries": {"nvml": {"enabled": False}, "dcgm": {"enabled": False},
                                   "node-condition": {"config": {"min_duration_seconds": 0.0, "tick_seconds": 0.2}},
                                   "dra-health": {"config": {"tick_seconds": 0.2}}}},
-    })
+    }, extra or {}))
 
 
 @dataclasses.dataclass
@@ -204,15 +213,17 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def _controllers(cluster: Cluster, tmp_path: Path, identities: tuple[str, ...] = ("a",),
-                       **recovery: Any) -> AsyncIterator[list[Replica]]:
-    """Controller replicas, each with its own client and metrics; yields once one leads and all are ready."""
+async def _controllers(cluster: Cluster, tmp_path: Path, identities: tuple[str, ...] = ("a",), *,
+                       extra: dict[str, Any] | None = None, **recovery: Any) -> AsyncIterator[list[Replica]]:
+    """Controller replicas, each with its own client and metrics; yields once one leads and all are ready.
+    `recovery` are `recovery.*` settings; `extra` other settings, deep-merged over the test defaults."""
     replicas: list[Replica] = []
     try:
         for identity in identities:
             kube = cluster.new_client()
             mets = metrics_.Metrics()
-            ctl = running.Controller(_settings(cluster, identity, tmp_path, **recovery), client=kube, metrics=mets,
+            ctl = running.Controller(_settings(cluster, identity, tmp_path, extra=extra, **recovery), client=kube,
+                                     metrics=mets,
                                      health=serving.Health())
             stop = asyncio.Event()
             task = asyncio.create_task(ctl.run(stop), name=f"controller:{identity}")
