@@ -1,7 +1,14 @@
-"""The closed-loop `kcover sim` scenarios (kcover/sim/loopscenarios.py) on every cluster backend: a restart
-that stalls is reported Stalled with the scheduler's message and a person is called (`restart-stalled`),
-and paused targets are skipped with Events until the pause is lifted (`pause`). The real controller runs
-against the backend; the harness plays the operator and, here, the scheduler that cannot place the pods.
+"""The closed-loop scenarios (kcover/sim/loopscenarios.py) and the escalation ladder on every cluster backend.
+
+A restart that stalls is reported Stalled with the scheduler's message and a person is called
+(`restart-stalled`); paused targets are skipped with Events until the pause is lifted (`pause`); a
+repaired node returns to service after its validation and the hold while a person's cordons stay
+(`node-repaired`); the breaker latches until reset and cools down (`breaker-latch`); a cordon drains
+as configured, honouring a PodDisruptionBudget, and asks for remediation; a fault that keeps coming back
+on one node cordons it before the restart. The real controller runs against the backend; the harness
+plays the kubelet, the operator, the disruption controller (PDB status) and the agent's validation loop
+(with a fake `dcgmi` printing real output). On kube-apiserver nodes are shared between tests, so the
+breaker counts only the test's own GPU nodes (`kube.gpu_resources`, a resource name unique to the test).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import test_recovery_scenarios as base
 
 from kcover import settings
@@ -328,3 +336,116 @@ async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp
 
 async def _latched(cluster: Cluster) -> dict[str, Any] | None:
     return next((e for e in await base._events(cluster) if e.get("reason") == LATCHED), None)
+
+
+# ------------------------------------------------------------------------------------------------ the ladder
+
+REMEDIATION_LABEL = "kcover.io/remediation-requested"
+
+
+async def _plain_pod(cluster: Cluster, name: str, node: str, *, daemonset: bool = False) -> None:
+    ns = cluster.namespace
+    meta: dict[str, Any] = {"name": name, "labels": {"app": name}}
+    if daemonset:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-agent",
+                                    "uid": "5b0d2d1e-0000-4000-8000-000000000001", "controller": True}]
+    await cluster.client.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]}})
+    await cluster.harness.run_pod(ns, name)
+
+
+async def _budget(cluster: Cluster, job: str, *, allowed: int, healthy: int, desired: int) -> None:
+    """A PodDisruptionBudget over the job's pods, with the status the disruption controller would write
+    (no such controller runs on either backend: the test plays it)."""
+    path = f"/apis/policy/v1/namespaces/{cluster.namespace}/poddisruptionbudgets"
+    pdb = await cluster.client.request("POST", path, body={
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": f"{job}-budget"},
+        "spec": {"minAvailable": desired, "selector": {"matchLabels": {base.JOB_NAME: job}}}})
+    pdb["status"] = {"observedGeneration": pdb["metadata"]["generation"], "disruptionsAllowed": allowed,
+                     "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": healthy}
+    await cluster.client.request("PUT", f"{path}/{job}-budget/status", body=pdb)
+
+
+async def _evicted(cluster: Cluster) -> set[str]:
+    """Pods the Eviction API took (the DisruptionTarget condition it adds; gone ones too)."""
+    listed = await cluster.client.request("GET", f"/api/v1/namespaces/{cluster.namespace}/pods")
+    return {p["metadata"]["name"] for p in listed.get("items") or []
+            if any(c.get("type") == "DisruptionTarget" for c in (p.get("status") or {}).get("conditions") or [])}
+
+
+@pytest.mark.parametrize(("mode", "evicted"), [
+    ("none", set()),
+    ("opted-in", {"train-worker-0"}),
+    ("all", {"train-worker-0", "web"}),
+])
+async def test_cordon_drains_as_configured_honouring_the_budget_then_requests_remediation(
+        cluster: Cluster, tmp_path: Path, mode: str, evicted: set[str]) -> None:
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    await base._job(cluster, "train", node)  # two opted-in workers
+    await _plain_pod(cluster, "web", node)  # not opted in
+    await _plain_pod(cluster, "ds-agent", node, daemonset=True)
+    await _budget(cluster, "train", allowed=1, healthy=2, desired=1)  # one of the two workers may go
+    recovery = {"resume_interval_seconds": 0.3,
+                "escalation": {"drain_mode": mode, "drain_timeout_seconds": 2.0, "remediation_enabled": True}}
+    async with base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
+        await _gpu_condition(cluster, node, healthy=False)
+        await _until_node_event(cluster, node, base.CORDONED)
+        person = await _until_node_event(cluster, node, ESCALATED, "Person")
+        remediation = await _until_node_event(cluster, node, ESCALATED, "RequestRemediation")
+        ended = (await _until_node_event(cluster, node, ESCALATED, "Drain", within=base.WAIT)
+                 if mode != "none" else None)
+        if ended is not None:
+            async def final() -> dict[str, Any] | None:
+                drains = await _node_events(cluster, node, ESCALATED)
+                return next((e for e in drains if e.get("action") == "Drain" and "gave up" in e["message"]), None)
+            ended = await base._until(final, "the drain to give up at its timeout")
+        await asyncio.sleep(base.SETTLE)
+        took = await _evicted(cluster)
+        obj = await _node_obj(cluster, node)
+    assert took == evicted
+    if ended is not None:
+        assert "1 still there" in ended["message"]
+        assert "disruption budget" in ended["message"]
+    assert (obj["metadata"].get("labels") or {}).get(REMEDIATION_LABEL) == "true"
+    cond = next(c for c in obj["status"]["conditions"] if c["type"] == "KcoverRemediationRequested")
+    assert (cond["status"], cond["reason"]) == ("True", "KcoverRequested")
+    assert REMEDIATION_LABEL in remediation["message"]
+    assert "remediation requested" in person["message"]
+
+
+async def test_a_fault_that_keeps_coming_back_on_one_node_cordons_it_before_the_restart(
+        cluster: Cluster, tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    train = await base._job(cluster, "train", node)
+    uid, ns = train["metadata"]["uid"], cluster.namespace
+    recovery = {"workload_cooldown_seconds": 0.3, "max_restarts_per_window": 10,
+                "escalation": {"repeat_count": 2, "repeat_window_seconds": 60.0}}
+    async with cluster.harness.playing(), base._controllers(cluster, tmp_path, extra=_node_settings(gpu),
+                                                            **recovery):
+        old = base._uids(await base._pods(cluster, "train"))
+        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="first failure")
+        await base._until_event(cluster, base.RESTARTED, uid, "the first restart")
+        fresh = await base._recreated(cluster, "train", old)
+        for pod in fresh:
+            await cluster.harness.run_pod(ns, pod["metadata"]["name"])
+        not_yet = await _node_events(cluster, node, base.CORDONED)
+        await asyncio.sleep(0.5)  # past the workload cooldown
+        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="second failure")
+        elsewhere = await base._until_event(cluster, ESCALATED, uid, "a CordonAndRestartElsewhere Event")
+        cordoned = await _until_node_event(cluster, node, base.CORDONED)
+
+        async def two_restarts() -> list[dict[str, Any]] | None:
+            got = base._about(await base._events(cluster), base.RESTARTED, uid)
+            return got if len(got) >= 2 else None
+        restarts = await base._until(two_restarts, "the second restart")
+        obj = await _node_obj(cluster, node)
+    assert not_yet == [], "one fault on the node is not yet a pattern"
+    assert elsewhere[0]["action"] == "CordonAndRestartElsewhere"
+    assert f"failed on Node {node} 2 times" in elsewhere[0]["message"]
+    assert obj["spec"]["unschedulable"] is True
+    assert TAINT in {t.get("key") for t in obj["spec"].get("taints") or []}
+    second = max(restarts, key=lambda e: e["eventTime"])
+    assert base.clock_.parse_time(cordoned["eventTime"]) <= base.clock_.parse_time(second["eventTime"])
