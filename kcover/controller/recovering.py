@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
+from kcover.controller import fleet
 from kcover.kube import caching, retrying
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
@@ -52,6 +53,8 @@ class LeaderEngine:
                  overseer: overseeing.Overseer | None = None) -> None:
         self.inner = inner
         self.overseer = overseer
+        self.faults: fleet.FaultMetrics | None = None
+        """`kcover_faults_total`, counted for every event handed to the engine (the leader's)."""
         """Verification, escalation and controls around the executor; its `tick()` runs on every resume pass."""
         self.ledger = ledger_
         self._epoch = epoch
@@ -80,6 +83,9 @@ class LeaderEngine:
             await self.overseer.recorder.run(stop)
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+        if self.faults is not None:
+            for event in events:
+                self.faults.count(event)
         await self._reload()
         await self.inner.handle(events)
 
@@ -110,7 +116,9 @@ def build(deps: EngineDeps) -> LeaderEngine:
                                    fence=deps.fence)
     inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
                                   is_leader=deps.is_leader)
-    return LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced, overseer=executor)
+    leader = LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced, overseer=executor)
+    leader.faults = fleet.FaultMetrics(deps.metrics.registry)
+    return leader
 
 
 class _Live:

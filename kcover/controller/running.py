@@ -31,7 +31,7 @@ from kcover import bus as bus_
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
-from kcover.controller import answering, recovering
+from kcover.controller import answering, fleet, recovering
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import caching, leasing, podlogs, retrying
 from kcover.kube import client as client_
@@ -86,6 +86,7 @@ class Controller:
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
         self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
+        metrics.registry.register(fleet.FleetCollector(self.cache, condition_type=cfg.agent.condition_type))
         self.answers = answering.Answers(client, clock=self.clock, identity=self.identity, is_leader=self.is_leader)
         """Warning Events answering refused signals (a forged Event), written by the leader."""
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,

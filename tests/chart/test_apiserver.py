@@ -86,6 +86,12 @@ def test_every_rendered_object_passes_server_side_dry_run(cluster: Api, render: 
             unserved.append(obj["kind"])
             continue
         status, body = cluster.request("POST", f"{path}?dryRun=All&fieldValidation=Strict", obj)
+        if status == 409 and obj["kind"] == "CustomResourceDefinition":  # the test control plane installed it
+            _, current = cluster.request("GET", f"{path}/{obj['metadata']['name']}")
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+            status, body = cluster.request("PUT", f"{path}/{obj['metadata']['name']}?dryRun=All&fieldValidation=Strict",
+                                           obj)
+            status = 201 if status == 200 else status
         assert status == 201, f"{obj['kind']}/{obj['metadata']['name']}: HTTP {status}: {body}"
         checked.append(obj["kind"])
     assert {"Deployment", "DaemonSet", "ConfigMap", "ClusterRole", "Role"} <= set(checked)

@@ -235,7 +235,8 @@ def test_preflight_installs_the_plugins_crd_mounts_the_reports_and_grants_what_i
     """`preflight.enabled`: the CRD is the plugin's own, the agent reads the reports' hostPath read-only,
     the agent may watch pods and create PreflightReports, the controller read them and write their
     status, and a recovery rule lets a slow node be cordoned."""
-    assert not [o for o in render({}) if o["kind"] == "CustomResourceDefinition"]
+    assert not [o for o in render({}) if o["kind"] == "CustomResourceDefinition"
+                and o["metadata"]["name"] == "preflightreports.kcover.io"]
     objs = render(SCENARIOS["preflight"])
     crd = find(objs, "CustomResourceDefinition", "preflightreports.kcover.io")
     plugin_crd = Path(__file__).parents[2] / "plugins/kcover-preflight/kcover_preflight/crd.yaml"
