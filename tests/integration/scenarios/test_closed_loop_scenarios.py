@@ -216,7 +216,8 @@ async def test_node_repaired_returns_after_validation_and_leaves_a_persons_cordo
     repaired, kept, bystander = [await _gpu_node(cluster, gpu) for _ in range(3)]
     await _patch_node(cluster, bystander, {"spec": {"unschedulable": True}})  # a person's cordon (maintenance)
     recovery = {"uncordon_enabled": True, "resume_interval_seconds": 0.3,
-                "return_validation": {"enabled": True, "diag_level": 3, "timeout_seconds": 15.0}}
+                "return_validation": {"enabled": True, "diag_level": 3, "timeout_seconds": 15.0},
+                "escalation": {"remediation_enabled": True}}
     async with _agent_validators(cluster, tmp_path, [repaired, kept], DIAG_PASS), \
             base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
         for node in (repaired, kept):
@@ -245,6 +246,9 @@ async def test_node_repaired_returns_after_validation_and_leaves_a_persons_cordo
     assert "every test passed" in passed["message"]
     answered = next(c for c in nodes[repaired]["status"]["conditions"] if c["type"] == "KcoverGPUValidated")
     assert answered["status"] == "True"
+    assert REMEDIATION_LABEL not in (nodes[repaired]["metadata"].get("labels") or {})  # the request taken back
+    remediation = next(c for c in nodes[repaired]["status"]["conditions"] if c["type"] == "KcoverRemediationRequested")
+    assert remediation["status"] == "False"
     assert base.clock_.parse_time(back["eventTime"]) >= cleared_at + datetime.timedelta(seconds=1.0)  # the hold
     assert nodes[kept]["spec"]["unschedulable"] is True  # the person's cordon stays
     assert TAINT not in {t.get("key") for t in nodes[kept]["spec"].get("taints") or []}
@@ -449,3 +453,20 @@ async def test_a_fault_that_keeps_coming_back_on_one_node_cordons_it_before_the_
     assert TAINT in {t.get("key") for t in obj["spec"].get("taints") or []}
     second = max(restarts, key=lambda e: e["eventTime"])
     assert base.clock_.parse_time(cordoned["eventTime"]) <= base.clock_.parse_time(second["eventTime"])
+
+
+async def test_dry_run_names_the_ladder_and_touches_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    await base._job(cluster, "train", node)
+    recovery = {"dry_run": True, "escalation": {"drain_mode": "all", "remediation_enabled": True}}
+    async with base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
+        await _gpu_condition(cluster, node, healthy=False)
+        ladder = await _until_node_event(cluster, node, ESCALATED, "DryRunEscalate")
+        await asyncio.sleep(base.SETTLE)
+        took = await _evicted(cluster)
+        obj = await _node_obj(cluster, node)
+    assert "drain (all), request remediation, call a person" in ladder["message"]
+    assert took == set()
+    assert not obj["spec"].get("unschedulable")
+    assert REMEDIATION_LABEL not in (obj["metadata"].get("labels") or {})
