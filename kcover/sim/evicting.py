@@ -15,8 +15,8 @@ by tests/conformance/test_eviction.py on both backends:
 * the pod then gets the `DisruptionTarget` condition (reason `EvictionByEvictionAPI`) and is deleted
   with the Eviction's `deleteOptions` (grace, uid and resourceVersion preconditions: 409 on mismatch).
 
-It does not compute a budget's status: that is the disruption controller's job, played by
-`behaviour.budget_status` where a test or the simulated cluster wants one. It fails with the
+It does not compute a budget's status: that is the disruption controller's job, which runs on neither
+backend; a test that wants a processed budget writes its status itself. It fails with the
 `status.ApiError` a real server would answer.
 """
 
