@@ -235,6 +235,24 @@ class ReturnValidationSettings(_Group):
     timeout_seconds: float = Field(1800.0, gt=0, description="Seconds the controller waits for the agent's answer before it gives up, leaves the node cordoned and says so (`ValidationTimedOut`). Half an hour covers a level 3 run on eight GPUs.")
 
 
+class DeviceTaintEffect(enum.StrEnum):
+    """`DeviceTaint.effect` values the API server accepts on a DeviceTaintRule."""
+
+    NO_SCHEDULE = "NoSchedule"
+    """The scheduler allocates the device to no new claim; pods already using it keep running."""
+    NO_EXECUTE = "NoExecute"
+    """As NoSchedule, and the device taint eviction controller also evicts pods using the device."""
+    NONE = "None"
+    """Informational only: nothing is kept off the device."""
+
+
+class DeviceTaintSettings(_Group):
+    enabled: bool = Field(True, description="Isolate a faulty DRA device instead of its node: a DeviceTaintRule on that device only (driver, pool, device), the workloads holding it restarted, the node left schedulable. Off, or where the API server does not serve DeviceTaintRules, kcover acts on the node as for any other fault.")
+    effect: DeviceTaintEffect = Field(DeviceTaintEffect.NO_SCHEDULE, description="Effect of kcover's device taints. `NoSchedule` keeps new claims off the device and leaves eviction to kcover's own restart of the holders (which honours cooldowns and budgets); `NoExecute` also lets Kubernetes evict every pod using the device, opted in or not.")
+    key: str = Field("kcover.io/unhealthy", description="Key of kcover's device taints (a label name), the one pods tolerate to use a device kcover isolated.")
+    discovery_interval_seconds: float = Field(300.0, gt=0, description="Seconds between checks of whether the API server serves DeviceTaintRules (discovery of `resource.k8s.io`); an upgrade or a changed runtime-config is noticed within this.")
+
+
 class NodeJudgement(enum.StrEnum):
     """How a fault source's recommended action combines with the controller's rule for the fault."""
 
@@ -273,6 +291,7 @@ class RecoverySettings(_Group):
     controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
     resume_interval_seconds: float = Field(2.0, gt=0, description="Seconds between the leader's passes over the ledger's pending restarts (recorded, not carried out: a failed delete, or a dead leader's): each pass retries those still within `workload_cooldown_seconds` and gives up the older ones with a KcoverRecoveryFailed Event. Short, since a pending restart is a job not yet recovered; a pass with nothing pending reads nothing.")
     records: RecordsSettings = Field(default_factory=RecordsSettings, description="The Recovery resources: one per action and audited refusal, with phase, timings and cause; their retention.")
+    device_taints: DeviceTaintSettings = Field(default_factory=DeviceTaintSettings, description="Device-level isolation under DRA (KEP-5055 DeviceTaintRules): taint the faulty device, not the node.")
 
     removed: ClassVar[Mapping[str, str]] = {
         "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "

@@ -1,7 +1,7 @@
 """The actions `policy.plan()` returns and the executors carry out: frozen values, no behaviour.
 
-Owns the vocabulary of recovery (restart a workload, cordon or un-cordon a node, skip with a reason,
-record only) and the references they carry. It does no I/O and makes no decisions.
+Owns the vocabulary of recovery (restart a workload, cordon or un-cordon a node, taint or un-taint one
+DRA device, skip with a reason, record only) and the references they carry. It does no I/O and makes no decisions.
 """
 
 from __future__ import annotations
@@ -123,6 +123,30 @@ class UncordonNode:
 
 
 @dataclass(frozen=True)
+class TaintDevice:
+    """Isolate one DRA device with kcover's DeviceTaintRule; the node stays schedulable.
+
+    `fallback` is what the policy would have done at node level (a cordon with every check, and the
+    restarts it implies): the executor carries it out instead where the API server serves no
+    DeviceTaintRules."""
+
+    device: model.DraDevice
+    node: str
+    reason: str
+    cause: model.CollectorEvent
+    fallback: tuple[CordonNode | RestartWorkload | Skip, ...] = ()
+
+
+@dataclass(frozen=True)
+class UntaintDevice:
+    """Remove kcover's own DeviceTaintRule of one device (never a rule someone else wrote)."""
+
+    device: model.DraDevice
+    node: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
 class Skip:
     code: SkipCode
     text: str
@@ -142,7 +166,7 @@ class RecordOnly:
     about: ObjectRef | None = None
 
 
-Action = RestartWorkload | CordonNode | UncordonNode | Skip | RecordOnly
+Action = RestartWorkload | CordonNode | UncordonNode | TaintDevice | UntaintDevice | Skip | RecordOnly
 
 
 def action_name(action: Action) -> str:
@@ -153,6 +177,10 @@ def action_name(action: Action) -> str:
         return "cordon_node"
     if isinstance(action, UncordonNode):
         return "uncordon_node"
+    if isinstance(action, TaintDevice):
+        return "taint_device"
+    if isinstance(action, UntaintDevice):
+        return "untaint_device"
     if isinstance(action, RecordOnly):
         return "report"
     return "skip"

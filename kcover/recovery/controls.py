@@ -161,12 +161,12 @@ class Controls:
         scope = await self._paused_scope(action)
         if scope:
             return SC.PAUSED, f"kcover is paused for {scope} ({PAUSED}=true)"
-        if isinstance(action, actions.UncordonNode):
-            return None  # returning a node to service is never held back by the breaker
+        if isinstance(action, actions.UncordonNode | actions.UntaintDevice):
+            return None  # returning a node or device to service is never held back by the breaker
         return await self._latched(cm, annotations)
 
     async def _paused_scope(self, action: actions.Action) -> str:
-        if isinstance(action, actions.CordonNode | actions.UncordonNode):
+        if isinstance(action, actions.CordonNode | actions.UncordonNode | actions.TaintDevice | actions.UntaintDevice):
             return f"Node {action.node}" if self._node_paused(action.node) else ""
         if not isinstance(action, actions.RestartWorkload):
             return ""

@@ -46,7 +46,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import actions, adapters, auditing, cordoning, ledger, policy, vetting
+from kcover.recovery import actions, adapters, auditing, cordoning, devicetainting, ledger, policy, vetting
 
 log = structlog.get_logger()
 
@@ -96,6 +96,10 @@ class Executor:
         """Ids of the intents being carried out here now: `resume()` leaves them to the task doing them."""
         self._failures: dict[str, str] = {}
         """Intent id -> why its last attempt here failed (for the KcoverRecoveryFailed Event)."""
+        self.devices = devicetainting.DeviceTaints(
+            kube, options=lambda: self.settings.device_taints,
+            metrics_=devicetainting.DeviceTaintMetrics(metrics_.registry), clock=clock, guard=self._guard, fence=fence)
+        """kcover's DeviceTaintRules and whether the API server serves them (`devicetainting`)."""
 
     # ---------------------------------------------------------------------------------------- plumbing
 
@@ -133,6 +137,10 @@ class Executor:
             return await self.cordon(action)
         if isinstance(action, actions.UncordonNode):
             return await self.uncordon(action)
+        if isinstance(action, actions.TaintDevice):
+            return await self.taint_device(action)
+        if isinstance(action, actions.UntaintDevice):
+            return await self.untaint_device(action)
         if isinstance(action, actions.RecordOnly):
             return await self.report(action)
         return await self.skip(action)
@@ -636,6 +644,58 @@ class Executor:
         await self.emit(about, reason="KcoverUncordonedNode", action="UncordonNode",
                         message=f"un-cordoned Node {action.node}: its fault cleared")
         return Result(Outcome.DONE, action)
+
+    # ---------------------------------------------------------------------------------------- devices
+
+    async def taint_device(self, action: actions.TaintDevice) -> Result:
+        """Taint one DRA device; where the server has no DeviceTaintRules, do the node-level fallback instead
+        and say so once (Event `KcoverDeviceTaintsUnavailable`, metric `kcover_device_taints_served 0`)."""
+        dev = action.device.resource_id
+        about = policy.node_ref(action.node)
+        outcome = await self.devices.taint(action.device, node=action.node, reason=action.reason,
+                                           cause=action.cause.id, dry_run=self.settings.dry_run)
+        if outcome is devicetainting.Outcome.UNSERVED:
+            self._count(action, "fallback")
+            if not self.devices.unserved_said:
+                self.devices.unserved_said = True
+                await self.emit(about, reason="KcoverDeviceTaintsUnavailable", action="FallBack", warning=True,
+                                message=f"the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
+                                        f"device {dev} and later device faults are answered at node level")
+            log.info("device_taint_fallback", device=dev, node=action.node, steps=len(action.fallback))
+            for step in action.fallback:
+                await self.execute(step)
+            return Result(Outcome.SKIPPED, action, "device taints not served: node-level fallback")
+        self._count(action, outcome.value)
+        if outcome is devicetainting.Outcome.FOREIGN:
+            log.warning("device_taint_rule_foreign", device=dev, rule=devicetainting.rule_name(action.device))
+            return Result(Outcome.SKIPPED, action, "a DeviceTaintRule of that name is not kcover's")
+        if outcome is devicetainting.Outcome.EXISTS:
+            return Result(Outcome.DONE, action, "already tainted by kcover")
+        dry = outcome is devicetainting.Outcome.DRY_RUN
+        self._observe(action.cause)
+        log.info("device_tainted", device=dev, node=action.node, dry_run=dry)
+        await self.emit(about, reason="KcoverTaintedDevice", action="DryRunTaintDevice" if dry else "TaintDevice",
+                        message=f"{'dry run: would taint' if dry else 'tainted'} device {dev} on Node {action.node} "
+                                f"({self.settings.device_taints.effect.value}, DeviceTaintRule "
+                                f"{devicetainting.rule_name(action.device)}); the node stays schedulable: "
+                                f"{action.reason}")
+        return Result(Outcome.DRY_RUN if dry else Outcome.DONE, action)
+
+    async def untaint_device(self, action: actions.UntaintDevice) -> Result:
+        """Remove kcover's own rule of a device that is healthy again; anyone else's rule stays."""
+        dev = action.device.resource_id
+        outcome = await self.devices.untaint(action.device, dry_run=self.settings.dry_run)
+        self._count(action, outcome.value)
+        if outcome not in (devicetainting.Outcome.REMOVED, devicetainting.Outcome.DRY_RUN):
+            return Result(Outcome.SKIPPED, action, outcome.value)
+        dry = outcome is devicetainting.Outcome.DRY_RUN
+        log.info("device_untainted", device=dev, node=action.node, dry_run=dry)
+        if action.node:
+            await self.emit(policy.node_ref(action.node), reason="KcoverUntaintedDevice",
+                            action="DryRunUntaintDevice" if dry else "UntaintDevice",
+                            message=f"{'dry run: would remove' if dry else 'removed'} kcover's DeviceTaintRule of "
+                                    f"device {dev} on Node {action.node}: the device is healthy again")
+        return Result(Outcome.DRY_RUN if dry else Outcome.DONE, action)
 
 
 def _replayed(state: ledger.State, cause: model.CollectorEvent, unit: str,

@@ -49,7 +49,7 @@ Outcome = executing.Outcome
 def _about(action: actions.Action) -> actions.ObjectRef | None:
     if isinstance(action, actions.RestartWorkload):
         return action.workload
-    if isinstance(action, actions.CordonNode | actions.UncordonNode):
+    if isinstance(action, actions.CordonNode | actions.UncordonNode | actions.TaintDevice | actions.UntaintDevice):
         return policy.node_ref(action.node)
     if isinstance(action, actions.Skip | actions.RecordOnly):
         return action.about

@@ -3,7 +3,9 @@
 Owns which fault leads to which action (rules by detector, reason glob, severity and target kind,
 with built-in defaults), and every refusal: namespace allow/deny, opt-in, the workload's restart
 policy, per-workload cooldown and restart budget, per-node cooldown, and the circuit breaker
-(fraction of GPU nodes cordoned by kcover, restarts in flight). It reads the cluster only through
+(fraction of GPU nodes cordoned by kcover, restarts in flight). A fault on a DRA device (`fault.dra`)
+is answered at device level (`isolate_device`: taint that device, restart its holders, leave the node
+schedulable), with the node-level answer carried as the fallback. It reads the cluster only through
 `ClusterSnapshot` and the ledger only through `History`; it does no I/O and never raises on odd
 events (unknown targets become `Skip`s). Invalid rules raise `errors.ConfigError` from `parse_rules`.
 
@@ -265,6 +267,47 @@ class _Planner:
                 out += self.restart_for_pod(pod, sweep=True)
         return out
 
+    def restarts_using_device(self, node: str, resource_id: str) -> list[actions.Action]:
+        """Restart the workloads whose pods on `node` report the DRA device `resource_id` in their
+        `allocatedResourcesStatus` (the kubelet's view of who holds it)."""
+        out: list[actions.Action] = []
+        for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
+            if not pod.deleting and any(r.resource_id == resource_id for c in pod.containers for r in c.resources):
+                out += self.restart_for_pod(pod, sweep=True)
+        return out
+
+    def isolate_device(self, dra: model.DraDevice, node: str, kind: actions.ActionKind,
+                       pod: proj.Pod | None) -> list[actions.Action]:
+        """Device-level isolation under DRA: taint the device (not the node) and restart what holds it.
+
+        What the node-level answer would have been (a cordon, and for cordon-node-and-restart the
+        restarts on the node) rides along as the taint's `fallback`, for API servers without
+        DeviceTaintRules. A restart-workload for a fault that names an XID (an application error on
+        the device) restarts the holders and taints nothing."""
+        restart = kind in (AK.RESTART_WORKLOAD, AK.CORDON_NODE_AND_RESTART)
+        holders: list[actions.Action] = []
+        if restart:
+            if pod is not None:
+                holders = self.restart_for_pod(pod)
+            elif self.event.fault.pods:
+                holders = self.restarts_on_device(node, self.event.fault.pods)
+            else:
+                holders = self.restarts_using_device(node, dra.resource_id)
+        if kind is AK.RESTART_WORKLOAD and self.event.fault.xid is not None:
+            return holders or [self.skip(SC.NO_WORKLOADS, f"no opted-in workload holds device {dra.resource_id} "
+                                         f"on Node {node}", node_ref(node), audit=False)]
+        fallback: list[actions.Action] = []
+        if kind is not AK.RESTART_WORKLOAD:
+            fallback = self.cordon(node)
+            if kind is AK.CORDON_NODE_AND_RESTART:
+                fallback += self.restarts_on_node(node)
+        reason = f"{self.event.reason}: {self.event.message}" if self.event.message else self.event.reason
+        taint = actions.TaintDevice(device=dra, node=node, reason=reason, cause=self.event,
+                                    fallback=tuple(a for a in fallback
+                                                   if isinstance(a, actions.CordonNode | actions.RestartWorkload
+                                                                 | actions.Skip)))
+        return [taint, *holders]
+
     def restarts_on_node(self, node: str) -> list[actions.Action]:
         out: list[actions.Action] = []
         for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
@@ -320,10 +363,14 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
     p = _Planner(event, snapshot, history, rs, _epoch(now))
     target = event.target
     node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    dra = event.fault.dra if rs.device_taints.enabled else None
     if event.cleared:
+        out: list[actions.Action] = []
+        if dra is not None:  # the device is healthy again: kcover's own rule goes (the executor checks it is)
+            out.append(actions.UntaintDevice(device=dra, node=node_name, cause=event))
         if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
-            return p.uncordon(node_name)
-        return []
+            out += p.uncordon(node_name)
+        return out
     kind = decide(event, parse_rules(rs.rules) if rules is None else rules, rs.node_judgement)
     if kind is AK.IGNORE:
         return []
@@ -341,6 +388,8 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
             return [p.skip(SC.TARGET_UNKNOWN, f"{target.describe()} (uid {target.uid or 'unset'}) is not in "
                            "the cache", _target_ref(target), audit=False)]
         node_name = node_name or pod.node
+    if dra is not None and node_name:
+        return p.isolate_device(dra, node_name, kind, pod)
     if kind is AK.RESTART_WORKLOAD:
         if pod is not None:
             return p.restart_for_pod(pod)

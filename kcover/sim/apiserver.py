@@ -23,6 +23,7 @@ from aiohttp import web
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    devicetaints,
     discovery,
     evicting,
     faults,
@@ -342,6 +343,8 @@ class ApiServer:
         if t.new_events:
             body = strategy.event_to_core(body)
         obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
+        if t.resource.key == devicetaints.KEY:
+            obj = devicetaints.defaults(obj, self.store.clock.now())
         created = self.store.create(t.resource.key, obj)
         return _json(self._render_obj(t, created), 201)
 
@@ -415,7 +418,7 @@ class ApiServer:
                                       resource_version=rv)
         if gone and t.resource.key == "pods":
             self.logs.forget_pod(t.namespace or "", t.name)
-        if gone and t.resource.key not in ("pods", "namespaces"):
+        if gone and t.resource.key not in ("pods", "namespaces") and not t.resource.returns_deleted:
             meta = obj["metadata"]
             return _json(status.success(t.resource.plural, t.resource.group, t.name, meta["uid"]))
         return _json(self._render_obj(t, obj))

@@ -74,6 +74,8 @@ class Resource:
     store_key: str = ""
     columns: tuple[Column, ...] = ()
     """A custom resource's `additionalPrinterColumns`: with any, list and get answer `as=Table` requests."""
+    returns_deleted: bool = False
+    """DELETE answers with the deleted object, not a Status (kinds whose strategy says so: DeviceTaintRule)."""
 
     @property
     def key(self) -> str:
@@ -173,6 +175,9 @@ RESOURCES: tuple[Resource, ...] = (
              short_names=("pdb",), has_generation=True),
     Resource(plural="resourceslices", kind="ResourceSlice", group="resource.k8s.io", namespaced=False,
              field_labels=RESOURCE_SLICE_FIELDS, has_generation=True),
+    # KEP-5055 device taints: v1beta2 in 1.36, with the DRADeviceTaintRules gate and its runtime-config
+    Resource(plural="devicetaintrules", kind="DeviceTaintRule", group="resource.k8s.io", version="v1beta2",
+             namespaced=False, subresources=("status",), has_generation=True, returns_deleted=True),
     _custom("pytorchjobs", "PyTorchJob", "kubeflow.org", "v1"),
     _custom("tfjobs", "TFJob", "kubeflow.org", "v1"),
     _custom("mpijobs", "MPIJob", "kubeflow.org", "v1"),

@@ -17,7 +17,7 @@ import copy
 import re
 from typing import Any
 
-from kcover.sim import registry, status
+from kcover.sim import devicetaints, registry, status
 
 Obj = dict[str, Any]
 Cause = tuple[str, str, str]  # (reason, field, message)
@@ -317,6 +317,8 @@ def _validate(res: registry.Resource, obj: Obj, *, new_api: bool) -> None:
         causes += _taint_errors(obj)
     elif res.key == "events":
         causes += _event_errors(obj, new_api=new_api)
+    elif res.key == devicetaints.KEY:
+        causes += devicetaints.errors(obj)
     elif res.key == "leases.coordination.k8s.io":
         duration = (obj.get("spec") or {}).get("leaseDurationSeconds")
         if duration is not None and (not isinstance(duration, int) or duration <= 0):

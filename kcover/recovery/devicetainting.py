@@ -1,0 +1,205 @@
+"""Device-level isolation under DRA: kcover's DeviceTaintRules (KEP-5055), and whether the server has them.
+
+Owns three things. Discovery: which `resource.k8s.io` version serves `devicetaintrules` (v1, then
+v1beta2 as in Kubernetes 1.36 with the `DRADeviceTaintRules` gate and runtime-config, then the alpha
+v1alpha3 of 1.33-1.35), re-checked every `recovery.device_taints.discovery_interval_seconds`. The
+rule kcover writes for one device: one cluster-scoped DeviceTaintRule per device, named from a hash
+of `driver/pool/device`, selecting exactly that driver, pool and device, with taint
+`recovery.device_taints.key` and `.effect`, labelled `app.kubernetes.io/managed-by: kcover` and
+annotated with the device and its node. Removal: only a rule carrying kcover's label and the same
+device annotation is deleted (with its uid and resourceVersion as preconditions); a rule a person or
+another tool wrote for the device is never touched.
+
+It does not decide when to taint (the policy does) nor carry out the node-level fallback (the
+executor does, with the actions the policy planned). How it fails: API errors other than 404 and
+409 propagate as `errors.KubeError`; a failed discovery counts as "not served" until the next check.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kcover import errors, model, settings
+from kcover.aio import clock as clock_
+from kcover.kube import client as kube_client
+from kcover.kube import retrying
+
+log = structlog.get_logger()
+
+GROUP = "resource.k8s.io"
+VERSIONS = ("v1", "v1beta2", "v1alpha3")
+"""Versions that may serve DeviceTaintRules, most preferred first (the spec is the same in all three)."""
+PLURAL = "devicetaintrules"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "kcover"
+DEVICE_ANNOTATION = "kcover.io/device"
+NODE_ANNOTATION = "kcover.io/node"
+REASON_ANNOTATION = "kcover.io/taint-reason"
+CAUSE_ANNOTATION = "kcover.io/cause"
+
+
+class Outcome(enum.StrEnum):
+    CREATED = "created"
+    EXISTS = "exists"
+    """kcover's rule for the device was already there (a replay, or another fault on the same device)."""
+    FOREIGN = "foreign"
+    """A rule of that name exists but is not kcover's: left alone, the device counted as not isolated."""
+    REMOVED = "removed"
+    ABSENT = "absent"
+    """No rule of kcover's for the device: nothing to remove."""
+    UNSERVED = "unserved"
+    """The API server serves no DeviceTaintRules."""
+    DRY_RUN = "dry_run"
+
+
+def rule_name(device: model.DraDevice) -> str:
+    """The name of kcover's rule for `device`: stable, a valid DNS subdomain whatever the device names."""
+    digest = hashlib.sha256(device.resource_id.encode()).hexdigest()[:20]
+    return f"kcover-device-{digest}"
+
+
+def rule_body(device: model.DraDevice, *, node: str, api_version: str, key: str,
+              effect: settings.DeviceTaintEffect, reason: str, cause: str) -> dict[str, Any]:
+    """The DeviceTaintRule kcover writes for one device (pure)."""
+    return {
+        "apiVersion": api_version, "kind": "DeviceTaintRule",
+        "metadata": {"name": rule_name(device), "labels": {MANAGED_BY: MANAGER},
+                     "annotations": {DEVICE_ANNOTATION: device.resource_id, NODE_ANNOTATION: node,
+                                     REASON_ANNOTATION: model.fit(reason, 512), CAUSE_ANNOTATION: cause}},
+        "spec": {"deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.device},
+                 "taint": {"key": key, "value": taint_value(reason), "effect": effect.value}},
+    }
+
+
+def taint_value(reason: str) -> str:
+    """A label value (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends) from the fault's reason."""
+    head = reason.split(":", 1)[0]
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in head)[:63]
+    return cleaned.strip("._-")
+
+
+def is_ours(rule: dict[str, Any], device: model.DraDevice) -> bool:
+    meta = rule.get("metadata") or {}
+    return ((meta.get("labels") or {}).get(MANAGED_BY) == MANAGER
+            and (meta.get("annotations") or {}).get(DEVICE_ANNOTATION) == device.resource_id)
+
+
+class DeviceTaintMetrics:
+    """Whether device isolation is possible here, and how often kcover fell back to the node."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.served = Gauge("kcover_device_taints_served", "1 when the API server serves DeviceTaintRules "
+                            "(device-level isolation under DRA), 0 when kcover falls back to the node, -1 before "
+                            "the first check.", registry=registry)
+        self.served.set(-1)
+        self.fallbacks = Counter("kcover_device_taint_fallbacks", "Device faults answered at node level because "
+                                 "the API server serves no DeviceTaintRules.", registry=registry)
+
+
+Emit = Callable[..., Awaitable[None]]
+
+
+class DeviceTaints:
+    """Writes and removes kcover's DeviceTaintRules; knows whether the server serves them."""
+
+    def __init__(self, kube: kube_client.KubeClient, *, options: Callable[[], settings.DeviceTaintSettings],
+                 metrics_: DeviceTaintMetrics, clock: clock_.Clock, guard: Callable[[], None],
+                 fence: retrying.Fence | None = None) -> None:
+        self._kube = kube
+        self._options = options
+        self.metrics = metrics_
+        self._clock = clock
+        self._guard = guard
+        self._fence = fence
+        self._version: str | None = None
+        self._checked_at: float | None = None
+        self.unserved_said = False
+        """Whether the fallback was announced (an Event, once per process and each time it stops being served)."""
+
+    # ------------------------------------------------------------------------------------ discovery
+
+    async def served_version(self) -> str | None:
+        """`resource.k8s.io/<version>` serving DeviceTaintRules, or None; cached for the discovery interval."""
+        now = self._clock.monotonic()
+        if self._checked_at is not None and now - self._checked_at < self._options().discovery_interval_seconds:
+            return self._version
+        found = await self._discover()
+        if found != self._version or self._checked_at is None:
+            log.info("device_taints_discovered", served=found or "none")
+        if found is not None:
+            self.unserved_said = False
+        self._version, self._checked_at = found, now
+        self.metrics.served.set(1 if found else 0)
+        return found
+
+    async def _discover(self) -> str | None:
+        try:
+            group = await self._kube.request("GET", f"/apis/{GROUP}")
+        except errors.NotFoundError:
+            return None
+        except errors.KubeError as exc:
+            log.warning("device_taint_discovery_failed", error=str(exc))
+            return None
+        offered = {str(v.get("version")) for v in (group or {}).get("versions") or [] if isinstance(v, dict)}
+        for version in VERSIONS:
+            if version not in offered:
+                continue
+            try:
+                listing = await self._kube.request("GET", f"/apis/{GROUP}/{version}")
+            except errors.KubeError:
+                continue
+            if any(isinstance(r, dict) and r.get("name") == PLURAL for r in (listing or {}).get("resources") or []):
+                return f"{GROUP}/{version}"
+        return None
+
+    # ------------------------------------------------------------------------------------ writes
+
+    async def taint(self, device: model.DraDevice, *, node: str, reason: str, cause: str,
+                    dry_run: bool = False) -> Outcome:
+        api_version = await self.served_version()
+        if api_version is None:
+            self.metrics.fallbacks.inc()
+            return Outcome.UNSERVED
+        if dry_run:
+            return Outcome.DRY_RUN
+        options = self._options()
+        body = rule_body(device, node=node, api_version=api_version, key=options.key, effect=options.effect,
+                         reason=reason, cause=cause)
+        self._guard()
+        try:
+            await self._kube.request("POST", f"/apis/{api_version}/{PLURAL}", body=body, fence=self._fence)
+            return Outcome.CREATED
+        except errors.ConflictError:  # AlreadyExists: ours from before, or someone else's of that name
+            existing = await self._kube.request("GET", f"/apis/{api_version}/{PLURAL}/{rule_name(device)}")
+            return Outcome.EXISTS if is_ours(existing, device) else Outcome.FOREIGN
+
+    async def untaint(self, device: model.DraDevice, *, dry_run: bool = False) -> Outcome:
+        api_version = await self.served_version()
+        if api_version is None:
+            return Outcome.UNSERVED
+        path = f"/apis/{api_version}/{PLURAL}/{rule_name(device)}"
+        try:
+            existing = await self._kube.request("GET", path)
+        except errors.NotFoundError:
+            return Outcome.ABSENT
+        if not is_ours(existing, device):
+            return Outcome.FOREIGN
+        if dry_run:
+            return Outcome.DRY_RUN
+        meta = existing.get("metadata") or {}
+        self._guard()
+        try:
+            await self._kube.request("DELETE", path, fence=self._fence, body={
+                "apiVersion": "v1", "kind": "DeleteOptions",
+                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}})
+        except errors.NotFoundError:
+            return Outcome.ABSENT
+        except errors.ConflictError:  # changed since read: leave it to the next cleared event
+            return Outcome.FOREIGN
+        return Outcome.REMOVED
