@@ -1,0 +1,121 @@
+"""Device-level isolation under DRA: the policy's answer to a fault on one DRA device, as a table.
+
+A fault that names a DRA device (`fault.dra`) taints that device and restarts only what holds it: the
+pod the kubelet reported (dra-health), the pods the agent named (PodResources), or else the pods whose
+`allocatedResourcesStatus` names the device. The node is never cordoned while device taints are
+served; the node-level answer rides along as the taint's fallback. An application XID restarts the
+holders and taints nothing; a cleared fault removes the taint; `device_taints.enabled: false` gives
+today's node-level answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from harness import objects as o
+
+from kcover import model, settings
+from kcover.kube import caching
+from kcover.kube import projections as proj
+from kcover.recovery import actions, adapters, policy
+
+NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
+OPT = {proj.OPT_IN_LABEL: "true"}
+KF = "kubeflow.org/v1"
+DEV3 = model.DraDevice(driver="gpu.nvidia.com", pool="n1", device="gpu-3")
+
+
+def _holding(pod: o.Obj, resource_id: str, health: str = "Healthy") -> o.Obj:
+    pod["status"]["containerStatuses"] = [{"name": "c", "allocatedResourcesStatus": [
+        {"name": "claim:gpu/gpu", "resources": [{"resourceID": resource_id, "health": health}]}]}]
+    return pod
+
+
+def world() -> caching.ClusterCache:
+    """Two opted-in PyTorchJobs on node n1: `a` holds gpu-3, `b` holds gpu-5 (DRA)."""
+    a = o.workload(KF, "PyTorchJob", "a", uid="a-uid", labels=OPT)
+    b = o.workload(KF, "PyTorchJob", "b", uid="b-uid", labels=OPT)
+    pods = [
+        _holding(o.pod("a-worker-0", uid="a-0", node="n1", labels={adapters.KUBEFLOW_JOB_NAME: "a"}, owner=a),
+                 DEV3.resource_id, "Unhealthy"),
+        _holding(o.pod("b-worker-0", uid="b-0", node="n1", labels={adapters.KUBEFLOW_JOB_NAME: "b"}, owner=b),
+                 "gpu.nvidia.com/n1/gpu-5"),
+    ]
+    nodes = [o.node(f"n{i}", uid=f"node-{i}") for i in range(1, 12)]
+    return caching.ClusterCache.offline([a, b, *pods, *nodes])
+
+
+def dra_health(uid: str = "a-0", *, cleared: bool = False) -> model.CollectorEvent:
+    return model.CollectorEvent(
+        detector="dra-health", severity=model.Severity.INFO if cleared else model.Severity.ERROR,
+        reason="DeviceRecovered" if cleared else "DeviceUnhealthy", message="XID 79",
+        target=model.Target(kind=model.TargetKind.POD, namespace="ml", name=uid, uid=uid, node="n1"),
+        fault=model.Fault(dra=DEV3, container="c"), cleared=cleared, observed_at=NOW)
+
+
+def agent(*, xid: int | None = 79, recommended: model.Action = model.Action.CORDON_NODE_AND_RESTART,
+          pods: tuple[str, ...] = (), check: str = "") -> model.CollectorEvent:
+    return model.CollectorEvent(
+        detector="event-watcher", severity=model.Severity.ERROR, reason=f"XID{xid}" if xid else "GPULost",
+        message="on GPU 3", target=model.Target(kind=model.TargetKind.DEVICE, name="n1", node="n1",
+                                                device_id="GPU-3"),
+        fault=model.Fault(xid=xid, gpu_index=3, gpu_uuid="GPU-3", dra=DEV3, pods=pods, check=check),
+        recommended=recommended, observed_at=NOW)
+
+
+def summary(planned: list[actions.Action]) -> list[str]:
+    out: list[str] = []
+    for a in planned:
+        if isinstance(a, actions.TaintDevice):
+            out.append(f"taint {a.device.resource_id} fallback=[{'; '.join(summary(list(a.fallback)))}]")
+        elif isinstance(a, actions.UntaintDevice):
+            out.append(f"untaint {a.device.resource_id}")
+        elif isinstance(a, actions.RestartWorkload):
+            out.append(f"restart {a.workload.name}")
+        elif isinstance(a, actions.CordonNode):
+            out.append(f"cordon {a.node}")
+        elif isinstance(a, actions.UncordonNode):
+            out.append(f"uncordon {a.node}")
+        elif isinstance(a, actions.Skip):
+            out.append(f"skip {a.code.value}")
+        else:
+            out.append("report")
+    return out
+
+
+ROWS: list[tuple[str, model.CollectorEvent, dict[str, Any], list[str]]] = [
+    ("kubelet reports the device Unhealthy: taint it, restart its pod's job, no cordon",
+     dra_health(), {}, ["taint gpu.nvidia.com/n1/gpu-3 fallback=[]", "restart a"]),
+    ("device healthy again: untaint", dra_health(cleared=True), {}, ["untaint gpu.nvidia.com/n1/gpu-3"]),
+    ("agent XID 79 naming the pods on the GPU: taint, restart those only; fallback cordons and sweeps",
+     agent(pods=("ml/a-worker-0",)), {},
+     ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1; restart b]", "restart a"]),
+    ("agent XID without pod names: holders from allocatedResourcesStatus",
+     agent(), {}, ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1; restart b]", "restart a"]),
+    ("cordon-only judgement: taint only; fallback cordons",
+     agent(xid=None, recommended=model.Action.CORDON_NODE, check="row_remap_failure"), {},
+     ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1]"]),
+    ("application XID 13: restart the holders, no taint",
+     agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), {}, ["restart a"]),
+    ("device taints off: today's node-level answer",
+     agent(pods=("ml/a-worker-0",)), {"device_taints": {"enabled": False}}, ["cordon n1", "restart a", "restart b"]),
+    ("device taints off, dra-health: restart only", dra_health(), {"device_taints": {"enabled": False}}, ["restart a"]),
+    ("device taints off, cleared: nothing", dra_health(cleared=True), {"device_taints": {"enabled": False}}, []),
+]
+
+
+@pytest.mark.parametrize(("event", "overrides", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_device_isolation(event: model.CollectorEvent, overrides: dict[str, Any], expected: list[str]) -> None:
+    rs = settings.RecoverySettings(**overrides)
+    assert summary(policy.plan(event, world(), policy.History(), rs, NOW)) == expected
+
+
+def test_a_taint_leaves_the_breaker_alone() -> None:
+    """The breaker counts cordons: a fault answered by a device taint plans none, even with the breaker at its limit."""
+    planned = policy.plan(agent(xid=None, recommended=model.Action.CORDON_NODE), world(), policy.History(),
+                          settings.RecoverySettings(max_cordoned_fraction=0.0), NOW)
+    taint = planned[0]
+    assert isinstance(taint, actions.TaintDevice)
+    assert [a.code for a in taint.fallback if isinstance(a, actions.Skip)] == [actions.SkipCode.BREAKER_OPEN]
