@@ -168,6 +168,9 @@ CONTROLLER_REQUESTS = [
     ("create", "events", "", "team-a", "", ""), ("create", "events", "", "default", "", ""),
     ("list", "resourceslices", "resource.k8s.io", "", "", ""),                    # GPU nodes (DRA)
     ("watch", "resourceslices", "resource.k8s.io", "", "", ""),
+    ("create", "devicetaintrules", "resource.k8s.io", "", "", ""),                # device isolation (DRA)
+    ("get", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
+    ("delete", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("update", "configmaps", "", NAMESPACE, LEDGER, ""),
     ("create", "configmaps", "", NAMESPACE, "", ""),
     ("get", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
@@ -186,6 +189,7 @@ CONTROLLER_DENIED = [
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
     ("delete", "nodes", "", "", "gpu-1", ""), ("patch", "nodes", "", "", "gpu-1", "status"),
     ("create", "resourceslices", "resource.k8s.io", "", "", ""),
+    ("update", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("update", "pytorchjobs", "kubeflow.org", "team-a", "j", ""), ("delete", "jobs", "batch", "team-a", "j", ""),
     ("delete", "events", "", "team-a", "e", ""), ("escalate", "clusterroles", "rbac.authorization.k8s.io", "", "", ""),
     ("impersonate", "serviceaccounts", "", NAMESPACE, "", ""),
