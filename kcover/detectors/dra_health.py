@@ -4,7 +4,9 @@ Owns the per-device health state machine, read from the cluster cache: a device 
 is an Error naming the claim, resourceID and the device's message (typed: `fault.dra` from the
 resourceID `driver/pool/device`, `fault.container`); `Unknown` lasting longer than
 `unknown_warning_seconds` is a Warning; a return to `Healthy` after either is an Info with
-`cleared=True`. Nothing repeats
+`cleared=True`, and so is the first `Healthy` any pod reports for a device last reported `Unhealthy` (by
+another pod: the faulty pod is usually gone by then; the device's health is the kubelet's per device, and
+the return to service of an isolated device is how kcover learns of it). Nothing repeats
 while a state holds, across re-lists and detector restarts (the state lives in
 `context.extras["detector_state"][name]`). State is dropped when the pod goes away.
 
@@ -105,6 +107,9 @@ class DraHealthDetector:
         tracks = following.kept_state(context, name, dict, dict)
         self.tracks: dict[str, dict[DeviceKey, Track]] = tracks
         """Pod uid -> device -> state."""
+        unhealthy = following.kept_state(context, f"{name}/unhealthy-devices", dict, dict)
+        self.unhealthy: dict[str, str] = unhealthy
+        """resourceID -> node of every device reported Unhealthy and not yet seen Healthy again, by any pod."""
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
@@ -139,6 +144,12 @@ class DraHealthDetector:
         opted: bool | None = None
         for key, res in current.items():
             track, emit = step(tracks.get(key), res.health, now, self.config.unknown_warning_seconds)
+            if emit is None and res.health == HEALTHY and res.resource_id in self.unhealthy:
+                emit = Emit.RECOVERED  # another pod (a validation pod) got the device and reports it healthy
+            if emit is Emit.UNHEALTHY and res.resource_id:
+                self.unhealthy[res.resource_id] = pod.node
+            elif emit is Emit.RECOVERED:
+                self.unhealthy.pop(res.resource_id, None)
             if emit is not None:
                 if opted is None:
                     opted = not self.config.opt_in_only or cache.opted_in(pod)
