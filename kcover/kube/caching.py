@@ -80,6 +80,17 @@ WORKLOAD_KINDS: tuple[WorkloadKind, ...] = (
 )
 """Every workload kind DESIGN.md names (storage versions of the CRDs kcover is tested with)."""
 
+
+def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Callable[[Mapping[str, Any]], Any]:
+    """`project`, given the kind and apiVersion a real kube-apiserver leaves out of a built-in kind's list
+    items (batch/v1 Jobs listed carry neither; watch events and custom resources do)."""
+    def typed(raw: Mapping[str, Any]) -> Any:
+        if not raw.get("kind"):
+            raw = {**raw, "kind": wk.kind, "apiVersion": wk.api_version}
+        return project(raw)
+    return typed
+
+
 DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = tuple(k.key for k in WORKLOAD_KINDS)
 
 RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -174,7 +185,8 @@ class ClusterCache:
             self._reflect(kube, RESOURCE_SLICES_PATH, proj.resource_slice, self._on_slice, "resourceslices",
                           ("resource.k8s.io", "ResourceSlice"), options)
         for wk in workload_kinds:
-            self._reflect(kube, wk.path, proj.workload, self._on_workload, wk.key, (wk.group, wk.kind), options)
+            self._reflect(kube, wk.path, _typed(proj.workload, wk), self._on_workload, wk.key, (wk.group, wk.kind),
+                          options)
 
     def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],

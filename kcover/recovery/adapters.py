@@ -24,6 +24,12 @@ Choices, documented because they decide what gets deleted:
 * batch/v1 Job: deleting a pod counts as a pod failure towards `backoffLimit`; the Job controller
   recreates the pod while the limit allows. So a Job is restartable unless `backoffLimit` is 0, where
   a delete fails the Job instead of restarting it.
+* Evict, not delete, where the kind's controller counts a deleted pod as a failure (`evicts()`): the
+  batch/v1 Job controller counts a deleted pod towards `backoffLimit` (observed on a real
+  kube-controller-manager 1.36: `status.failed` +1), while an evicted pod gets the `DisruptionTarget`
+  condition first, which a `podFailurePolicy` rule `Ignore` on `DisruptionTarget` keeps out of the
+  count. JobSet (and TrainJob through it) run their pods in child batch/v1 Jobs: the same holds.
+  Kubeflow v1, Volcano and LWS recreate deleted pods without counting them: plain deletes.
 * LeaderWorkerSet: the restart unit is the faulting pod's group (`group-index`), not the whole set.
 * TrainJob: restarted through the JobSet of the same name it owns (pods carry the JobSet labels).
 """
@@ -205,3 +211,11 @@ def safe_selector(lookup: OwnerLookup, selector: actions.MemberSelector, namespa
 def workload_ref(w: proj.Workload) -> actions.WorkloadRef:
     return actions.WorkloadRef(kind=w.kind, api_version=w.api_version, name=w.name, namespace=w.namespace,
                                uid=w.uid)
+
+
+_EVICTED = frozenset({Family.BATCH_JOB, Family.JOBSET, Family.TRAINJOB})
+
+
+def evicts(group: str, kind: str) -> bool:
+    """Restart this kind's pods through the Eviction API (its controller counts deletes as failures)."""
+    return family(group, kind) in _EVICTED

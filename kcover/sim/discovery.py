@@ -13,7 +13,7 @@ from kcover.sim import registry
 
 Obj = dict[str, Any]
 GIT_VERSION = "v1.36.0-kcover-sim"
-_SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"]}
+_SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"]}
 
 
 def version() -> Obj:

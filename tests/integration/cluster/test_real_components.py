@@ -306,3 +306,82 @@ def test_rbac_without_pod_delete_fails_the_restart(realcluster: RealCluster, ns:
         for path in made:
             rc.request("DELETE", path)
         rc.request("DELETE", f"/api/v1/namespaces/{RELEASE_NS}/serviceaccounts/{sa}")
+
+
+# ------------------------------------------------------------------------------------------ batch/v1 Job
+
+def _batch_job(rc: RealCluster, ns: str, name: str, *, backoff_limit: int = 1) -> dict[str, Any]:
+    """Two long-running pods; podFailurePolicy ignores disruptions (the DisruptionTarget condition)."""
+    job: dict[str, Any] = rc.ok("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": OPT_IN},
+        "spec": {"parallelism": 2, "completions": 2, "backoffLimit": backoff_limit,
+                 "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                 "template": {"metadata": {"labels": {**OPT_IN, "kcover.test/long-running": "true"}},
+                              "spec": {"restartPolicy": "Never", "containers": [
+                                  {"name": "trainer", "image": "trainer:v1",
+                                   "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+
+    def running() -> bool:
+        pods = _job_pods(rc, ns, name)
+        return len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods)
+
+    _until(running, f"Job {name}'s two pods Running on kwok")
+    return job
+
+
+def _job_pods(rc: RealCluster, ns: str, name: str) -> list[dict[str, Any]]:
+    listed = rc.ok("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=batch.kubernetes.io%2Fjob-name%3D{name}")
+    return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _job_status(rc: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    return dict(rc.ok("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}").get("status") or {})
+
+
+def test_job_controller_counts_a_deleted_pod_but_not_an_evicted_one(realcluster: RealCluster, ns: str) -> None:
+    """The Job controller's real behaviour, which decides how kcover restarts a batch/v1 Job.
+
+    A pod deleted (as a plain DELETE does) ends Failed without the DisruptionTarget condition: it counts
+    towards backoffLimit. A pod evicted through the Eviction API gets DisruptionTarget first, so the
+    podFailurePolicy rule `Ignore` on it keeps it out of the count."""
+    rc = realcluster
+    _batch_job(rc, ns, "deleted")
+    victim = _job_pods(rc, ns, "deleted")[0]["metadata"]
+    rc.ok("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['name']}")
+    _until(lambda: _job_status(rc, ns, "deleted").get("failed") == 1, "the deleted pod counted as failed")
+
+    _batch_job(rc, ns, "evicted")
+    victim = _job_pods(rc, ns, "evicted")[0]["metadata"]
+    rc.ok("POST", f"/api/v1/namespaces/{ns}/pods/{victim['name']}/eviction", {
+        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim["name"], "namespace": ns}})
+    _until(lambda: len(_job_pods(rc, ns, "evicted")) == 2 and victim["uid"] not in {
+        p["metadata"]["uid"] for p in _job_pods(rc, ns, "evicted")}, "the Job controller to replace the evicted pod")
+    time.sleep(1.0)
+    assert not _job_status(rc, ns, "evicted").get("failed"), _job_status(rc, ns, "evicted")
+
+
+def test_batch_job_restarted_by_kcover_keeps_its_backoff_limit(realcluster: RealCluster, ns: str) -> None:
+    """kcover evicts a batch/v1 Job's pods: the Job comes back without spending its backoffLimit (1)."""
+    rc = realcluster
+    job = _batch_job(rc, ns, "train")
+    pods = _job_pods(rc, ns, "train")
+    _controller(rc)
+    now, target = _now(), pods[0]["metadata"]
+    rc.ok("POST", f"/api/v1/namespaces/{ns}/events", {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{target['name']}.{secrets.token_hex(6)}", "annotations": {"kcover.io/need-recovery": "true"}},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": ns, "name": target["name"], "uid": target["uid"]},
+        "reason": "NCCLTimeout", "message": "collective timed out", "type": "Warning",
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1, "source": {"component": "healthcheck.example.com/checker"}})
+    _until(lambda: _restart_events(rc, ns, job["metadata"]["uid"]), "kcover's restart Event for the Job")
+
+    def back() -> bool:
+        live = _job_pods(rc, ns, "train")
+        return len(live) == 2 and not (_uids(live) & _uids(pods)) and all(
+            p["status"].get("phase") == "Running" for p in live)
+
+    _until(back, "the Job controller to replace both pods, Running")
+    time.sleep(1.0)
+    status = _job_status(rc, ns, "train")
+    assert not status.get("failed"), status
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in status.get("conditions") or []), status

@@ -521,9 +521,10 @@ async def test_a_pod_created_with_the_jobs_labels_during_a_restart_is_not_delete
 
 @pytest.mark.parametrize("pods", [2, 8])
 async def test_what_a_restart_costs_in_requests_by_delete_choice(cluster: Cluster, pods: int) -> None:
-    """Requests one restart sends, counted by the product's client: a uid-bearing selector (batch/v1 Job's
-    controller-uid) costs one DeleteCollection whatever the size; a kind without one (a Kubeflow job)
-    one uid-preconditioned DELETE per pod. Both add one ledger write and one Event, and no LIST."""
+    """Requests one restart sends, counted by the product's client: a batch/v1 Job's pods are listed by
+    their controller-uid label and evicted one by one (its Job controller would count deletes towards
+    backoffLimit); a Kubeflow job's, one uid-preconditioned DELETE per pod with no LIST. Both add one
+    ledger write and one Event."""
     ns = cluster.namespace
     await create(cluster, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-c"},
                                             "status": {"capacity": {"nvidia.com/gpu": "8"}}})
@@ -545,13 +546,14 @@ async def test_what_a_restart_costs_in_requests_by_delete_choice(cluster: Cluste
     rig = await Rig.make(cluster, clock)
     await rig.ledger.load()
     cost: dict[str, dict[str, int]] = {}
-    for name, pod in (("uid-label DeleteCollection", "bj-0"), ("uid-preconditioned deletes", "kf-worker-0")):
+    for name, pod in (("uid-label evictions", "bj-0"), ("uid-preconditioned deletes", "kf-worker-0")):
         rig.kube.request_counts.clear()
         [result] = await rig.engine.handle_event(await pod_fault(cluster, pod, clock))
         assert result.outcome is executing.Outcome.DONE
         assert result.deleted == pods
         cost[name] = dict(rig.kube.request_counts)
-    assert cost["uid-label DeleteCollection"] == {"CREATE configmaps": 1, "DELETECOLLECTION pods": 1, "CREATE events": 1}
+    assert cost["uid-label evictions"] == {"CREATE configmaps": 1, "LIST pods": 1, "CREATE pods/eviction": pods,
+                                           "CREATE events": 1}
     assert cost["uid-preconditioned deletes"] == {"UPDATE configmaps": 1, "DELETE pods": pods, "CREATE events": 1}
 
 
