@@ -259,7 +259,13 @@ class ClusterStack:
             f"--root-ca-file={self.cp.ca_path}", "--use-service-account-credentials=true",
             "--leader-elect=false", "--controllers=*",
             f"--node-monitor-grace-period={self.grace}s", "--node-monitor-period=1s",
-            "--concurrent-job-syncs=5", "--v=1"])
+            "--concurrent-job-syncs=5", *self._dra_gates(), "--v=1"])
+
+    def _dra_gates(self) -> list[str]:
+        """DeviceTaintRules (KEP-5055, beta and off by default in 1.36) for the scheduler, which keeps tainted
+        devices out of new claims, and the controller-manager, whose device taint eviction controller
+        acts on NoExecute; the apiserver serves them (server.py's gates and runtime-config)."""
+        return ["--feature-gates=DRADeviceTaintRules=true"] if self.cp.feature_gates.get("DRADeviceTaintRules") else []
 
     def _start_scheduler(self) -> None:
         assert self._dir is not None
@@ -267,7 +273,7 @@ class ClusterStack:
         self._spawn("kube-scheduler", [
             str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={kc}", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={server._free_port()}",
-            f"--cert-dir={self._dir / 'scheduler-certs'}", "--v=1"])
+            f"--cert-dir={self._dir / 'scheduler-certs'}", *self._dra_gates(), "--v=1"])
 
     def _start_kwok(self) -> None:
         assert self._dir is not None
