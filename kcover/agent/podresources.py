@@ -1,33 +1,58 @@
-"""GPU to pods through the kubelet PodResources API v1 (`/v1.PodResourcesLister/List`).
+"""GPU to pods through the kubelet's PodResources API v1 (`v1.PodResourcesLister/List`) over gRPC.
 
-Owns asking the kubelet which pods hold which device ids (the NVIDIA device plugin uses GPU UUIDs)
-and decoding the protobuf answer with a minimal wire-format reader, so kcover needs no generated
-stubs. The call needs `grpcio`; where it is not installed, or the socket is missing, the lookup
-answers [] and the agent reports node-level only. It never raises to its caller.
+Owns asking the kubelet which pods hold which devices, on its unix socket
+(`agent.pod_resources_socket`, `/var/lib/kubelet/pod-resources/kubelet.sock`), with grpcio, and reading
+the protobuf answer with a minimal wire-format reader (so kcover needs no generated stubs). What a
+container holds comes in two shapes: device-plugin devices (`resource_name`, `device_ids`: whole GPU
+UUIDs for `nvidia.com/gpu`, MIG device UUIDs for `nvidia.com/mig-*`) and DRA devices
+(`dynamic_resources[].claim_resources[]`: driver, pool and device, from Kubernetes 1.31's fields 2-4).
+Both become `Assignment`s; `pods_holding` answers "which pods hold any of these ids".
+
+How it fails: never to its caller. A missing socket, or a failed or timed-out call, answers [] (the
+fault is then reported without pods and the controller falls back to the node's opted-in workloads),
+logged once per kind of failure; a malformed answer is logged and answers [].
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import grpc
 import structlog
 
 log = structlog.get_logger()
 
-_METHOD = "/v1.PodResourcesLister/List"
+SERVICE = "v1.PodResourcesLister"
+LIST_METHOD = f"/{SERVICE}/List"
+GET_METHOD = f"/{SERVICE}/Get"
 
 
 class PodLookup(Protocol):
     """Which pods hold a device: the kubelet's PodResources here; any other source in a test cluster."""
 
     async def pods_for_device(self, device_id: str) -> list[str]:
-        """`namespace/name` of the pods that hold `device_id` (a GPU UUID); [] when unknown. Never raises."""
+        """`namespace/name` of the pods that hold `device_id` (a GPU or MIG UUID); [] when unknown. Never raises."""
         ...
 
+
+@dataclass(frozen=True)
+class Assignment:
+    """One device one container holds."""
+
+    pod: str
+    """`namespace/name`."""
+    container: str
+    resource: str
+    """The device plugin's resource name (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`), or the DRA driver."""
+    device: str
+    """A device plugin's device id (GPU or MIG UUID), or a DRA device as `driver/pool/device`."""
+
+
+# ------------------------------------------------------------------------------------------ wire format
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
@@ -40,6 +65,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, pos
         shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
@@ -53,6 +80,8 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
             value, pos = _varint(data, pos)
         elif wire == 2:
             length, pos = _varint(data, pos)
+            if pos + length > len(data):
+                raise ValueError("truncated length-delimited field")
             value, pos = data[pos:pos + length], pos + length
         elif wire == 1:
             value, pos = data[pos:pos + 8], pos + 8
@@ -63,63 +92,97 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
         yield number, wire, value
 
 
-def decode_list_response(data: bytes) -> dict[str, list[str]]:
-    """ListPodResourcesResponse -> device id -> ["namespace/pod", ...] (pure)."""
-    out: dict[str, list[str]] = {}
-    for number, _, pod in _fields(data):
-        if number != 1:
-            continue
-        name = namespace = ""
-        devices: list[str] = []
-        for pn, _, pv in _fields(pod):
-            if pn == 1:
-                name = pv.decode()
-            elif pn == 2:
-                namespace = pv.decode()
-            elif pn == 3:  # ContainerResources
-                for cn, _, cv in _fields(pv):
-                    if cn == 2:  # ContainerDevices
-                        devices += [dv.decode() for dn, _, dv in _fields(cv) if dn == 2]
-        for device in devices:
-            pods = out.setdefault(device, [])
-            if f"{namespace}/{name}" not in pods:
-                pods.append(f"{namespace}/{name}")
+def _strings(data: bytes, number: int) -> list[str]:
+    return [v.decode() for n, w, v in _fields(data) if n == number and w == 2]
+
+
+def _messages(data: bytes, number: int) -> list[bytes]:
+    return [bytes(v) for n, w, v in _fields(data) if n == number and w == 2]
+
+
+def decode_pod(pod: bytes) -> list[Assignment]:
+    """One `PodResources` message -> what its containers hold (pure)."""
+    name = "".join(_strings(pod, 1))
+    namespace = "".join(_strings(pod, 2))
+    key = f"{namespace}/{name}"
+    out: list[Assignment] = []
+    for container in _messages(pod, 3):  # ContainerResources
+        cname = "".join(_strings(container, 1))
+        for devices in _messages(container, 2):  # ContainerDevices: resource_name 1, device_ids 2
+            resource = "".join(_strings(devices, 1))
+            out += [Assignment(key, cname, resource, d) for d in _strings(devices, 2)]
+        for dynamic in _messages(container, 5):  # DynamicResource: claim_resources 4
+            for claimed in _messages(dynamic, 4):  # ClaimResource: driver 2, pool 3, device 4
+                driver, pool, device = ("".join(_strings(claimed, n)) for n in (2, 3, 4))
+                if driver and pool and device:
+                    out.append(Assignment(key, cname, driver, f"{driver}/{pool}/{device}"))
     return out
 
 
+def decode_list_response(data: bytes) -> list[Assignment]:
+    """`ListPodResourcesResponse` -> every device every container holds (pure)."""
+    return [a for pod in _messages(data, 1) for a in decode_pod(pod)]
+
+
+def pods_holding(assignments: Iterable[Assignment], device_ids: Iterable[str]) -> list[str]:
+    """`namespace/name` of the pods holding any of `device_ids`, in first-seen order, each once (pure)."""
+    wanted = set(device_ids)
+    out: list[str] = []
+    for a in assignments:
+        if a.device in wanted and a.pod not in out:
+            out.append(a.pod)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ client
+
 class PodResources:
-    """Looks pods up by device id; [] when the kubelet cannot be asked."""
+    """The kubelet's PodResources v1 over gRPC on its unix socket; [] when it cannot be asked."""
 
     def __init__(self, socket_path: str, *, timeout_seconds: float = 2.0) -> None:
         self.socket_path = socket_path
         self.timeout_seconds = timeout_seconds
-        self._grpc: Any = None
-        self._warned = False
-        try:
-            self._grpc = importlib.import_module("grpc")
-        except ImportError:
-            self._grpc = None
+        self._said: set[str] = set()
 
     @property
     def available(self) -> bool:
-        return self._grpc is not None and os.path.exists(self.socket_path)
+        return os.path.exists(self.socket_path)
 
-    def _list(self) -> bytes:
-        grpc = self._grpc
-        with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
-            call = channel.unary_unary(_METHOD, request_serializer=lambda _: b"",
-                                       response_deserializer=lambda raw: raw)
-            return bytes(call(b"", timeout=self.timeout_seconds))
+    def list_blocking(self) -> list[Assignment]:
+        """One `List` call (blocking; raises `grpc.RpcError` or ValueError)."""
+        with grpc.insecure_channel(f"unix://{os.path.abspath(self.socket_path)}") as channel:
+            call = channel.unary_unary(LIST_METHOD, request_serializer=_raw, response_deserializer=_raw)
+            raw = call(b"", timeout=self.timeout_seconds)
+        return decode_list_response(raw)
 
-    async def pods_for_device(self, device_id: str) -> list[str]:
+    async def assignments(self) -> list[Assignment]:
+        """Every device the node's containers hold now; [] when the kubelet cannot be asked. Never raises."""
         if not self.available:
-            if not self._warned:
-                self._warned = True
-                log.info("podresources_unavailable", socket=self.socket_path, grpc=self._grpc is not None)
+            self._once("podresources_unavailable", socket=self.socket_path)
             return []
         try:
-            raw = await asyncio.to_thread(self._list)
-            return decode_list_response(raw).get(device_id, [])
-        except Exception as exc:  # best effort: a fault is reported with or without its pods
-            log.warning("podresources_list_failed", socket=self.socket_path, error=f"{type(exc).__name__}: {exc}")
-            return []
+            return await asyncio.to_thread(self.list_blocking)
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            self._once("podresources_list_failed", socket=self.socket_path, code=str(code), error=str(exc)[:300])
+        except ValueError as exc:
+            self._once("podresources_answer_unreadable", socket=self.socket_path, error=str(exc))
+        return []
+
+    async def pods_for_devices(self, device_ids: Sequence[str]) -> list[str]:
+        """`namespace/name` of the pods holding any of `device_ids` (one List call). Never raises."""
+        return pods_holding(await self.assignments(), device_ids)
+
+    async def pods_for_device(self, device_id: str) -> list[str]:
+        return await self.pods_for_devices([device_id])
+
+    def _once(self, event: str, **fields: Any) -> None:
+        if event not in self._said:
+            self._said.add(event)
+            log.warning(event, **fields)
+        else:
+            log.debug(event, **fields)
+
+
+def _raw(data: bytes) -> bytes:
+    return bytes(data)
