@@ -69,7 +69,8 @@ class Agent:
         self.context = contract.DetectorContext(
             role=contract.Role.AGENT, metrics=metrics, clock=self.clock, node_name=node, nvml=nvml,
             gateway=client,
-            extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device})
+            extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device,
+                    "pods_for_devices": getattr(pods, "pods_for_devices", None)})
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
                             block_timeout_seconds=config.bus.block_timeout_seconds)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics

@@ -13,8 +13,9 @@ condition. It never writes to the API.
 
 Backend: `context.nvml` (a `kcover.nvml.backend.Nvml`), or the real pynvml adapter when None. The XID
 policy: `context.extras["xid_policy"]` (an `XidPolicy` the agent loaded from settings), else the
-shipped one. Pods on a GPU: `context.extras["pods_for_device"]`, an async callable GPU UUID ->
-["namespace/name", ...], when the agent can ask the kubelet.
+shipped one. Pods on a GPU: `context.extras["pods_for_devices"]`, an async callable [ids] ->
+["namespace/name", ...] (or `pods_for_device`, one id), asked for the GPU's UUID and, on a MIG-enabled
+GPU, the UUIDs of its MIG instances (read once at start), when the agent can ask the kubelet.
 
 Fails: no driver or no GPU -> `errors.DetectorUnavailableError` (the supervisor marks it unavailable
 and the agent stays healthy); other NVML errors propagate and the supervisor restarts it with backoff.
@@ -125,6 +126,8 @@ class NvmlDetector:
         self.nvml: backend.Nvml = context.nvml if context.nvml is not None else real.RealNvml()
         self._devices: list[backend.DeviceInfo] = []
         self._by_uuid: dict[str, backend.DeviceInfo] = {}
+        self._mig: dict[str, tuple[str, ...]] = {}
+        """GPU UUID -> the UUIDs of its MIG instances (MIG on): a fault on the GPU is a fault on each of them."""
         self._history: dict[tuple[str, int], collections.deque[float]] = {}
         self._active: dict[tuple[int, str], _Fault] = {}
         self._poll_now = asyncio.Event()
@@ -141,9 +144,11 @@ class NvmlDetector:
             count = await asyncio.to_thread(nvml.device_count)
             self._devices = [await asyncio.to_thread(nvml.device_info, i) for i in range(count)]
             self._by_uuid = {d.uuid: d for d in self._devices}
+            self._mig = {d.uuid: await asyncio.to_thread(mig_uuids, nvml, d.index) for d in self._devices}
             await asyncio.to_thread(nvml.register_events,
                                     backend.EventType.XID_CRITICAL | backend.EventType.DOUBLE_BIT_ECC)
-            log.info("nvml_detector_started", detector=self.name, gpus=len(self._devices))
+            log.info("nvml_detector_started", detector=self.name, gpus=len(self._devices),
+                     mig_instances=sum(len(v) for v in self._mig.values()))
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._events(bus, stop), name=f"{self.name}:events")
                 group.create_task(self._health(bus, stop), name=f"{self.name}:health")
@@ -224,6 +229,18 @@ class NvmlDetector:
 
     # ------------------------------------------------------------------ publishing
 
+    async def _pods_holding(self, ids: tuple[str, ...]) -> list[str]:
+        """The pods holding any of `ids` (a GPU and its MIG instances), through the agent's lookup."""
+        many = self.context.extras.get("pods_for_devices")
+        if many is not None:
+            return list(await many(list(ids)))
+        one = self.context.extras.get("pods_for_device")
+        out: list[str] = []
+        if one is not None:
+            for device_id in ids:
+                out += [p for p in await one(device_id) if p not in out]
+        return out
+
     async def _publish(self, bus: bus_.Bus, device: backend.DeviceInfo | None, uuid: str, *, reason: str,
                        severity: model.Severity, message: str, attributes: dict[str, Any], dedupe_key: str,
                        xid: int | None = None, check: str = "", recommended: model.Action | None = None,
@@ -232,10 +249,9 @@ class NvmlDetector:
         if device is not None:
             attributes = dict(attributes, pci_bus_id=device.pci_bus_id)
         pods: tuple[str, ...] = ()
-        pods_for_device = self.context.extras.get("pods_for_device")
-        if pods_for_device is not None and not cleared:
+        if not cleared:
             try:
-                pods = tuple(await pods_for_device(uuid))
+                pods = tuple(await self._pods_holding((uuid, *self._mig.get(uuid, ()))))
             except Exception as exc:  # pod lookup is best effort; the fault is reported regardless
                 log.warning("nvml_pod_lookup_failed", detector=self.name, gpu_uuid=uuid, error=str(exc))
         fault = model.Fault(xid=xid, gpu_index=device.index if device is not None else None, gpu_uuid=uuid,
@@ -249,6 +265,16 @@ class NvmlDetector:
         log.info("nvml_fault_observed", detector=self.name, reason=reason, gpu_uuid=uuid,
                  recommended_action=recommended.value if recommended else None, cleared=cleared)
         await bus.publish(event)
+
+
+def mig_uuids(nvml: backend.Nvml, index: int) -> tuple[str, ...]:
+    """Blocking: the UUIDs of GPU `index`'s MIG instances; () when MIG is off or not supported."""
+    try:
+        return tuple(m.uuid for m in nvml.mig_devices(index))
+    except errors.NvmlError as exc:
+        if exc.code == backend.CODE_NOT_SUPPORTED:
+            return ()
+        raise
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

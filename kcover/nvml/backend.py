@@ -62,6 +62,16 @@ class RemappedRows:
     """A remap failed: the GPU has run out of spare rows."""
 
 
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU (nvmlDeviceGetMigDeviceHandleByIndex)."""
+
+    uuid: str
+    """`MIG-xxxxxxxx-...`, the id the NVIDIA device plugin hands pods under `nvidia.com/mig-*`."""
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
 @runtime_checkable
 class Nvml(Protocol):
     """Blocking NVML calls. Devices are addressed by index (0..device_count-1)."""
@@ -98,4 +108,13 @@ class Nvml(Protocol):
 
     def probe(self, index: int) -> None:
         """A cheap query that raises NvmlError(gpu_lost) when the GPU is lost."""
+        ...
+
+    def mig_mode(self, index: int) -> bool:
+        """Whether MIG is enabled now (the current, not the pending, mode); NvmlError(not_supported) on GPUs
+        without MIG."""
+        ...
+
+    def mig_devices(self, index: int) -> list[MigDevice]:
+        """The MIG instances of GPU `index`; [] when MIG is off."""
         ...

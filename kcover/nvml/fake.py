@@ -23,15 +23,23 @@ class _Gpu:
     remap: backend.RemappedRows = field(default_factory=lambda: backend.RemappedRows(0, 0, False, False))
     pages_pending: bool = False
     remap_supported: bool = True
+    mig: tuple[backend.MigDevice, ...] | None = None
+    """None: no MIG support; () MIG-capable with MIG off; otherwise the MIG instances (MIG on)."""
 
 
 class FakeNvml:
     """`backend.Nvml` with `gpus` healthy devices. `init_error` makes `init()` fail with that code."""
 
-    def __init__(self, gpus: int = 8, *, init_error: str = "", uuid_prefix: str = "GPU-fake") -> None:
+    def __init__(self, gpus: int = 8, *, init_error: str = "", uuid_prefix: str = "GPU-fake",
+                 mig: dict[int, int] | None = None) -> None:
+        """`mig`: GPU index -> MIG instances on it (MIG on; UUIDs `MIG-fake-<gpu>-<n>`); other GPUs MIG-capable, off."""
         self._lock = threading.Condition()
         self._gpus = [_Gpu(backend.DeviceInfo(index=i, uuid=f"{uuid_prefix}-{i:04d}",
-                                              pci_bus_id=f"0000:{0x18 + i:02x}:00.0")) for i in range(gpus)]
+                                              pci_bus_id=f"0000:{0x18 + i:02x}:00.0"),
+                           mig=tuple(backend.MigDevice(f"MIG-fake-{i:04d}-{n}", gpu_instance_id=n + 1,
+                                                       compute_instance_id=0)
+                                     for n in range((mig or {}).get(i, 0))))
+                      for i in range(gpus)]
         self._init_error = init_error
         self._initialised = False
         self._registered = backend.EventType(0)
@@ -88,6 +96,15 @@ class FakeNvml:
     def probe(self, index: int) -> None:
         self._gpu(index)
 
+    def mig_mode(self, index: int) -> bool:
+        gpu = self._gpu(index)
+        if gpu.mig is None:
+            raise errors.NvmlError("MIG not supported", code=backend.CODE_NOT_SUPPORTED)
+        return bool(gpu.mig)
+
+    def mig_devices(self, index: int) -> list[backend.MigDevice]:
+        return list(self._gpu(index).mig or ())
+
     @property
     def registered(self) -> backend.EventType:
         """The event types a caller registered for (0 until `register_events`)."""
@@ -135,7 +152,7 @@ class FakeNvml:
         """As after a GPU reset: counters, flags and the lost state are gone."""
         with self._lock:
             gpu = self._gpus[gpu_index]
-            self._gpus[gpu_index] = _Gpu(gpu.info)
+            self._gpus[gpu_index] = _Gpu(gpu.info, mig=gpu.mig)
 
     # -------------------------------------------------------------- helpers
 

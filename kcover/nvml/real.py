@@ -164,3 +164,31 @@ class RealNvml:
 
     def probe(self, index: int) -> None:
         self._call("nvmlDeviceGetTemperature", "nvmlDeviceGetTemperature", self._handle(index), 0)
+
+    def mig_mode(self, index: int) -> bool:
+        current, _pending = self._call("nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode", self._handle(index))
+        return int(current) == 1  # NVML_DEVICE_MIG_ENABLE
+
+    def mig_devices(self, index: int) -> list[backend.MigDevice]:
+        try:
+            if not self.mig_mode(index):
+                return []
+        except errors.NvmlError as exc:
+            if exc.code == backend.CODE_NOT_SUPPORTED:
+                return []
+            raise
+        handle = self._handle(index)
+        out: list[backend.MigDevice] = []
+        count = int(self._call("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMaxMigDeviceCount", handle))
+        for slot in range(count):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetMigDeviceHandleByIndex",
+                                 handle, slot)
+            except errors.NvmlError:
+                continue  # an empty slot (NVML_ERROR_NOT_FOUND)
+            uuid = self._call("nvmlDeviceGetUUID", "nvmlDeviceGetUUID", mig)
+            gi = self._call("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetGpuInstanceId", mig)
+            ci = self._call("nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetComputeInstanceId", mig)
+            out.append(backend.MigDevice(uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                                         gpu_instance_id=int(gi), compute_instance_id=int(ci)))
+        return out
