@@ -221,6 +221,13 @@ class EscalationSettings(_Group):
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
 
 
+class LedgerLayout(enum.StrEnum):
+    """How the recovery ledger is stored (`kcover.recovery.sharding`)."""
+
+    PER_UNIT = "per-unit"
+    SINGLE = "single"
+
+
 class RecordsSettings(_Group):
     enabled: bool = Field(True, description="Write a `Recovery` resource (kcover.io/v1alpha1) for every action and every audited refusal, in the workload's namespace (a node's in `ledger_namespace`), so `kubectl get recoveries -A` shows what kcover did after its Events expired. Written after the action, by a task of its own: never on the recovery's critical path.")
     retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a Recovery is kept: one week, long enough to read what happened over a weekend.")
@@ -278,7 +285,8 @@ class RecoverySettings(_Group):
     namespaces_allow: list[str] = Field(default_factory=list, description="Only these namespaces are acted on; empty means all.")
     namespaces_deny: list[str] = Field(default_factory=lambda: ["kube-system"], description="Namespaces never acted on.")
     ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger ConfigMap and kcover's Lease.", json_schema_extra=_RESTART)
-    ledger_name: str = Field("kcover-ledger", description="ConfigMap recording cooldowns, budgets and breaker state.", json_schema_extra=_RESTART)
+    ledger_name: str = Field("kcover-ledger", description="Name of the ledger recording cooldowns, budgets and restart intents: the prefix of its LedgerEntry objects (per-unit layout), or its ConfigMap (single layout, and the ledger of earlier versions, taken over by the per-unit layout).", json_schema_extra=_RESTART)
+    ledger_layout: LedgerLayout = Field(LedgerLayout.PER_UNIT, description="`per-unit`: one small LedgerEntry object per restart unit and per node, so no object nears the 1 MiB limit and a restart's fencing write costs the same at any scale (a ConfigMap ledger of an earlier version is taken over on the first write). `single`: the whole ledger in one ConfigMap, whose writes grow with the workloads restarted within the window and which forgets the oldest past about 6,000 of them.", json_schema_extra=_RESTART)
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
     node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")

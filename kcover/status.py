@@ -1,7 +1,7 @@
 """`kcover status`: what kcover is doing, read from the cluster through a kubeconfig, for a person.
 
 Owns reading and judging, not acting: `gather()` makes a handful of reads (the Lease, the controls
-ConfigMap, the Nodes, the Recovery resources, the ledger) and builds a `Report`; `Report.problems()`
+ConfigMap, the Nodes, the Recovery resources, the ledger in either layout) and builds a `Report`; `Report.problems()`
 says what needs a person (no leader or a stale Lease, the breaker latched or open, a recovery Stalled
 or Failed in the last 24 h, a workload out of its restart budget); `render()` prints it for a terminal
 and `Report.to_json()` for a program. Nothing here writes. A read that fails raises
@@ -21,7 +21,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import gpus, leasing
 from kcover.kube import projections as proj
-from kcover.recovery import controls, ledger, recording
+from kcover.recovery import controls, ledger, recording, sharding
 
 WINDOW_SECONDS = 24 * 3600
 """Recoveries shown: those of the last 24 hours."""
@@ -211,7 +211,17 @@ async def _recoveries(kube: kube_client.KubeClient, now: dt.datetime) -> tuple[l
 async def _out_of_budget(kube: kube_client.KubeClient, rs: settings.RecoverySettings,
                          now: dt.datetime) -> list[OutOfBudget]:
     cm = await _optional(kube, f"/api/v1/namespaces/{rs.ledger_namespace}/configmaps/{rs.ledger_name}")
-    state = ledger.State.decode({str(k): str(v) for k, v in ((cm or {}).get("data") or {}).items()})
+    parts = [{str(k): str(v) for k, v in ((cm or {}).get("data") or {}).items()}]
+    query = {"labelSelector": f"{sharding.LEDGER_LABEL}={rs.ledger_name}", "limit": "500"}
+    while True:  # the per-unit ledger's objects (none with the single layout, or without the CRD)
+        page = await _optional(kube, f"/apis/{sharding.API_VERSION}/namespaces/{rs.ledger_namespace}/"
+                                     f"{sharding.PLURAL}", query)
+        parts += [{str(k): str(v) for k, v in (item.get("data") or {}).items()} for item in (page or {}).get("items") or []]
+        token = ((page or {}).get("metadata") or {}).get("continue")
+        if not token:
+            break
+        query = {**query, "continue": token}
+    state = ledger.State.decode(sharding.join(parts))
     out = []
     horizon = now.timestamp() - rs.restart_window_seconds
     for key, times in state.restarts.items():

@@ -100,7 +100,8 @@ def build(deps: EngineDeps) -> LeaderEngine:
     snap = deps.cache  # the cache is the policy's snapshot: one cluster model
     ledger_ = ledger.Ledger(deps.client, namespace=live.recovery.ledger_namespace,
                             name=live.recovery.ledger_name, is_leader=deps.is_leader,
-                            retention_seconds=live.retention_seconds, fence=deps.fence)
+                            retention_seconds=live.retention_seconds, fence=deps.fence,
+                            layout=live.recovery.ledger_layout.value)
     sink = logsaving.LogSaveMetrics(deps.metrics.registry)
 
     async def save_logs(workload: actions.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:

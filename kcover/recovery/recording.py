@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import enum
 import hashlib
@@ -56,6 +57,7 @@ TARGET_LABEL = "kcover.io/target"
 WRITE_ATTEMPTS = 5
 """Tries of one record before it is dropped (each already retried by the client on 429/5xx)."""
 RETRY_DELAY_SECONDS = 1.0
+STOP_POLL_SECONDS = 0.5
 
 
 class Phase(enum.StrEnum):
@@ -309,20 +311,14 @@ class Recorder:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Write what was noted until `stop`, then what is left (while leading); prune while leading."""
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                if not self._queue:
-                    self._wake.clear()
-                    woken = asyncio.ensure_future(self._wake.wait())
-                    interval = self._recovery().records.prune_interval_seconds
-                    await asyncio.wait({woken, stopped}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-                    woken.cancel()
-                await self.flush()
-                await self._maybe_prune()
+        while not stop.is_set():
+            if not self._queue:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):  # `stop` is looked at twice a second
+                    await asyncio.wait_for(self._wake.wait(), STOP_POLL_SECONDS)
             await self.flush()
-        finally:
-            stopped.cancel()
+            await self._maybe_prune()
+        await self.flush()
 
     async def flush(self) -> None:
         """Write every queued change once; a failed one goes back to the queue until its attempts run out."""

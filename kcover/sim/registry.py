@@ -192,6 +192,9 @@ RESOURCES: tuple[Resource, ...] = (
     Resource(plural="preflightreports", kind="PreflightReport", group="kcover.io", version="v1alpha1",
              subresources=("status",), short_names=("pfr",), has_generation=True, put_without_rv=False,
              strategic_merge=False),
+    # the per-unit recovery ledger (helm/kcover/files/ledgerentry-crd.yaml)
+    Resource(plural="ledgerentries", kind="LedgerEntry", group="kcover.io", version="v1alpha1",
+             has_generation=True, put_without_rv=False, strategic_merge=False),
     # kcover's record of what it did (helm/kcover/files/recovery-crd.yaml; the columns are the CRD's)
     Resource(plural="recoveries", kind="Recovery", group="kcover.io", version="v1alpha1", subresources=("status",),
              short_names=("krec",), has_generation=True, put_without_rv=False, strategic_merge=False,

@@ -365,8 +365,9 @@ async def leader_crash_after_intent(run: Run) -> None:
 
 
 def _ledger_intent(c: cluster_.SimCluster, job: str) -> dict[str, Any]:
-    """The pending restart intent of `job` in the ledger ConfigMap, or {}."""
-    for cm in c.srv.store.iter_objects("configmaps"):
+    """The pending restart intent of `job` in the ledger (its LedgerEntry objects, or a ConfigMap), or {}."""
+    objects = [*c.srv.store.iter_objects("ledgerentries.kcover.io"), *c.srv.store.iter_objects("configmaps")]
+    for cm in objects:
         for raw in (cm.get("data") or {}).values():
             entry = json.loads(raw)
             intent = entry.get("p") if isinstance(entry, dict) else None

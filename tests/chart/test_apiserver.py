@@ -177,6 +177,13 @@ CONTROLLER_REQUESTS = [
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "leases", "coordination.k8s.io", NAMESPACE, "", ""),
     ("watch", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),  # fieldSelector metadata.name
+    ("list", "ledgerentries", "kcover.io", NAMESPACE, "", ""),  # the per-unit ledger
+    ("create", "ledgerentries", "kcover.io", NAMESPACE, "", ""),
+    ("update", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
+    ("delete", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
+    ("create", "recoveries", "kcover.io", "team-a", "", ""),  # Recovery resources and their retention
+    ("patch", "recoveries", "kcover.io", "team-a", "r", "status"),
+    ("list", "recoveries", "kcover.io", "", "", ""), ("delete", "recoveries", "kcover.io", "team-a", "r", ""),
 ] + [(verb, plural, group, "", "", "")
      for kind in settings.KubeSettings().workload_kinds
      for plural, group in [kind.split(".", 1)]
@@ -193,6 +200,7 @@ CONTROLLER_DENIED = [
     ("update", "pytorchjobs", "kubeflow.org", "team-a", "j", ""), ("delete", "jobs", "batch", "team-a", "j", ""),
     ("delete", "events", "", "team-a", "e", ""), ("escalate", "clusterroles", "rbac.authorization.k8s.io", "", "", ""),
     ("impersonate", "serviceaccounts", "", NAMESPACE, "", ""),
+    ("create", "ledgerentries", "kcover.io", "team-a", "", ""),  # the ledger lives in the release namespace only
 ]
 
 AGENT_REQUESTS = [
@@ -210,6 +218,8 @@ AGENT_DENIED = [
     ("get", "secrets", "", NAMESPACE, "", ""), ("list", "secrets", "", "", "", ""),
     ("get", "configmaps", "", NAMESPACE, LEDGER, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
+    ("create", "recoveries", "kcover.io", "team-a", "", ""), ("patch", "recoveries", "kcover.io", "team-a", "r", "status"),
+    ("update", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
 ]
 
 
