@@ -40,3 +40,9 @@ class Metrics:
         self.breaker_open = Gauge("kcover_breaker_open", "1 while the recovery circuit breaker is open.",
                                   registry=r)
         self.is_leader = Gauge("kcover_leader", "1 while this replica holds the Lease.", registry=r)
+        self.device_taints_served = Gauge("kcover_device_taints_served", "1 when the API server serves "
+                                          "DeviceTaintRules (device-level isolation under DRA), 0 when kcover "
+                                          "falls back to the node, -1 before the first check.", registry=r)
+        self.device_taints_served.set(-1)
+        self.device_taint_fallbacks = Counter("kcover_device_taint_fallbacks", "Device faults answered at node "
+                                              "level because the API server serves no DeviceTaintRules.", registry=r)

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kcover import errors, model, settings
+from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import retrying
@@ -90,26 +89,11 @@ def is_ours(rule: dict[str, Any], device: model.DraDevice) -> bool:
             and (meta.get("annotations") or {}).get(DEVICE_ANNOTATION) == device.resource_id)
 
 
-class DeviceTaintMetrics:
-    """Whether device isolation is possible here, and how often kcover fell back to the node."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.served = Gauge("kcover_device_taints_served", "1 when the API server serves DeviceTaintRules "
-                            "(device-level isolation under DRA), 0 when kcover falls back to the node, -1 before "
-                            "the first check.", registry=registry)
-        self.served.set(-1)
-        self.fallbacks = Counter("kcover_device_taint_fallbacks", "Device faults answered at node level because "
-                                 "the API server serves no DeviceTaintRules.", registry=registry)
-
-
-Emit = Callable[..., Awaitable[None]]
-
-
 class DeviceTaints:
     """Writes and removes kcover's DeviceTaintRules; knows whether the server serves them."""
 
     def __init__(self, kube: kube_client.KubeClient, *, options: Callable[[], settings.DeviceTaintSettings],
-                 metrics_: DeviceTaintMetrics, clock: clock_.Clock, guard: Callable[[], None],
+                 metrics_: metrics.Metrics, clock: clock_.Clock, guard: Callable[[], None],
                  fence: retrying.Fence | None = None) -> None:
         self._kube = kube
         self._options = options
@@ -135,7 +119,7 @@ class DeviceTaints:
         if found is not None:
             self.unserved_said = False
         self._version, self._checked_at = found, now
-        self.metrics.served.set(1 if found else 0)
+        self.metrics.device_taints_served.set(1 if found else 0)
         return found
 
     async def _discover(self) -> str | None:
@@ -164,7 +148,7 @@ class DeviceTaints:
                     dry_run: bool = False) -> Outcome:
         api_version = await self.served_version()
         if api_version is None:
-            self.metrics.fallbacks.inc()
+            self.metrics.device_taint_fallbacks.inc()
             return Outcome.UNSERVED
         if dry_run:
             return Outcome.DRY_RUN

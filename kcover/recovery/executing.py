@@ -98,7 +98,7 @@ class Executor:
         """Intent id -> why its last attempt here failed (for the KcoverRecoveryFailed Event)."""
         self.devices = devicetainting.DeviceTaints(
             kube, options=lambda: self.settings.device_taints,
-            metrics_=devicetainting.DeviceTaintMetrics(metrics_.registry), clock=clock, guard=self._guard, fence=fence)
+            metrics_=metrics_, clock=clock, guard=self._guard, fence=fence)
         """kcover's DeviceTaintRules and whether the API server serves them (`devicetainting`)."""
 
     # ---------------------------------------------------------------------------------------- plumbing

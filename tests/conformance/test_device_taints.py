@@ -94,7 +94,7 @@ async def test_kcovers_writer_taints_one_device_and_removes_only_its_own(conform
     kube = kubeclient.from_configuration(conformance_api.client.configuration)
     options = settings.DeviceTaintSettings(effect=settings.DeviceTaintEffect.NO_SCHEDULE)
     taints = devicetainting.DeviceTaints(kube, options=lambda: options,
-                                         metrics_=devicetainting.DeviceTaintMetrics(metrics.Metrics().registry),
+                                         metrics_=metrics.Metrics(),
                                          clock=clock_.SystemClock(), guard=lambda: None)
     suffix = secrets.token_hex(3)
     ours = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-3")
