@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -27,13 +28,9 @@ import yaml
 from pydantic import ValidationError
 
 import kcover
-from kcover import checking, errors, logs, metrics, reloading, serving, settings, status, wiring
+from kcover import checking, errors, logs, metrics, reloading, serving, settings, wiring
 from kcover.aio import clock as clock_
-from kcover.bench import running as bench_running
 from kcover.detectors import contract, registry
-from kcover.kube import client as client_
-from kcover.recovery import controls
-from kcover.sim import running as sim_running
 
 log = structlog.get_logger()
 
@@ -121,6 +118,9 @@ def cmd_detectors(args: argparse.Namespace) -> int:
 
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
     """`kcover breaker reset`: close the latched breaker on the controls ConfigMap the settings name."""
+    from kcover.kube import client as client_  # imported by the command that runs it (roles stay lean)
+    from kcover.recovery import controls
+
     cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
     rs = cfg.recovery
 
@@ -145,6 +145,9 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """`kcover status`: leader, breaker, cordons, recent recoveries, budgets; exit 1 when a person is needed."""
+    from kcover import status
+    from kcover.kube import client as client_
+
     cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
 
     async def read() -> status.Report:
@@ -342,7 +345,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-format", choices=["auto", "json", "console"])
 
 
-def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]]) -> argparse.ArgumentParser:
+TOOLS = {"sim": "kcover.sim.running", "bench": "kcover.bench.running"}
+"""Commands whose module (and its arguments) is imported only when that command runs: the simulated
+cluster and the bench are never loaded by `kcover controller` or `kcover agent`."""
+
+
+def _tool(command: str) -> Any:
+    return importlib.import_module(TOOLS[command])
+
+
+def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]], *,
+                 command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; the arguments of `sim` and `bench` are added only when `command` is that one (or None)."""
     parser = argparse.ArgumentParser(prog="kcover", description="Fault awareness and recovery for GPU training jobs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -369,9 +383,11 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
                        description="Start a simulated cluster (API server, kubelets, Kubeflow operator, GPU nodes, "
                                    "PyTorchJobs) with two real controller replicas and one real agent per node, "
                                    "play a fault scenario and report what kcover did. Exit 0 when it passed.")
-    sim_running.add_arguments(p)
+    if command in (None, "sim"):
+        _tool("sim").add_arguments(p)
     p = sub.add_parser("bench", help="measure latency, scale, throughput and API cost against the targets")
-    bench_running.add_arguments(p)
+    if command in (None, "bench"):
+        _tool("bench").add_arguments(p)
 
     p = sub.add_parser("breaker", help="the latched circuit breaker (recovery.breaker_latch)")
     bsub = p.add_subparsers(dest="breaker_command", required=True, metavar="SUBCOMMAND")
@@ -390,15 +406,15 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(wiring.ROLES)
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(wiring.ROLES, command=given[0] if given and given[0] in TOOLS else "")
+    args = parser.parse_args(given)
     # Until a role has read its settings, log warnings and errors to stderr only.
     logs.configure(settings.LoggingSettings(level="warning"))
     args.config_given = "--config" in (argv if argv is not None else sys.argv)
-    if args.command == "sim":
-        return sim_running.main(args)
-    if args.command == "bench":
-        return bench_running.main(args)
+    if args.command in TOOLS:
+        code: int = _tool(args.command).main(args)
+        return code
     if args.command == "version":
         return cmd_version(args)
     if args.command == "detectors":

@@ -3,7 +3,8 @@
 Owns the table of role commands the CLI offers (`controller`, `agent`): a role appears here only
 once it works. Each role main builds its Kubernetes client from the settings, runs until `stop`,
 and registers a reconfigure callable in `hooks` for hot reload. Reading files and the environment
-stays in `cli.py`, which passes what a role needs (`environ`).
+stays in `cli.py`, which passes what a role needs (`environ`). A role's main imports its own package
+when it starts, so `kcover agent` never loads the controller, nor the controller the agent.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from typing import Any
 import structlog
 
 from kcover import metrics, serving, settings
-from kcover.agent import running as agent_running
-from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.kube import retrying
-from kcover.nvml import scripted
 
 log = structlog.get_logger()
 
@@ -46,6 +44,8 @@ AddArgs = Callable[[argparse.ArgumentParser], None]
 
 async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
                           stop: asyncio.Event, hooks: RoleHooks) -> None:
+    from kcover.controller import running as controller_running  # each role imports only what it runs
+
     structlog.contextvars.bind_contextvars(component="controller")
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
                                  request_timeout=config.kube.request_timeout_seconds,
@@ -63,6 +63,9 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
 
 async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
                      stop: asyncio.Event, hooks: RoleHooks) -> None:
+    from kcover.agent import running as agent_running  # each role imports only what it runs
+    from kcover.nvml import scripted
+
     node = agent_running.node_name(config, hooks.environ)
     structlog.contextvars.bind_contextvars(component="agent", node=node)
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,

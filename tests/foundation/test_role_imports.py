@@ -1,0 +1,53 @@
+"""Roles import what they run: `kcover controller` and `kcover agent` load neither the simulated cluster
+nor the bench, and neither role loads the other's package.
+
+Each role is started as the `kcover` command starts it (`kcover.cli.main`), in a fresh interpreter, with a
+kubeconfig that does not exist: it imports its package, reads its settings, starts its health server and
+fails to connect. What the interpreter then holds is what the role's start-up imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, sys
+from kcover import cli
+try:
+    cli.main(sys.argv[1:])
+except BaseException:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m == "kcover" or m.startswith("kcover."))))
+"""
+
+
+def _modules_after(*argv: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, *argv, "--kubeconfig", "/nonexistent/kubeconfig",
+                           "--config", "/dev/null", "--port", "0", "--log-level", "error"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    modules: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return modules
+
+
+@pytest.mark.parametrize(("role", "extra", "other"), [
+    ("controller", (), "kcover.agent"),
+    ("agent", ("--node-name", "node-1"), "kcover.controller"),
+])
+def test_a_role_imports_neither_the_sim_nor_the_bench_nor_the_other_role(role: str, extra: tuple[str, ...],
+                                                                          other: str) -> None:
+    modules = _modules_after(role, *extra)
+    assert f"kcover.{role}.running" in modules  # the role really started
+    assert [m for m in modules if m.startswith(("kcover.sim", "kcover.bench", other))] == []
+
+
+def test_the_cli_module_imports_no_command_module() -> None:
+    done = subprocess.run([sys.executable, "-c", "import json, sys, kcover.cli; "
+                           "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kcover.'))))"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    modules = json.loads(done.stdout)
+    assert [m for m in modules if m.startswith(("kcover.sim", "kcover.bench", "kcover.controller", "kcover.agent",
+                                                "kcover.status"))] == []
