@@ -338,8 +338,8 @@ async def leader_crash_after_intent(run: Run) -> None:
     request = leader.kube.request
 
     async def dies_at_the_delete(method: str, path: str, **kwargs: Any) -> Any:
-        if method == "DELETE" and path.endswith("/pods"):  # the restart's DeleteCollection
-            run.note("kill", f"leader {leader.identity} killed after its ledger write, before its DeleteCollection "
+        if method == "DELETE" and "/pods" in path:  # the restart's first delete (per pod for a PyTorchJob)
+            run.note("kill", f"leader {leader.identity} killed after its ledger write, before its first pod delete "
                              "(Lease not released)")
             c.kill(leader)
             await asyncio.Event().wait()  # never sent: the kill cancels this task
