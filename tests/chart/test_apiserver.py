@@ -164,6 +164,7 @@ CONTROLLER_REQUESTS = [
     ("delete", "pods", "", "team-a", "p", ""),                                    # uid-preconditioned restart
     ("list", "nodes", "", "", "", ""), ("watch", "nodes", "", "", "", ""),
     ("get", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", ""),  # cordon
+    ("patch", "nodes", "", "", "gpu-1", "status"),  # the remediation request's condition
     ("list", "events", "", "", "", ""), ("watch", "events", "", "", "", ""),
     ("create", "events", "", "team-a", "", ""), ("create", "events", "", "default", "", ""),
     ("list", "resourceslices", "resource.k8s.io", "", "", ""),                    # GPU nodes (DRA)
@@ -194,7 +195,7 @@ CONTROLLER_DENIED = [
     ("get", "configmaps", "", "team-a", "", ""), ("get", "configmaps", "", NAMESPACE, "other", ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "other", ""),
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
-    ("delete", "nodes", "", "", "gpu-1", ""), ("patch", "nodes", "", "", "gpu-1", "status"),
+    ("delete", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", "status"),
     ("create", "resourceslices", "resource.k8s.io", "", "", ""),
     ("update", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("update", "pytorchjobs", "kubeflow.org", "team-a", "j", ""), ("delete", "jobs", "batch", "team-a", "j", ""),
