@@ -3,7 +3,8 @@
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
 verbs get, list, watch, create, update, patch, delete, deletecollection, pods/log and pods/eviction
-(`evicting`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
+(`evicting`), request bodies as JSON or protobuf (`protobuf`), the recorded `/openapi/v3` documents
+(`openapi`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
 exception answers 500 InternalError rather than closing the connection.
 """
@@ -27,9 +28,11 @@ from kcover.sim import (
     discovery,
     evicting,
     faults,
+    openapi,
     patching,
     podlogs,
     printing,
+    protobuf,
     registry,
     selectors,
     status,
@@ -69,6 +72,18 @@ def parse_int(query: Any, name: str) -> int | None:
 def _json(body: Obj | bytes, code: int = 200) -> web.Response:
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     return web.Response(body=data, status=code, content_type=_JSON)
+
+
+def _is_protobuf(request: web.Request) -> bool:
+    return (request.headers.get("Content-Type") or "").split(";")[0].strip().lower() == protobuf.MEDIA_TYPE
+
+
+def _protobuf_body(data: bytes) -> Obj:
+    """A body client-go's generated clients send as protobuf (built-in kinds), as JSON."""
+    try:
+        return protobuf.decode(data)
+    except protobuf.ProtobufError as exc:
+        raise status.bad_request(f"the object provided is unrecognized: {exc}") from None
 
 
 def encode_continue(rv: int, key: str) -> str:
@@ -111,6 +126,7 @@ class ApiServer:
         self.bookmark_interval = bookmark_interval
         self.server_address = "127.0.0.1:0"
         self._rng = rng or random.Random()
+        self.openapi = openapi.Documents()
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
 
@@ -159,6 +175,12 @@ class ApiServer:
         doc: Obj | None = None
         if path in ("/healthz", "/readyz", "/livez"):
             return web.Response(text="ok", content_type="text/plain")
+        if path == "/openapi/v3":
+            return _json(self.openapi.index(openapi.served_paths(reg.group_versions())))
+        if path.startswith("/openapi/v3/"):
+            found = self.openapi.document(path.removeprefix("/openapi/v3/"))
+            if found is not None:
+                return web.Response(body=found[0], content_type=_JSON, headers={"ETag": f'"{found[1]}"'})
         if path == "/version":
             doc = discovery.version()
         elif path == "/api":
@@ -239,6 +261,8 @@ class ApiServer:
         data = await request.read()
         if not data:
             raise status.bad_request("the body of the request is empty")
+        if _is_protobuf(request):
+            return _protobuf_body(data)
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError as exc:
@@ -264,6 +288,20 @@ class ApiServer:
         if rv > self.store.resource_version:
             raise status.too_large_rv(rv, self.store.resource_version)
         return rv
+
+    def _list_item(self, t: Target, raw: bytes) -> bytes:
+        """An item as a list carries it: kube-apiserver leaves `kind`/`apiVersion` out of a built-in kind's
+        items (a typed list) and keeps them in a custom resource's (unstructured)."""
+        if not t.resource.builtin:
+            return raw
+        api_version = "events.k8s.io/v1" if t.new_events else t.resource.api_version
+        head = orjson.dumps({"apiVersion": api_version, "kind": t.resource.kind})[:-1] + b","
+        if raw.startswith(head):
+            return b"{" + raw[len(head):]
+        obj = orjson.loads(raw)
+        obj.pop("kind", None)
+        obj.pop("apiVersion", None)
+        return orjson.dumps(obj)
 
     def _list_kind(self, t: Target) -> str:
         return f"{t.resource.kind}List"
@@ -319,7 +357,7 @@ class ApiServer:
             return _json(printing.table(t.resource, [e.obj() for e in entries], list_meta=meta,
                                         include=request.query.get("includeObject", ""), now=self.store.clock.now()))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version, "metadata": meta})
-        items = b",".join(self._render(t, e.raw) for e in entries)
+        items = b",".join(self._list_item(t, self._render(t, e.raw)) for e in entries)
         return web.Response(body=head[:-1] + b',"items":[' + items + b"]}", content_type=_JSON)
 
     async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -395,7 +433,9 @@ class ApiServer:
     async def _delete_options(self, request: web.Request) -> tuple[int | None, str | None, str | None]:
         data = await request.read()
         options: Obj = {}
-        if data:
+        if data and _is_protobuf(request):
+            options = _protobuf_body(data)
+        elif data:
             try:
                 options = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -437,7 +477,7 @@ class ApiServer:
                 raise
             if gone and t.resource.key == "pods":
                 self.logs.forget_pod(entry.namespace, entry.name)
-            items.append(orjson.dumps(self._render_obj(t, obj)))
+            items.append(self._list_item(t, orjson.dumps(self._render_obj(t, obj))))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version,
                              "metadata": {"resourceVersion": str(self.store.resource_version)}})
         return web.Response(body=head[:-1] + b',"items":[' + b",".join(items) + b"]}", content_type=_JSON)

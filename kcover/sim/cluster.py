@@ -273,7 +273,8 @@ class SimCluster:
 
     def _seed(self) -> None:
         store = self.srv.store
-        store.create("namespaces", {"metadata": {"name": NAMESPACE}})
+        store.create("namespaces", {"metadata": {"name": NAMESPACE}, "spec": {"finalizers": ["kubernetes"]},
+                                    "status": {"phase": "Active"}})
         for i, node in enumerate(self.nodes):
             base = f"GPU-{self.rng.getrandbits(32):08x}-{self.rng.getrandbits(16):04x}-{i:04x}"
             self.gpu_uuids[node] = [f"{base}-{g:04d}" for g in range(self.size.gpus_per_node)]

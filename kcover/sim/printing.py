@@ -1,12 +1,14 @@
-"""Server-side printing of the simulated API server: `meta.k8s.io/v1` Table answers for custom resources.
+"""Server-side printing of the simulated API server: `meta.k8s.io/v1` Table answers.
 
-Owns what kube-apiserver's custom-resource table convertor does when a client (kubectl get) asks
+Owns the Table a client (kubectl get) gets for `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`:
+for a built-in kind with a printer (`printers`), the real server's recorded columns and the printer's
+cells; for a custom resource, what kube-apiserver's custom-resource table convertor does when asked
 `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`: a `Name` column, then the CRD's
 `additionalPrinterColumns` (`registry.Column`), each cell read with its simple JSONPath; `date` cells
 rendered as a human age (`5m10s`, `3h`, as `duration.HumanDuration`), absent values as null; each row
 carrying the object as `PartialObjectMetadata` (`includeObject=Metadata`, the default), the whole
-object (`Object`) or nothing (`None`). Built-in kinds keep plain JSON (kubectl prints those itself).
-It holds no state and never raises on a malformed object (the cell is null).
+object (`Object`) or nothing (`None`). Kinds with neither keep plain JSON (kubectl prints NAME and AGE
+itself). It holds no state and never raises on a malformed object (the cell is null).
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from kcover.sim import registry, status
+from kcover.sim import printers, registry, status
 
 Obj = dict[str, Any]
 TABLE_MEDIA = "as=Table"
 
 
 def wants_table(accept: str, resource: registry.Resource) -> bool:
-    """True when the Accept header asks for a meta.k8s.io/v1 Table and the resource has printer columns."""
-    if not resource.columns:
+    """True when the Accept header asks for a meta.k8s.io/v1 Table and the resource has printer columns
+    (a custom resource's) or a built-in printer."""
+    if not resource.columns and not (resource.builtin and resource.key in printers.PRINTERS):
         return False
     for part in accept.split(","):
         params = {p.strip() for p in part.split(";")[1:]}
@@ -40,36 +43,7 @@ def _lookup(obj: Any, path: str) -> Any:
     return cur
 
 
-def human_duration(seconds: float) -> str:
-    """apimachinery's `duration.HumanDuration`: the largest two units that matter."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        rest = s % 60
-        return f"{minutes}m{rest}s" if rest else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        rest = (s % 3600) // 60
-        return f"{hours}h{rest}m" if rest else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        rest = hours % 24
-        return f"{hours // 24}d{rest}h" if rest else f"{hours // 24}d"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = hours // 24
-        return f"{days // 365}y{days % 365}d" if days % 365 else f"{days // 365}y"
-    return f"{hours // 24 // 365}y"
+human_duration = printers.human_duration
 
 
 def _cell(column: registry.Column, value: Any, now: dt.datetime) -> Any:
@@ -103,6 +77,8 @@ def table(resource: registry.Resource, objects: list[Obj], *, include: str, now:
     """The Table of `objects` (one for a get, all for a list), as kube-apiserver renders a custom resource."""
     if include not in ("", "None", "Metadata", "Object"):
         raise status.bad_request(f'includeObject: unsupported value "{include}"')
+    if not resource.columns:
+        return _builtin_table(resource, objects, include=include, now=now, list_meta=list_meta)
     definitions: list[Obj] = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
                                "description": "Name must be unique within a namespace."}]
     definitions += [{"name": c.name, "type": c.type, "format": "", "priority": c.priority,
@@ -118,3 +94,21 @@ def table(resource: registry.Resource, objects: list[Obj], *, include: str, now:
         rows.append(row)
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {},
             "columnDefinitions": definitions, "rows": rows}
+
+
+def _builtin_table(resource: registry.Resource, objects: list[Obj], *, include: str, now: dt.datetime,
+                   list_meta: Obj | None) -> Obj:
+    """A built-in kind's Table: the recorded column definitions, the printer's (always wide) cells."""
+    printer = printers.PRINTERS[resource.key]
+    rows = []
+    for obj in objects:
+        row: Obj = {"cells": printer(obj, now)}
+        conditions = printers.pod_conditions(obj) if resource.key == "pods" else None
+        if conditions:
+            row["conditions"] = conditions
+        embedded = _row_object(obj, include or "Metadata")
+        if embedded is not None:
+            row["object"] = embedded
+        rows.append(row)
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {},
+            "columnDefinitions": printers.recorded_columns()[resource.key], "rows": rows}

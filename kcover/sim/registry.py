@@ -89,6 +89,12 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
+    def builtin(self) -> bool:
+        """A kind compiled into kube-apiserver (custom resources refuse strategic merge; built-in ones take it).
+        A built-in kind's list items carry no `kind`/`apiVersion`; a custom resource's do."""
+        return self.strategic_merge
+
+    @property
     def has_status(self) -> bool:
         return "status" in self.subresources
 

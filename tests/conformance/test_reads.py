@@ -186,3 +186,21 @@ async def test_query_booleans_are_go_style(conformance_api: Api, ns: str) -> Non
     for value in ("1", "true", "True"):
         events = await conformance_api.watch(path, {"watch": value, "resourceVersion": "0"}, until=1)
         assert events[0]["type"] == "ADDED"
+
+
+async def test_list_items_of_builtin_kinds_carry_no_kind(conformance_api: Api, ns: str) -> None:
+    """A typed list leaves TypeMeta out of its items; a custom resource's list keeps it; a get has it."""
+    await conformance_api.ok("POST", f"/api/v1/namespaces/{ns}/configmaps", body=cm("a"))
+    ptj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j"},
+           "spec": {"pytorchReplicaSpecs": {}}}
+    await conformance_api.ok("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", body=ptj)
+    listed = await conformance_api.ok("GET", f"/api/v1/namespaces/{ns}/configmaps")
+    assert (listed["kind"], listed["apiVersion"]) == ("ConfigMapList", "v1")
+    item = next(i for i in listed["items"] if i["metadata"]["name"] == "a")
+    assert "kind" not in item and "apiVersion" not in item
+    got = await conformance_api.ok("GET", f"/api/v1/namespaces/{ns}/configmaps/a")
+    assert (got["kind"], got["apiVersion"]) == ("ConfigMap", "v1")
+    namespaces = await conformance_api.ok("GET", "/api/v1/namespaces", query={"fieldSelector": f"metadata.name={ns}"})
+    assert [set(i) & {"kind", "apiVersion"} for i in namespaces["items"]] == [set()]
+    jobs = await conformance_api.ok("GET", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs")
+    assert [(i["kind"], i["apiVersion"]) for i in jobs["items"]] == [("PyTorchJob", "kubeflow.org/v1")]

@@ -348,11 +348,11 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ API helpers
     def request(self, method: str, path: str, body=None, *, content_type: str | None = None,
-                timeout: float = 30, raw: bool = False):
+                timeout: float = 30, raw: bool = False, accept: str = "application/json"):
         """One authenticated API call as admin. Returns ``(status, body)``: body is parsed JSON
         (or bytes when ``raw`` or not JSON). HTTP errors are returned, not raised."""
         data = None
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": accept}
         if body is not None:
             if isinstance(body, (bytes, str)):
                 data = body.encode() if isinstance(body, str) else body
@@ -411,7 +411,7 @@ class ControlPlane:
             name = pending[0]
             status, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             ok = status == 200 and any(c.get("type") == "Established" and c.get("status") == "True"
-                                       for c in crd.get("status", {}).get("conditions", []))
+                                       for c in (crd.get("status") or {}).get("conditions") or [])
             if ok:
                 spec = crd["spec"]
                 version = next(v["name"] for v in spec["versions"] if v.get("served"))

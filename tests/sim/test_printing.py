@@ -26,7 +26,8 @@ def test_ages_read_as_kubectl_prints_them(seconds: float, text: str) -> None:
 @pytest.mark.parametrize(("accept", "resource", "table"), [
     (KUBECTL_ACCEPT, RECOVERIES, True),
     ("application/json", RECOVERIES, False),
-    (KUBECTL_ACCEPT, registry.Registry().by_key("pods"), False),  # built-in kinds: kubectl prints them itself
+    (KUBECTL_ACCEPT, registry.Registry().by_key("pods"), True),  # built-in kinds with a printer
+    (KUBECTL_ACCEPT, registry.Registry().by_key("pytorchjobs.kubeflow.org"), False),  # no printer columns
 ])
 def test_only_a_table_request_for_a_kind_with_columns_gets_one(accept: str, resource: registry.Resource,
                                                                table: bool) -> None:

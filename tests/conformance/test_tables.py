@@ -1,0 +1,123 @@
+"""Conformance: server-side Table output (what `kubectl get` prints) for the built-in kinds kubectl users
+touch here: the real server's column definitions (recorded in kcover/sim/recorded/table-columns.json)
+and its cells for pods, nodes, events, namespaces, configmaps, Jobs and Leases."""
+
+# ruff: noqa: PT018  (compound asserts read as one expectation about one answer)
+from __future__ import annotations
+
+import datetime as dt
+import re
+import secrets
+from typing import Any
+
+import orjson
+from conformance_client import Api
+
+from kcover.sim import printers
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+AGE = re.compile(r"^\d+s$")
+MERGE = "application/merge-patch+json"
+
+
+def ago(seconds: int) -> str:
+    at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def table_of(api: Api, path: str, key: str, **query: Any) -> list[list[Any]]:
+    resp = await api.client.call_api(path, "GET", query_params=list(query.items()), header_params={"Accept": TABLE},
+                                     auth_settings=["BearerToken"], _preload_content=False,
+                                     _return_http_data_only=True)
+    body = orjson.loads(await resp.read())
+    resp.release()
+    assert (body["kind"], body["apiVersion"]) == ("Table", "meta.k8s.io/v1"), body
+    assert body["columnDefinitions"] == printers.recorded_columns()[key]
+    assert all("object" in row and row["object"]["kind"] == "PartialObjectMetadata" for row in body["rows"])
+    return [row["cells"] for row in body["rows"]]
+
+
+async def test_pod_rows(conformance_api: Api, ns: str) -> None:
+    path = f"/api/v1/namespaces/{ns}/pods"
+    containers = [{"name": "a", "image": "busybox"}, {"name": "b", "image": "busybox"}]
+    await conformance_api.ok("POST", path, body={"metadata": {"name": "crashing"},
+                                                 "spec": {"containers": containers}})
+    await conformance_api.ok("POST", path, body={"metadata": {"name": "pending"},
+                                                 "spec": {"containers": containers[:1],
+                                                          "readinessGates": [{"conditionType": "x.io/ok"}]}})
+    running = {"running": {"startedAt": ago(60)}}
+    status = {"phase": "Running", "podIP": "10.1.2.3", "podIPs": [{"ip": "10.1.2.3"}],
+              "conditions": [{"type": "Ready", "status": "False"}],
+              "containerStatuses": [
+                  {"name": "a", "image": "busybox", "imageID": "", "ready": True, "restartCount": 0,
+                   "started": True, "state": running},
+                  {"name": "b", "image": "busybox", "imageID": "", "ready": False, "restartCount": 3,
+                   "started": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                   "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": ago(7260),
+                                                "finishedAt": ago(7230)}}}]}
+    await conformance_api.ok("PATCH", f"{path}/crashing/status", body={"status": status}, content_type=MERGE)
+    rows = {r[0]: r for r in await table_of(conformance_api, path, "pods")}
+    crashing, pending = rows["crashing"], rows["pending"]
+    assert crashing[:4] == ["crashing", "1/2", "CrashLoopBackOff", "3 (120m ago)"] and AGE.match(crashing[4])
+    assert crashing[5:] == ["10.1.2.3", "<none>", "<none>", "<none>"]
+    assert pending[:4] == ["pending", "0/1", "Pending", "0"]
+    assert pending[5:] == ["<none>", "<none>", "<none>", "0/1"]
+    one = await table_of(conformance_api, f"{path}/pending", "pods")
+    assert [r[:4] for r in one] == [["pending", "0/1", "Pending", "0"]]
+
+
+async def test_node_rows(conformance_api: Api) -> None:
+    name = "conf-node-" + secrets.token_hex(3)
+    await conformance_api.ok("POST", "/api/v1/nodes", body={
+        "metadata": {"name": name, "labels": {"node-role.kubernetes.io/gpu": "", "kubernetes.io/role": "worker"}},
+        "spec": {"unschedulable": True}})
+    try:
+        status = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                                  "lastHeartbeatTime": ago(5), "lastTransitionTime": ago(5)}],
+                  "addresses": [{"type": "InternalIP", "address": "10.0.0.9"}],
+                  "nodeInfo": {"kubeletVersion": "v1.36.3", "architecture": "amd64", "osImage": "Ubuntu",
+                               "kernelVersion": "6.8.0", "containerRuntimeVersion": "containerd://2.1",
+                               "machineID": "", "systemUUID": "", "bootID": "", "kubeProxyVersion": "",
+                               "operatingSystem": "linux"}}
+        await conformance_api.ok("PATCH", f"/api/v1/nodes/{name}/status", body={"status": status},
+                                 content_type=MERGE)
+        rows = await table_of(conformance_api, "/api/v1/nodes", "nodes", fieldSelector=f"metadata.name={name}")
+        assert len(rows) == 1 and AGE.match(rows[0][3])
+        assert rows[0][:3] + rows[0][4:] == [name, "NotReady,SchedulingDisabled", "gpu,worker", "v1.36.3",
+                                             "10.0.0.9", "<none>", "Ubuntu", "6.8.0 (amd64)", "containerd://2.1"]
+    finally:
+        await conformance_api.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+async def test_event_rows(conformance_api: Api, ns: str) -> None:
+    event = {"metadata": {"name": "e1"}, "type": "Warning", "reason": "BackOff", "message": "  back-off  \n",
+             "count": 3, "firstTimestamp": ago(7230), "lastTimestamp": ago(7230),
+             "source": {"component": "kubelet", "host": "n1"},
+             "involvedObject": {"kind": "Pod", "namespace": ns, "name": "p", "fieldPath": "spec.containers{b}"}}
+    await conformance_api.ok("POST", f"/api/v1/namespaces/{ns}/events", body=event)
+    expected = [["120m", "Warning", "BackOff", "pod/p", "spec.containers{b}", "kubelet, n1", "back-off", "120m", 3,
+                 "e1"]]
+    assert await table_of(conformance_api, f"/api/v1/namespaces/{ns}/events", "events") == expected
+    assert await table_of(conformance_api, f"/apis/events.k8s.io/v1/namespaces/{ns}/events", "events") == expected
+
+
+async def test_namespace_configmap_lease_and_job_rows(conformance_api: Api, ns: str) -> None:
+    rows = await table_of(conformance_api, "/api/v1/namespaces", "namespaces", fieldSelector=f"metadata.name={ns}")
+    assert rows[0][:2] == [ns, "Active"] and AGE.match(rows[0][2])
+    await conformance_api.ok("POST", f"/api/v1/namespaces/{ns}/configmaps",
+                             body={"metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}})
+    rows = await table_of(conformance_api, f"/api/v1/namespaces/{ns}/configmaps", "configmaps")
+    assert rows[0][:2] == ["c", 2]
+    await conformance_api.ok("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                             body={"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}})
+    rows = await table_of(conformance_api, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                          "leases.coordination.k8s.io")
+    assert rows[0][:2] == ["l", "me"]
+    job = {"metadata": {"name": "j"}, "spec": {
+        "completions": 2, "parallelism": 2, "manualSelector": True, "selector": {"matchLabels": {"app": "j"}},
+        "template": {"metadata": {"labels": {"app": "j"}}, "spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"},
+                                                     {"name": "d", "image": "alpine"}]}}}}
+    await conformance_api.ok("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job)
+    rows = await table_of(conformance_api, f"/apis/batch/v1/namespaces/{ns}/jobs", "jobs.batch")
+    assert rows[0][:4] == ["j", "Running", "0/2", ""] and rows[0][5:] == ["c,d", "busybox,alpine", "app=j"]
