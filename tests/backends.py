@@ -49,7 +49,7 @@ CONTROLPLANE_DIR = TESTS / "controlplane"
 BACKENDS = ("sim", "apiserver", "k3s", "cluster")
 GENERIC = ("sim", "apiserver", "k3s")  # backends the generic `cluster` fixture runs tests on
 K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
-PARAMS = ("cluster", "conformance_api", "realcluster")  # fixtures whose parameter is a backend name
+PARAMS = ("cluster", "conformance_api", "realcluster", "kubectl_server")  # fixtures whose parameter is a backend name
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
 

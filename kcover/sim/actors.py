@@ -42,8 +42,14 @@ def _tolerated(taint: Obj, tolerations: list[Obj]) -> bool:
     return False
 
 
+def _selected(node: Obj, pod: Obj) -> bool:
+    """The pod's `nodeSelector` matches the node's labels (node affinity is not simulated)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items())
+
+
 def _schedulable(node: Obj, pod: Obj) -> bool:
-    if (node.get("spec") or {}).get("unschedulable"):
+    if (node.get("spec") or {}).get("unschedulable") or not _selected(node, pod):
         return False
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
     return all(t.get("effect") == "PreferNoSchedule" or _tolerated(t, tolerations)
@@ -174,8 +180,10 @@ class Kubelets:
     def _unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
         """As kube-scheduler does: PodScheduled=False, reason Unschedulable, with why each node was refused."""
         cordoned = sum(1 for n in nodes if (n.get("spec") or {}).get("unschedulable"))
-        tainted = len(nodes) - cordoned
+        unselected = sum(1 for n in nodes if not (n.get("spec") or {}).get("unschedulable") and not _selected(n, pod))
+        tainted = len(nodes) - cordoned - unselected
         why = [f"{cordoned} node(s) were unschedulable"] if cordoned else []
+        why += [f"{unselected} node(s) didn't match Pod's node affinity/selector"] if unselected else []
         why += [f"{tainted} node(s) had untolerated taint"] if tainted else []
         message = f"0/{len(nodes)} nodes are available: {', '.join(why) or 'no nodes'}."
         meta = pod["metadata"]

@@ -1,0 +1,199 @@
+"""kubectl, used as a newcomer would, answers the same against `kcover sim --serve` and kube-apiserver.
+
+The real kubectl binary (tests/controlplane/build-cluster.sh caches it; $KCOVER_KUBECTL or PATH also do)
+runs against a `kcover sim pod-error --serve` process and against the session's real kube-apiserver:
+typed creates that travel as protobuf (`create namespace`, `create configmap`), `create -f` with
+client-side validation against the served OpenAPI, the server-side Tables of `get` (pods, nodes,
+events, configmaps, jobs, namespaces), `label`, `annotate`, `cordon`/`uncordon`, `logs`, `delete`.
+Outside CI a missing kubectl skips with the reason; in CI it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import backends
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "scenarios"))
+import recordkit
+
+OBJECTS = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: cm}}
+data: {{a: "1"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  nodeSelector: {{kcover.io/no-such-node: "x"}}
+  containers:
+  - {{name: c, image: busybox}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: j}}
+spec:
+  suspend: true
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {{name: c, image: busybox}}
+---
+apiVersion: v1
+kind: Event
+metadata: {{name: e1}}
+type: Warning
+reason: Tested
+message: hello from kubectl
+firstTimestamp: "2026-01-01T00:00:00Z"
+lastTimestamp: "2026-01-01T00:00:00Z"
+involvedObject: {{kind: Pod, namespace: {ns}, name: p}}
+"""
+NODE = """\
+apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels: {{node-role.kubernetes.io/gpu: ""}}
+"""
+
+
+def _binary() -> str:
+    """$KCOVER_KUBECTL, else the kubectl build-cluster.sh built (the control plane's version), else PATH's."""
+    cache = Path(os.environ.get("KCOVER_CACHE", str(Path.home() / ".cache" / "kcover")))
+    cached = sorted(cache.glob("cluster/*/kubectl"))
+    found = os.environ.get("KCOVER_KUBECTL") or (str(cached[-1]) if cached else recordkit.kubectl())
+    if found is None:
+        why = "no kubectl binary (tests/controlplane/build-cluster.sh caches one; or set KCOVER_KUBECTL)"
+        if backends.in_ci():
+            pytest.fail(f"{why}; CI=true requires it")
+        pytest.skip(why)
+    return found
+
+
+def _serve_sim(tmp: Path) -> Iterator[str]:
+    kubeconfig = tmp / "kubeconfig"
+    proc = subprocess.Popen([sys.executable, "-m", "kcover.cli", "sim", "pod-error", "--serve", "--nodes", "2",
+                             "--jobs", "1", "--gpus-per-node", "1", "--kubeconfig-out", str(kubeconfig)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("serving the simulated cluster"):
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        assert kubeconfig.is_file(), "".join(seen)
+        yield str(kubeconfig)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module", params=[b for b in backends.selected_backends() if b in ("sim", "apiserver")])
+def kubectl_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kubeconfig for `kcover sim --serve` (sim) or the session's kube-apiserver (apiserver)."""
+    _binary()
+    if request.param == "sim":
+        yield from _serve_sim(tmp_path_factory.mktemp("kubectl-sim"))
+    else:
+        yield request.getfixturevalue("controlplane").kubeconfig_path
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: str, tmp: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.tmp = tmp
+        self.binary = _binary()
+
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([self.binary, "--kubeconfig", self.kubeconfig, *args], input=stdin,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def table(self, *args: str) -> list[list[str]]:
+        """`kubectl get` output as rows of cells, cut where the header's columns start."""
+        lines = [line for line in self("get", *args).splitlines() if line.strip()]
+        starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", lines[0])]
+        return [[line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)] for line in lines]
+
+
+@pytest.fixture
+def kubectl(kubectl_server: str, tmp_path: Path) -> Iterator[tuple[Kubectl, str]]:
+    run = Kubectl(kubectl_server, tmp_path)
+    ns = "kubectl-" + secrets.token_hex(3)
+    assert run("create", "namespace", ns) == f"namespace/{ns} created\n"  # typed client: a protobuf body
+    yield run, ns
+    subprocess.run([run.binary, "--kubeconfig", kubectl_server, "delete", "namespace", ns, "--wait=false"],
+                   capture_output=True, timeout=60, check=False)
+
+
+def test_create_get_and_delete(kubectl: tuple[Kubectl, str]) -> None:
+    run, ns = kubectl
+    (run.tmp / "objects.yaml").write_text(OBJECTS.format(ns=ns))
+    created = run("create", "-f", str(run.tmp / "objects.yaml"), "-n", ns)  # validated against /openapi/v3
+    assert created.splitlines() == ["configmap/cm created", "pod/p created", "job.batch/j created", "event/e1 created"]
+    assert run("create", "configmap", "cm2", "--from-literal=b=2", "-n", ns) == "configmap/cm2 created\n"
+    pods = run.table("pods", "-n", ns)
+    assert pods[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert pods[1][:4] == ["p", "0/1", "Pending", "0"]
+    wide = run.table("pods", "-n", ns, "-o", "wide")
+    assert wide[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED NODE", "READINESS GATES"]
+    assert wide[1][5:] == ["<none>", "<none>", "<none>", "<none>"]
+    configmaps = run.table("configmaps", "-n", ns)
+    assert [r[:2] for r in configmaps] == [["NAME", "DATA"], ["cm", "1"], ["cm2", "1"]]
+    assert configmaps[0][2] == "AGE"
+    jobs = run.table("jobs", "-n", ns)
+    assert jobs[0] == ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]
+    assert jobs[1][:4] == ["j", "Running", "0/1", ""]
+    events = run.table("events", "-n", ns)
+    assert events[0] == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert events[1][1:] == ["Warning", "Tested", "pod/p", "hello from kubectl"]
+    assert re.fullmatch(r"\d+d", events[1][0])
+    assert run.table("namespace", ns)[1][:2] == [ns, "Active"]
+    assert run("logs", "p", "-n", ns) == ""  # not scheduled: no kubelet to ask
+    # kubectl 1.35+ names the namespace
+    assert re.fullmatch(f'configmap "cm2" deleted( from {ns} namespace)?\n', run("delete", "configmap", "cm2", "-n", ns))
+    assert re.fullmatch(f'pod "p" deleted( from {ns} namespace)?\n', run("delete", "pod", "p", "-n", ns))
+    assert run("get", "configmaps,pods", "-n", ns, "-o", "name").split() == ["configmap/cm"]
+
+
+def test_label_annotate_cordon(kubectl: tuple[Kubectl, str]) -> None:
+    run, ns = kubectl
+    assert run("create", "configmap", "cm", "--from-literal=a=1", "-n", ns) == "configmap/cm created\n"
+    assert run("label", "configmap", "cm", "-n", ns, "team=a") == "configmap/cm labeled\n"
+    assert run("annotate", "configmap", "cm", "-n", ns, "note=x") == "configmap/cm annotated\n"
+    assert run("get", "configmap", "-n", ns, "-l", "team=a", "-o", "name") == "configmap/cm\n"
+    assert run("get", "configmap", "cm", "-n", ns, "-o", "jsonpath={.metadata.annotations.note}") == "x"
+    node = ns + "-node"
+    (run.tmp / "node.yaml").write_text(NODE.format(name=node))
+    assert run("create", "-f", str(run.tmp / "node.yaml")) == f"node/{node} created\n"
+    try:
+        nodes = run.table("nodes", node)
+        assert nodes[0] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+        assert nodes[1][:3] == [node, "Unknown", "gpu"]
+        assert run("cordon", node) == f"node/{node} cordoned\n"
+        assert run.table("nodes", node)[1][:3] == [node, "Unknown,SchedulingDisabled", "gpu"]
+        assert run("uncordon", node) == f"node/{node} uncordoned\n"
+        assert run.table("nodes", node)[1][1] == "Unknown"
+    finally:
+        assert run("delete", "node", node) == f'node "{node}" deleted\n'
