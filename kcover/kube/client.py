@@ -1,7 +1,7 @@
 """The one HTTP path to the Kubernetes API: raw JSON in, orjson-parsed dicts out.
 
-Owns client construction (explicit kubeconfig, in-cluster, $KUBECONFIG, ~/.kube/config), auth
-(through kubernetes-asyncio's Configuration, so rotating service-account tokens are re-read), and
+Owns client construction (explicit kubeconfig, in-cluster, $KUBECONFIG, ~/.kube/config; the HTTP,
+TLS and credentials are `transport`'s, which re-reads rotating service-account tokens), and
 the mapping of error responses (Status objects and plain-text 429s) onto `errors.KubeError`
 subclasses. It never deserialises into kubernetes-asyncio models: that costs 12-35x plain parsing.
 
@@ -22,11 +22,9 @@ from typing import Any
 import aiohttp
 import orjson
 import structlog
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from kcover import errors
-from kcover.kube import retrying
+from kcover.kube import retrying, transport
 
 log = structlog.get_logger()
 
@@ -105,7 +103,7 @@ def error_from(status: int, body: bytes, headers: Mapping[str, str]) -> errors.K
 class KubeClient:
     """Raw-JSON access to one API server. Create with `connect()` or `from_configuration()`."""
 
-    def __init__(self, api: k8s_client.ApiClient, *, request_timeout: float = 30.0,
+    def __init__(self, api: transport.Transport, *, request_timeout: float = 30.0,
                  retry: retrying.Policy = retrying.DEFAULT) -> None:
         self._api = api
         self.request_timeout = request_timeout
@@ -116,7 +114,7 @@ class KubeClient:
 
     @property
     def host(self) -> str:
-        return str(self._api.configuration.host)
+        return self._api.host
 
     async def close(self) -> None:
         await self._api.close()
@@ -133,10 +131,8 @@ class KubeClient:
         headers = {"Accept": "application/json", "Content-Type": content_type or JSON}
         self.request_counts[f"{_verb(method, path, dict(pairs))} {resource_of(path)}"] += 1
         try:
-            response: aiohttp.ClientResponse = await self._api.call_api(
-                path, method, query_params=pairs, header_params=headers, body=body,
-                auth_settings=["BearerToken"], _preload_content=False,
-                _request_timeout=timeout if timeout is not None else self.request_timeout)
+            response = await self._api.send(method, path, query=pairs, headers=headers, body=body,
+                                            timeout=timeout if timeout is not None else self.request_timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise errors.KubeError(f"{method} {path}: {type(exc).__name__}: {exc}", status=0) from exc
         return response
@@ -200,28 +196,47 @@ def _qs(value: str | int | bool) -> str:
     return str(value)
 
 
-def from_configuration(configuration: k8s_client.Configuration, *, request_timeout: float = 30.0,
-                       retry: retrying.Policy = retrying.DEFAULT) -> KubeClient:
-    return KubeClient(k8s_client.ApiClient(configuration), request_timeout=request_timeout, retry=retry)
+def from_configuration(configuration: Any, *, request_timeout: float = 30.0,
+                       retry: retrying.Policy = retrying.DEFAULT, headers: Mapping[str, str] | None = None) -> KubeClient:
+    """From a kubernetes-asyncio `Configuration` (tests and the simulated cluster hand one out)."""
+    return KubeClient(transport.Transport.from_configuration(configuration, headers=headers),
+                      request_timeout=request_timeout, retry=retry)
 
 
 async def connect(kubeconfig: str = "", *, environ: Mapping[str, str] | None = None,
                   request_timeout: float = 30.0, retry: retrying.Policy = retrying.DEFAULT) -> KubeClient:
     """Explicit kubeconfig, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
+    api = await open_transport(kubeconfig, environ=environ)
+    return KubeClient(api, request_timeout=request_timeout, retry=retry)
+
+
+async def open_transport(kubeconfig: str = "", *, environ: Mapping[str, str] | None = None) -> transport.Transport:
+    """The transport `connect` builds its client on (for a client subclass). Raises ConfigError."""
     env = os.environ if environ is None else environ
+    if not kubeconfig and env.get("KUBERNETES_SERVICE_HOST"):
+        api, source = transport.in_cluster(env), "in-cluster"
+    else:
+        source = kubeconfig or env.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
+        try:
+            if transport.needs_plugin(transport.read_kubeconfig(source)):
+                api = transport.Transport.from_configuration(await _plugin_configuration(source))
+            else:
+                api = transport.from_kubeconfig(source)
+        except errors.ConfigError as exc:
+            raise errors.ConfigError(f"no usable Kubernetes credentials: {exc}") from exc
+    log.info("kube_client_configured", source=source, host=api.host)
+    return api
+
+
+async def _plugin_configuration(path: str) -> Any:
+    """kubernetes-asyncio's loader, for `exec` and `auth-provider` users only (imported only then: its
+    client package alone costs about 140 ms and 35 MiB)."""
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio import config as k8s_config
+
     configuration = k8s_client.Configuration()
     try:
-        if kubeconfig:
-            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            source = kubeconfig
-        elif env.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            source = "in-cluster"
-        else:
-            path = env.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
-            await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
-            source = path
+        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
     except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
-        raise errors.ConfigError(f"no usable Kubernetes credentials: {exc}") from exc
-    log.info("kube_client_configured", source=source, host=configuration.host)
-    return from_configuration(configuration, request_timeout=request_timeout, retry=retry)
+        raise errors.ConfigError(f"{path}: {exc}") from exc
+    return configuration

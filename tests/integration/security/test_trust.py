@@ -21,8 +21,6 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kubernetes_asyncio import client as k8s_client
-
 from kcover import errors, serving, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
@@ -156,10 +154,8 @@ async def _tenant(cluster: Cluster, namespace: str) -> AsyncIterator[client_.Kub
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "forger"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "events-only"},
             "subjects": [{"kind": "ServiceAccount", "name": "forger", "namespace": namespace}]})
-    api = k8s_client.ApiClient(cluster.configuration)
-    if cluster.sim is None:
-        api.set_default_header("Impersonate-User", user)
-    tenant = client_.KubeClient(api, retry=retrying.NO_RETRY)
+    tenant = client_.from_configuration(cluster.configuration, retry=retrying.NO_RETRY,
+                                        headers={"Impersonate-User": user} if cluster.sim is None else None)
     try:
         yield tenant
     finally:
