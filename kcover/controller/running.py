@@ -140,6 +140,8 @@ class Controller:
                  engine=self.engine is not None)
         inner = asyncio.Event()  # set after `stop`, once the bus is closed, for the election to end last
         async with asyncio.TaskGroup() as tg:
+            if self.elector is not None:  # first: the campaign runs while the cache syncs
+                tg.create_task(self.elector.run(inner), name="leader-election")
             tg.create_task(self.cache.run(stop), name="cache")
             tg.create_task(self._detectors(stop), name="detectors")
             tg.create_task(self._consume(stop), name="recovery")
@@ -149,8 +151,6 @@ class Controller:
                 self.engine, "background", None)
             if background is not None:
                 tg.create_task(background(stop), name="recovery-records")
-            if self.elector is not None:
-                tg.create_task(self.elector.run(inner), name="leader-election")
             await stop.wait()
             await self.bus.close(drain_timeout_seconds=self.settings.bus.drain_timeout_seconds)
             inner.set()
@@ -209,7 +209,12 @@ class Controller:
         return getter.result() or None
 
     async def _consume(self, stop: asyncio.Event) -> None:
-        """Hand batches to the engine while leading; hold them while following. Ends when the bus closes."""
+        """Hand batches to the engine while leading; hold them while following. Ends when the bus closes.
+
+        Nothing is acted on before the cache has synced (a Lease won during the sync waits for it); a
+        warm follower that becomes leader acts at once."""
+        if not await self.cache.wait_synced(stop):
+            return
         while (batch := await self._next_batch()) is not None:
             if self.engine is None or not self.is_leader():
                 if self.engine is not None:

@@ -1,0 +1,99 @@
+"""Fast to lead: the Lease campaign runs while the cache syncs; acting waits for the sync (simulated API server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from kcover import metrics, model, serving, settings
+from kcover.controller import recovering, running
+from kcover.detectors import registry
+from kcover.kube import caching
+from kcover.kube import client as client_
+from kcover.sim import server as simserver
+
+NS = "kcover"
+
+
+class Engine:
+    def __init__(self, deps: recovering.EngineDeps) -> None:
+        self.deps = deps
+        self.calls: list[str] = []
+
+    async def resume(self) -> None:
+        self.calls.append(f"resume:{self.deps.epoch()}")
+
+    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
+        self.calls += [f"handle:{e.target.name}" for e in events]
+
+    def reconfigure(self, recovery: settings.RecoverySettings) -> None:
+        pass
+
+
+@pytest.fixture
+async def srv() -> AsyncIterator[simserver.SimServer]:
+    async with simserver.SimServer() as server:
+        server.store.create("namespaces", {"metadata": {"name": NS}})
+        yield server
+
+
+def _settings(identity: str) -> settings.Settings:
+    return settings.Settings.model_validate({
+        "lease": {"identity": identity, "namespace": NS, "lease_duration_seconds": 2.0,
+                  "renew_deadline_seconds": 1.5, "retry_period_seconds": 0.2},
+        "detectors": {"entries": {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}},
+        "kube": {"workload_kinds": [], "watch_events": False},
+    })
+
+
+class LateCache(caching.ClusterCache):
+    """The product's cache, whose first list starts only once `gate` is set (a slow API server)."""
+
+    def __init__(self, *args: Any, gate: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.gate.wait()
+        await super().run(stop)
+
+
+async def _until(predicate: Callable[[], Any], within: float = 5.0) -> None:
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110  (polling in-process state)
+            await asyncio.sleep(0.01)
+
+
+async def test_the_lease_is_won_during_the_sync_and_the_engine_acts_only_after_it(srv: simserver.SimServer) -> None:
+    engines: list[Engine] = []
+
+    def factory(deps: recovering.EngineDeps) -> Engine:
+        engines.append(Engine(deps))
+        return engines[-1]
+
+    gate = asyncio.Event()
+    async with client_.from_configuration(srv.kube_configuration()) as kube:
+        cfg = _settings("a")
+        cache = LateCache(kube, workload_kinds=[], watch_events=False, gate=gate)
+        ctl = running.Controller(cfg, client=kube, metrics=metrics.Metrics(), health=serving.Health(),
+                                 detector_registry=registry.discover(), engine_factory=factory, cache=cache)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop), name="controller")
+        try:
+            assert ctl.elector is not None
+            await _until(ctl.elector.leading.is_set)
+            assert not cache.synced
+            await asyncio.sleep(0.3)
+            assert engines[0].calls == []  # leading, but nothing is acted on before the sync
+            gate.set()
+            await _until(lambda: engines[0].calls)
+            assert engines[0].calls == ["resume:1"]
+        finally:
+            stop.set()
+            gate.set()
+            await task
+    lease = srv.store.get("leases.coordination.k8s.io", NS, cfg.lease.name)
+    assert lease["spec"].get("holderIdentity", "") == ""  # released on the way out
