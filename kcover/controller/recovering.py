@@ -105,7 +105,8 @@ def build(deps: EngineDeps) -> LeaderEngine:
     sink = logsaving.LogSaveMetrics(deps.metrics.registry)
 
     async def save_logs(workload: actions.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:
-        result = await logsaving.save(deps.client, workload, pods, settings=live.recovery.save_logs,
+        result = await logsaving.save(deps.client, workload, [logsaving.from_cache(p) for p in pods],
+                                      settings=live.recovery.save_logs,
                                       now=deps.clock.now(), metrics=sink)
         if result.error is not None:
             raise errors.KcoverError(f"saving logs failed: {result.error} (partial copy: {result.path})")

@@ -12,8 +12,8 @@ It does not decide whether to restart: it returns a `SaveResult` and the caller 
 
 How it fails: never by raising a Kubernetes or file-system error. The whole save is time-boxed by
 `timeout_seconds` (80% for the logs, 10% for the index, 10% for pruning), so a slow API server or a stuck volume never holds a recovery hostage; what was
-saved before the deadline stays on disk. A 400 for a previous log (no terminated instance) is normal
-and skipped; other per-container errors are listed in the index. A save that timed out or could not
+saved before the deadline stays on disk. A previous log is asked for only of a container whose status
+says it restarted, and a 400 for one (no terminated instance) is normal and skipped; other per-container errors are listed in the index. A save that timed out or could not
 write its folder is a failure: logged (`log_save_failed`), counted in `kcover_log_save_failures_total`
 and returned in `SaveResult.error`.
 """
@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from kcover import errors, settings
 from kcover.kube import client as client_
+from kcover.kube import projections as proj
 
 log = structlog.get_logger()
 
@@ -127,6 +128,30 @@ def folder_name(workload: WorkloadRef, now: dt.datetime) -> str:
     short_uid = (workload.uid or "nouid").replace("-", "")[:8]
     return "-".join((stamp, safe(workload.namespace), safe(str(workload.kind)).lower(), safe(workload.name),
                      safe(short_uid)))
+
+
+def from_cache(pod: proj.Pod) -> dict[str, Any]:
+    """The pod JSON `save` reads (identity, node, containers and their restarts) built from the cache's
+    projection, so a save costs no GET per pod. Only containers with a status can have a log."""
+    def statuses(init: bool) -> list[dict[str, Any]]:
+        return [{"name": c.name, "restartCount": c.restart_count,
+                 "lastState": {"terminated": {}} if c.last_terminated is not None else {}}
+                for c in pod.containers if c.init is init]
+    return {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+            "spec": {"nodeName": pod.node,
+                     "initContainers": [{"name": c.name} for c in pod.containers if c.init],
+                     "containers": [{"name": c.name} for c in pod.containers if not c.init]},
+            "status": {"initContainerStatuses": statuses(True), "containerStatuses": statuses(False)}}
+
+
+def has_previous(pod: Mapping[str, Any], container: str) -> bool:
+    """Whether the container may have a previous (terminated) instance to read: False only when its status
+    says it never restarted (`restartCount` 0, no `lastState.terminated`), where the kubelet answers 400."""
+    status = pod.get("status") or {}
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        if cs.get("name") == container:
+            return bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None
+    return True
 
 
 def containers_of(pod: Mapping[str, Any]) -> list[str]:
@@ -252,7 +277,10 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
             resolved.extend(p for p in found if p is not None)
             jobs = [_save_one(client, pod, container, previous, folder=folder, policy=settings,
                               progress=progress, limit=limit)
-                    for pod in resolved for container in containers_of(pod) for previous in (False, True)]
+                    for pod in resolved for container in containers_of(pod) for previous in (False, True)
+                    if not previous or has_previous(pod, container)]
+            progress.skipped += sum(1 for pod in resolved for container in containers_of(pod)
+                                    if not has_previous(pod, container))
             await asyncio.gather(*jobs)
     except TimeoutError:
         error, reason = f"timed out after {fetch_budget:g} s", "timeout"

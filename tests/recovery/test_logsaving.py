@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kcover import settings
+from kcover.kube import projections as proj
 from kcover.recovery import logsaving
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
@@ -97,3 +98,32 @@ async def test_unwritable_sink_is_a_reported_failure(tmp_path: Path) -> None:
     assert result.path is None
     assert result.error is not None
     assert "cannot write" in result.error
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    ({"containerStatuses": [{"name": "c", "restartCount": 0, "lastState": {}}]}, False),
+    ({"containerStatuses": [{"name": "c", "restartCount": 2, "lastState": {}}]}, True),
+    ({"containerStatuses": [{"name": "c", "restartCount": 0, "lastState": {"terminated": {"exitCode": 1}}}]}, True),
+    ({"initContainerStatuses": [{"name": "c", "restartCount": 0}]}, False),
+    ({"containerStatuses": [{"name": "other", "restartCount": 0}]}, True),  # no status for it: ask
+    ({}, True),
+])
+def test_a_previous_log_is_asked_for_only_of_a_container_that_may_have_one(status: dict[str, object],
+                                                                          expected: bool) -> None:
+    assert logsaving.has_previous({"status": status}, "c") is expected
+
+
+def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
+    def container(name: str, *, init: bool, restarts: int, last: bool) -> proj.ContainerState:
+        return proj.ContainerState(name=name, init=init, restart_count=restarts, terminated=None,
+                                   last_terminated=proj.Terminated("Error", 1, "") if last else None, resources=())
+
+    pod = proj.Pod(uid="u1", rv="1", namespace="ml", name="w-0", node="n1", phase="Running", labels=(),
+                   annotations=(), owner=None, deletion_timestamp="", restart_policy="OnFailure",
+                   containers=(container("setup", init=True, restarts=0, last=False),
+                               container("trainer", init=False, restarts=1, last=True),
+                               container("sidecar", init=False, restarts=0, last=False)))
+    body = logsaving.from_cache(pod)
+    assert logsaving.containers_of(body) == ["setup", "trainer", "sidecar"]
+    assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar")] == [False, True, False]
+    assert (body["metadata"], body["spec"]["nodeName"]) == ({"namespace": "ml", "name": "w-0", "uid": "u1"}, "n1")
