@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kubernetes_asyncio import client as k8s_client
 
 from kcover import errors, metrics, model, serving, settings
 from kcover.agent import running as agent_running
 from kcover.bench import objects, rawapi, seeding
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
-from kcover.kube import retrying
+from kcover.kube import retrying, transport
 from kcover.nvml import fake
 
 log = structlog.get_logger()
@@ -50,7 +49,7 @@ CONDITION = "KcoverGPUHealthy"
 class TimedClient(client_.KubeClient):
     """The real client, noting when the API server answered each write (instrumentation, not a fake)."""
 
-    def __init__(self, api: k8s_client.ApiClient, *, request_timeout: float = 30.0) -> None:
+    def __init__(self, api: transport.Transport, *, request_timeout: float = 30.0) -> None:
         super().__init__(api, request_timeout=request_timeout)
         self.writes: list[tuple[float, str, str, str]] = []
         """(perf_counter at the answer, method, path, labelSelector)."""
@@ -71,13 +70,39 @@ class TimedClient(client_.KubeClient):
 
     async def first(self, match: Callable[[str, str, str], bool], *, since: float, timeout: float) -> float:
         """The answer time of the first write after `since` that `match(method, path, selector)`."""
+        return await self.when(lambda writes: next((at for at, m, p, s in writes if match(m, p, s)), None),
+                               since=since, timeout=timeout)
+
+    async def when(self, done: Callable[[list[tuple[float, str, str, str]]], float | None], *, since: float,
+                   timeout: float) -> float:
+        """The time `done` finds in the writes answered after `since` (waiting until it finds one)."""
         async with asyncio.timeout(timeout):
             while True:
-                for at, method, path, selector in self.writes:
-                    if at >= since and match(method, path, selector):
-                        return at
+                found = done([w for w in self.writes if w[0] >= since])
+                if found is not None:
+                    return found
                 self.changed.clear()
                 await self.changed.wait()
+
+
+def restarted(job: seeding.Job) -> Callable[[list[tuple[float, str, str, str]]], float | None]:
+    """When the restart of `job` was answered: its DeleteCollection (a selector naming the job), or the
+    last of one DELETE per pod (the executor deletes the recorded pods one by one, uid preconditions)."""
+    base = seeding.pods_path(job.namespace)
+    label = f"{objects.JOB_NAME}={job.name}"
+
+    def answered(writes: list[tuple[float, str, str, str]]) -> float | None:
+        per_pod: dict[str, float] = {}
+        for at, method, path, selector in writes:
+            if method != "DELETE":
+                continue
+            if path == base and label in selector.split(","):
+                return at
+            name = path.removeprefix(base + "/")
+            if name in job.pods and name != path:
+                per_pod.setdefault(name, at)
+        return max(per_pod.values()) if len(per_pod) == len(job.pods) else None
+    return answered
 
 
 class BusRecorder:
@@ -116,21 +141,23 @@ class Samples:
 class Result:
     kinds: dict[str, Samples]
     floor: list[float]
+    floor_write: list[float]
+    """The floor's own write (a merge-patch), from sending to the answer: the "+ 1 write" of the target."""
     api_requests: dict[str, dict[str, dict[str, int]]]
     """Scenario -> process ("controller", "agent") -> "<VERB> <resource>" -> count."""
 
 
-def bench_settings(log_dir: str, *, node: str = "") -> settings.Settings:
+def bench_settings(log_dir: str, *, node: str = "", namespace: str = NS) -> settings.Settings:
     """Product defaults, but: no Lease (one replica; keeps renewals out of the counts), only the
     PyTorchJob workload kind (the others' CRDs are absent), a breaker that lets every sample node be
-    cordoned, its own ledger in the bench namespace (never an installed kcover's), and the log sink in
-    a temporary folder."""
+    cordoned, its own ledger and the agent's Node Events in the bench namespace (never an installed
+    kcover's), and the log sink in a temporary folder."""
     return settings.Settings.model_validate({
         "lease": {"enabled": False},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
-        "recovery": {"max_cordoned_fraction": 1.0, "ledger_namespace": NS, "ledger_name": "kcover-bench-ledger",
+        "recovery": {"max_cordoned_fraction": 1.0, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
                      "save_logs": {"directory": log_dir}},
-        "agent": {"node_name": node},
+        "agent": {"node_name": node, "event_namespace": namespace},
         "detectors": {"entries": {"dcgm": {"enabled": False}}},
     })
 
@@ -142,66 +169,80 @@ def diff(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
 class Floor:
     """A plain watch on the bench namespace's pods; times a status write's delivery."""
 
-    def __init__(self, api: rawapi.RawApi, pod: str) -> None:
+    def __init__(self, api: rawapi.RawApi, pod: str, *, namespace: str = NS) -> None:
         self.api = api
         self.pod = pod
+        self.namespace = namespace
         self.seen: dict[str, float] = {}
         self.changed = asyncio.Event()
 
     async def watch(self, resource_version: str) -> None:
         query = {"resourceVersion": resource_version, "fieldSelector": f"metadata.name={self.pod}"}
-        async for at, event in self.api.watch(seeding.pods_path(NS), query):
+        async for at, event in self.api.watch(seeding.pods_path(self.namespace), query):
             seq = ((event.get("object") or {}).get("metadata", {}).get("annotations") or {}).get("kcover.io/bench-seq")
             if seq is not None and seq not in self.seen:
                 self.seen[seq] = at
                 self.changed.set()
 
-    async def sample(self, seq: int, *, timeout: float) -> float:
+    async def sample(self, seq: int, *, timeout: float) -> tuple[float, float]:
+        """(delivery, write answered), seconds from sending the write."""
         key = str(seq)
         started = time.perf_counter()
-        await self.api.request("PATCH", f"{seeding.pods_path(NS)}/{self.pod}",
+        await self.api.request("PATCH", f"{seeding.pods_path(self.namespace)}/{self.pod}",
                                body={"metadata": {"annotations": {"kcover.io/bench-seq": key}}},
                                content_type=client_.MERGE_PATCH)
+        answered = time.perf_counter() - started
         async with asyncio.timeout(timeout):
             while key not in self.seen:
                 self.changed.clear()
                 await self.changed.wait()
-        return self.seen[key] - started
+        return self.seen[key] - started, answered
 
 
-async def measure(kubeconfig: str, *, samples: int, xid_samples: int, sample_timeout: float = 30.0) -> Result:
-    """Seed, run controller (and agents), and take `samples` pod/DRA/floor and `xid_samples` XID samples."""
-    cfg = await rawapi.configuration(kubeconfig)
+async def measure(kubeconfig: str, *, samples: int, xid_samples: int, sample_timeout: float = 30.0,
+                  run_id: str = "") -> Result:
+    """Seed, run controller (and agents), and take `samples` pod/DRA/floor and `xid_samples` XID samples.
+
+    `run_id` suffixes the namespace and node names: a real API server without kube-controller-manager
+    never finishes deleting a namespace, so a second run needs a new one."""
     with tempfile.TemporaryDirectory(prefix="kcover-bench-logs-") as log_dir:
         async with await rawapi.open_api(kubeconfig) as api:
-            return await _measure(api, cfg, log_dir, samples=samples, xid_samples=xid_samples,
-                                  sample_timeout=sample_timeout)
+            return await _measure(api, kubeconfig, log_dir, samples=samples, xid_samples=xid_samples,
+                                  sample_timeout=sample_timeout, run_id=run_id)
 
 
-async def _measure(api: rawapi.RawApi, cfg: k8s_client.Configuration, log_dir: str, *, samples: int,
-                   xid_samples: int, sample_timeout: float) -> Result:
+def namespace_of(run_id: str) -> str:
+    return f"{NS}-{run_id}" if run_id else NS
+
+
+async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples: int,
+                   xid_samples: int, sample_timeout: float, run_id: str) -> Result:
     started = time.perf_counter()
-    await seeding.namespaces(api, [NS])
-    gpu_nodes = [f"bench-gpu-{i}" for i in range(16)]
-    xid_nodes = [f"bench-xid-{i}" for i in range(xid_samples)]
+    ns = namespace_of(run_id)
+    suffix = f"-{run_id}" if run_id else ""
+    await seeding.namespaces(api, [ns])
+    gpu_nodes = [f"bench-gpu-{i}{suffix}" for i in range(16)]
+    xid_nodes = [f"bench-xid-{i}{suffix}" for i in range(xid_samples)]
     await seeding.nodes(api, gpu_nodes + xid_nodes)
-    specs = ([(NS, f"pe-{i}", 2) for i in range(samples)] + [(NS, f"dra-{i}", 2) for i in range(samples)]
-             + [(NS, "floor", 1)])
+    for node in xid_nodes:
+        await seeding.running_pod(api, objects.agent_pod(ns, node))
+    specs = ([(ns, f"pe-{i}", 2) for i in range(samples)] + [(ns, f"dra-{i}", 2) for i in range(samples)]
+             + [(ns, "floor", 1)])
     jobs = await seeding.jobs(api, specs[:samples], node_names=gpu_nodes)
     jobs += await seeding.jobs(api, specs[samples:], node_names=gpu_nodes, dra=True)
     floor_pod = jobs[-1].pods[0]
     log.info("bench_latency_seeded", seconds=round(time.perf_counter() - started, 1))
 
-    config = bench_settings(log_dir)
-    kube = TimedClient(k8s_client.ApiClient(cfg))
+    config = bench_settings(log_dir, namespace=ns)
+    kube = TimedClient(await client_.open_transport(kubeconfig))
     controller = controller_running.Controller(config, client=kube, metrics=metrics.Metrics(),
                                                health=serving.Health())
     recorder = BusRecorder()
     sub = controller.bus.subscribe("bench", capacity=100_000)
-    floor = Floor(api, floor_pod)
-    listed = await api.request("GET", seeding.pods_path(NS), query={"limit": "1"})
+    floor = Floor(api, floor_pod, namespace=ns)
+    listed = await api.request("GET", seeding.pods_path(ns), query={"limit": "1"})
     result = Result(kinds={"pod_error": Samples(), "dra_unhealthy": Samples(), "xid": Samples()}, floor=[],
-                    api_requests={})
+                    floor_write=[], api_requests={})
     stop = asyncio.Event()
     try:
         async with asyncio.TaskGroup() as tg:
@@ -214,7 +255,7 @@ async def _measure(api: rawapi.RawApi, cfg: k8s_client.Configuration, log_dir: s
                 await asyncio.sleep(0.5)  # detectors subscribe right after the sync
                 await _pod_faults(api, kube, controller, recorder, floor, jobs, result, samples=samples,
                                   timeout=sample_timeout)
-                await _xid_faults(cfg, log_dir, kube, controller, recorder, xid_nodes, result,
+                await _xid_faults(kubeconfig, log_dir, kube, controller, recorder, xid_nodes, result,
                                   timeout=sample_timeout)
             finally:
                 stop.set()
@@ -230,17 +271,18 @@ async def _pod_faults(api: rawapi.RawApi, kube: TimedClient, controller: control
                       samples: int, timeout: float) -> None:
     by_name = {j.name: j for j in jobs}
     for i in range(samples):
-        result.floor.append(await floor.sample(i, timeout=timeout))
+        delivered, answered = await floor.sample(i, timeout=timeout)
+        result.floor.append(delivered)
+        result.floor_write.append(answered)
         for kind, job_name, status in (("pod_error", f"pe-{i}", objects.failed_status(1)),
                                        ("dra_unhealthy", f"dra-{i}", objects.unhealthy_status(1))):
             job = by_name[job_name]
             pod = job.pods[1]
             before = dict(kube.request_counts)
             t0 = time.perf_counter()
-            await seeding.write_pod_status(api, NS, pod, status)
+            await seeding.write_pod_status(api, job.namespace, pod, status)
             detected = await recorder.arrival(pod, timeout=timeout)
-            acted = await kube.first(lambda m, p, s, job=job: m == "DELETE" and p.endswith("/pods")  # type: ignore[misc]
-                                     and f"={job.name}" in s, since=t0, timeout=timeout)
+            acted = await kube.when(restarted(job), since=t0, timeout=timeout)
             result.kinds[kind].detect.append(detected - t0)
             result.kinds[kind].act.append(acted - t0)
             if i == 0:
@@ -249,13 +291,13 @@ async def _pod_faults(api: rawapi.RawApi, kube: TimedClient, controller: control
         await asyncio.sleep(0.05)
 
 
-async def _xid_faults(cfg: k8s_client.Configuration, log_dir: str, kube: TimedClient,
+async def _xid_faults(kubeconfig: str, log_dir: str, kube: TimedClient,
                       controller: controller_running.Controller, recorder: BusRecorder, nodes: list[str],
                       result: Result, *, timeout: float) -> None:
     for i, node in enumerate(nodes):
-        agent_kube = TimedClient(k8s_client.ApiClient(cfg))
+        agent_kube = TimedClient(await client_.open_transport(kubeconfig))
         nvml = fake.FakeNvml(8)
-        agent = agent_running.Agent(bench_settings(log_dir, node=node), client=agent_kube, metrics=metrics.Metrics(),
+        agent = agent_running.Agent(bench_settings(log_dir, node=node, namespace=controller.settings.recovery.ledger_namespace), client=agent_kube, metrics=metrics.Metrics(),
                                     health=None, node=node, nvml=nvml)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop), name=f"bench:agent:{node}")

@@ -115,3 +115,17 @@ def unhealthy_status(index: int) -> Obj:
     status = running_status(index, dra=True)
     status["containerStatuses"][0]["allocatedResourcesStatus"] = [dra_entry(index, "Unhealthy")]
     return status
+
+
+AGENT_LABELS = {"app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}
+"""The chart's labels on agent pods: the controller takes a Node's Event only from an agent on it."""
+
+
+def agent_pod(namespace_: str, node_name: str) -> Obj:
+    """The agent pod the chart's DaemonSet runs on `node_name` (the bench's agent runs in its own process)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"kcover-agent-{node_name}", "namespace": namespace_,
+                         "labels": {BENCH_LABEL: "true", **AGENT_LABELS}},
+            "spec": {"nodeName": node_name, "containers": [{"name": "agent", "image": "kcover:bench"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True",
+                                                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}

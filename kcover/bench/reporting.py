@@ -1,9 +1,11 @@
 """The bench's numbers as a report: percentiles, ratios to the targets, JSON and a Markdown table.
 
-Owns the targets (from the design: detect-and-act p99 <= 1 s and within 2x the watch floor plus
-100 ms; <= 3 KiB resident per cached pod; initial sync <= 60 s at 150,000 pods; 1,000 pod updates
-per second absorbed with change-to-bus lag p99 <= 1 s) and the arithmetic: pure functions of the
-raw samples, table-tested. Ratios are measured / target: below 1 meets a "<=" target; for the update
+Owns the targets (issue 20, measured on a 2-core machine: fault-to-action p50 <= 9.5 ms and p99 <=
+14 ms, and p99 within 2x the watch-delivery floor plus one write; start-up to leading <= 0.3 s; idle
+RSS <= 50 MiB for the controller and <= 40 MiB for the agent; <= 6 ms of CPU per fault; initial sync
+<= 2 s at 10,000 pods and <= 20 s at 150,000 (one pod per 133 us between); <= 1 KiB resident per
+cached pod; peak RSS during the sync <= 1.5x the synced RSS; 1,000 pod updates per second absorbed
+with change-to-bus lag p99 <= 1 s) and the arithmetic: pure functions of the raw samples, table-tested. Ratios are measured / target: below 1 meets a "<=" target; for the update
 rate (a ">=" target) above 1 meets it. Nothing here asserts: the bench reports, people compare.
 """
 
@@ -12,13 +14,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-DETECT_ACT_P99_MS = 1000.0
+ACT_P50_MS = 9.5
+ACT_P99_MS = 14.0
 FLOOR_FACTOR = 2.0
-FLOOR_SLACK_MS = 100.0
-BYTES_PER_POD = 3 * 1024
-SYNC_SECONDS_AT_150K = 60.0
+STARTUP_TO_LEADING_SECONDS = 0.3
+CONTROLLER_IDLE_RSS_BYTES = 50 * 2**20
+AGENT_IDLE_RSS_BYTES = 40 * 2**20
+CPU_SECONDS_PER_FAULT = 0.006
+SYNC_SECONDS_MIN = 2.0
+"""At 10,000 pods (and below)."""
+SYNC_PODS_PER_SECOND = 7500.0
+"""Above 10,000 pods: 20 s at 150,000."""
+BYTES_PER_POD = 1024
+PEAK_TO_SYNCED_RSS = 1.5
 UPDATES_PER_SECOND = 1000.0
 LAG_P99_MS = 1000.0
+
+
+def sync_target_seconds(pods: int) -> float:
+    """Initial sync target: 2 s up to 10,000 pods, then 7,500 pods a second (20 s at 150,000)."""
+    return max(SYNC_SECONDS_MIN, pods / SYNC_PODS_PER_SECOND)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -44,21 +59,46 @@ def ratio(measured: float, target: float) -> float:
     return float(f"{measured / target:.4g}") if target else float("inf")
 
 
-def latency_section(kinds: Mapping[str, Mapping[str, Sequence[float]]], floor: Sequence[float]) -> dict[str, Any]:
-    """Per fault kind: detect and act summaries, and act p99 against both latency targets."""
-    floor_p99 = summary_ms(floor).get("p99", 0.0)
-    floor_target = FLOOR_FACTOR * floor_p99 + FLOOR_SLACK_MS
+def latency_section(kinds: Mapping[str, Mapping[str, Sequence[float]]], floor: Sequence[float],
+                    write: Sequence[float] = ()) -> dict[str, Any]:
+    """Per fault kind: detect and act summaries; act p50 and p99 against their targets, and p99 against
+    twice the watch floor's p99 plus one write's p99 (`write`: the floor's own write, answered)."""
+    floor_target = FLOOR_FACTOR * summary_ms(floor).get("p99", 0.0) + summary_ms(write).get("p99", 0.0)
     out: dict[str, Any] = {}
     for kind, series in kinds.items():
         entry: dict[str, Any] = {name: summary_ms(values) for name, values in series.items()}
-        act_p99 = entry.get("act", {}).get("p99")
-        if act_p99 is not None:
-            entry["target_p99_ms"] = DETECT_ACT_P99_MS
-            entry["ratio_to_target"] = ratio(act_p99, DETECT_ACT_P99_MS)
+        act = entry.get("act", {})
+        if act.get("n"):
+            entry["target_p50_ms"] = ACT_P50_MS
+            entry["ratio_p50_to_target"] = ratio(act["p50"], ACT_P50_MS)
+            entry["target_p99_ms"] = ACT_P99_MS
+            entry["ratio_to_target"] = ratio(act["p99"], ACT_P99_MS)
             entry["floor_target_p99_ms"] = round(floor_target, 2)
-            entry["ratio_to_floor_target"] = ratio(act_p99, floor_target)
+            entry["ratio_to_floor_target"] = ratio(act["p99"], floor_target)
         out[kind] = entry
     return out
+
+
+def footprint_section(startups: Sequence[float], *, controller_rss: int, agent_rss: int,
+                      cpu_per_fault: float, faults: int) -> dict[str, Any]:
+    """The roles as processes: start-up to leading (best and median of the starts), idle RSS, CPU per fault."""
+    if not startups:
+        return {}
+    ordered = sorted(startups)
+    best, median = ordered[0], ordered[len(ordered) // 2]
+    return {
+        "startup_to_leading_seconds": {"n": len(ordered), "best": round(best, 3), "median": round(median, 3),
+                                       "target": STARTUP_TO_LEADING_SECONDS,
+                                       "ratio": ratio(best, STARTUP_TO_LEADING_SECONDS)},
+        "controller_idle_rss_mib": {"value": round(controller_rss / 2**20, 1),
+                                    "target": CONTROLLER_IDLE_RSS_BYTES / 2**20,
+                                    "ratio": ratio(controller_rss, CONTROLLER_IDLE_RSS_BYTES)},
+        "agent_idle_rss_mib": {"value": round(agent_rss / 2**20, 1), "target": AGENT_IDLE_RSS_BYTES / 2**20,
+                               "ratio": ratio(agent_rss, AGENT_IDLE_RSS_BYTES)},
+        "cpu_ms_per_fault": {"value": round(cpu_per_fault * 1000, 2), "faults": faults,
+                             "target": CPU_SECONDS_PER_FAULT * 1000,
+                             "ratio": ratio(cpu_per_fault, CPU_SECONDS_PER_FAULT)},
+    }
 
 
 def scale_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -67,8 +107,12 @@ def scale_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         r = dict(row)
         r["target_bytes_per_pod"] = BYTES_PER_POD
         r["ratio_bytes_per_pod"] = ratio(float(r["bytes_per_pod"]), BYTES_PER_POD)
-        r["target_sync_seconds"] = SYNC_SECONDS_AT_150K
-        r["ratio_sync"] = ratio(float(r["sync_seconds"]), SYNC_SECONDS_AT_150K)
+        r["target_sync_seconds"] = round(sync_target_seconds(int(r["pods"])), 2)
+        r["ratio_sync"] = ratio(float(r["sync_seconds"]), r["target_sync_seconds"])
+        if r.get("peak_rss_bytes") and r.get("rss_bytes"):
+            r["peak_to_synced_rss"] = round(r["peak_rss_bytes"] / r["rss_bytes"], 3)
+            r["target_peak_to_synced_rss"] = PEAK_TO_SYNCED_RSS
+            r["ratio_peak_rss"] = ratio(r["peak_to_synced_rss"], PEAK_TO_SYNCED_RSS)
         out.append(r)
     return out
 
@@ -83,6 +127,29 @@ def throughput_section(raw: Mapping[str, Any]) -> dict[str, Any]:
     out["ratio_to_target"] = ratio(float(raw["absorbed_per_second"]), UPDATES_PER_SECOND)
     out["target_lag_p99_ms"] = LAG_P99_MS
     out["ratio_lag_p99"] = ratio(float(lag.get("p99", 0.0)), LAG_P99_MS)
+    return out
+
+
+def ratios(report: Mapping[str, Any]) -> dict[str, float]:
+    """Every figure's ratio to its target, flat (`latency.pod_error.p99`, `scale.10041.sync`, ...): the
+    one place to read whether this run met the targets (below 1 meets a "<=" target)."""
+    out: dict[str, float] = {}
+    for kind, e in (report.get("latency_ms") or {}).items():
+        for key, name in (("ratio_p50_to_target", "p50"), ("ratio_to_target", "p99"),
+                          ("ratio_to_floor_target", "p99_to_floor")):
+            if key in e:
+                out[f"latency.{kind}.{name}"] = e[key]
+    for name, e in (report.get("footprint") or {}).items():
+        out[f"footprint.{name}"] = e["ratio"]
+    for r in report.get("scale") or []:
+        for key, name in (("ratio_sync", "sync"), ("ratio_bytes_per_pod", "bytes_per_pod"),
+                          ("ratio_peak_rss", "peak_rss")):
+            if key in r:
+                out[f"scale.{r['pods']}.{name}"] = r[key]
+    tp = report.get("throughput") or {}
+    for key, name in (("ratio_to_target", "rate"), ("ratio_lag_p99", "lag_p99")):
+        if key in tp:
+            out[f"throughput.{name}"] = tp[key]
     return out
 
 
@@ -111,19 +178,39 @@ def markdown(report: Mapping[str, Any]) -> str:
                 s = e.get(stage) or {}
                 last = stage == "act"
                 rows.append([kind, stage, s.get("n", 0), s.get("p50", "-"), s.get("p99", "-"), s.get("max", "-"),
+                             e.get("ratio_p50_to_target", "") if last else "",
                              e.get("ratio_to_target", "") if last else "",
                              e.get("ratio_to_floor_target", "") if last else ""])
         rows.append(["watch floor", "delivery", floor.get("n", 0), floor.get("p50", "-"), floor.get("p99", "-"),
-                     floor.get("max", "-"), "", ""])
-        lines += _table(["fault", "stage", "n", "p50", "p99", "max", "p99 / 1 s", "p99 / (2 x floor p99 + 100 ms)"],
-                        rows)
+                     floor.get("max", "-"), "", "", ""])
+        write = report.get("write_ms") or {}
+        rows.append(["watch floor", "write answered", write.get("n", 0), write.get("p50", "-"),
+                     write.get("p99", "-"), write.get("max", "-"), "", "", ""])
+        lines += _table(["fault", "stage", "n", "p50", "p99", "max", "p50 / 9.5 ms", "p99 / 14 ms",
+                         "p99 / (2 x floor p99 + write p99)"], rows)
+        lines.append("")
+    fp = report.get("footprint") or {}
+    if fp:
+        lines += ["### The roles as processes", ""]
+        startup = fp["startup_to_leading_seconds"]
+        lines += _table(["figure", "measured", "target", "ratio"], [
+            [f"start-up to leading (s, best of {startup['n']}; median {startup['median']})", startup["best"],
+             startup["target"], startup["ratio"]],
+            ["controller idle RSS (MiB)", fp["controller_idle_rss_mib"]["value"],
+             fp["controller_idle_rss_mib"]["target"], fp["controller_idle_rss_mib"]["ratio"]],
+            ["agent idle RSS (MiB)", fp["agent_idle_rss_mib"]["value"], fp["agent_idle_rss_mib"]["target"],
+             fp["agent_idle_rss_mib"]["ratio"]],
+            [f"CPU per fault (ms, {fp['cpu_ms_per_fault']['faults']} pod errors)", fp["cpu_ms_per_fault"]["value"],
+             fp["cpu_ms_per_fault"]["target"], fp["cpu_ms_per_fault"]["ratio"]]])
         lines.append("")
     if report.get("scale"):
         lines += ["### Scale (controller process)", ""]
-        lines += _table(["nodes", "pods", "initial sync (s)", "sync / 60 s", "RSS delta (MiB)", "bytes per pod",
-                         "per pod / 3 KiB"],
+        lines += _table(["nodes", "pods", "initial sync (s)", "sync / target", "RSS delta (MiB)", "bytes per pod",
+                         "per pod / 1 KiB", "peak RSS (MiB)", "synced RSS (MiB)", "peak / synced", "/ 1.5"],
                         [[r["nodes"], r["pods"], r["sync_seconds"], r["ratio_sync"],
-                          round(r["rss_delta_bytes"] / 2**20, 1), r["bytes_per_pod"], r["ratio_bytes_per_pod"]]
+                          round(r["rss_delta_bytes"] / 2**20, 1), r["bytes_per_pod"], r["ratio_bytes_per_pod"],
+                          round(r.get("peak_rss_bytes", 0) / 2**20, 1), round(r.get("rss_bytes", 0) / 2**20, 1),
+                          r.get("peak_to_synced_rss", "-"), r.get("ratio_peak_rss", "-")]
                          for r in report["scale"]])
         lines.append("")
     tp = report.get("throughput") or {}

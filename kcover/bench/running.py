@@ -5,9 +5,11 @@
     kcover bench --report json
     kcover bench --kubeconfig PATH    # a real cluster: seeds through its API, cleans up after
 
-Owns the options, the order of the scenarios and the report. By default it starts the simulated API
+Owns the options, the order of the scenarios and the report. The roles' own figures come first, on a
+cluster that is still empty (`footprint`: start-up to leading, idle RSS, CPU per fault), then latency,
+scale and throughput. By default it starts the simulated API
 server in a child process (`simproc`); with `--kubeconfig` it uses that cluster, seeds only the
-latency objects (label `kcover.io/bench=true`, namespace `kcover-bench`), measures the sync of
+latency objects (label `kcover.io/bench=true`, namespaces `kcover-bench-*`), measures the sync of
 what the cluster already holds, skips throughput (it writes pod statuses), and deletes what it
 created. Exit code 0 with a report, 1 if the bench itself failed (never because a target was missed).
 """
@@ -22,6 +24,7 @@ import os
 import platform
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ from typing import Any
 import structlog
 
 from kcover import errors
-from kcover.bench import latency, rawapi, reporting, scale, seeding, simproc
+from kcover.bench import footprint, latency, rawapi, reporting, scale, seeding, simproc
 
 log = structlog.get_logger()
 
@@ -43,6 +46,9 @@ class Options:
     kubeconfig: str = ""
     samples: int = 50
     xid_samples: int = 20
+    starts: int = 5
+    """`kcover controller` start-ups timed to leading (the last one is measured idle and over faults)."""
+    cpu_faults: int = 20
     sizes: list[scale.Size] = field(default_factory=lambda: list(FULL_SIZES))
     throughput_rate: float = 1000.0
     throughput_seconds: float = 5.0
@@ -53,7 +59,7 @@ class Options:
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
         base: dict[str, Any] = {"samples": 10, "xid_samples": 4, "sizes": list(QUICK_SIZES),
-                                "throughput_seconds": 2.0}
+                                "throughput_seconds": 2.0, "starts": 3, "cpu_faults": 10}
         return cls(**{**base, **overrides})
 
 
@@ -87,9 +93,13 @@ async def run(options: Options) -> dict[str, Any]:
                                    "cpus": os.cpu_count(), "python": platform.python_version(),
                                    "load_average_at_start": _load()}
     started = time.perf_counter()
+    run_id = uuid.uuid4().hex[:6]
     async with _cluster(options.kubeconfig) as kubeconfig:
         try:
-            lat = await latency.measure(kubeconfig, samples=options.samples, xid_samples=options.xid_samples)
+            roles = await footprint.measure(kubeconfig, starts=options.starts, faults=options.cpu_faults,
+                                            run_id=run_id)
+            lat = await latency.measure(kubeconfig, samples=options.samples, xid_samples=options.xid_samples,
+                                        run_id=run_id)
             rows, throughput = await scale.measure(
                 kubeconfig, options.sizes if (options.seed_scale or not options.kubeconfig) else options.sizes[:1],
                 seed=options.seed_scale and not options.kubeconfig,
@@ -98,18 +108,24 @@ async def run(options: Options) -> dict[str, Any]:
         finally:
             if options.kubeconfig:
                 async with await rawapi.open_api(kubeconfig) as api:
-                    await seeding.cleanup(api, [latency.NS])
+                    await seeding.cleanup(api, [latency.namespace_of(run_id), footprint.namespace_of(run_id)])
     environment["load_average_at_end"] = _load()
     environment["seconds"] = round(time.perf_counter() - started, 1)
     kinds = {kind: {"detect": s.detect, **dict(s.extra), "act": s.act} for kind, s in lat.kinds.items()}
     report: dict[str, Any] = {
-        "latency_ms": reporting.latency_section(kinds, lat.floor),
+        "footprint": reporting.footprint_section(roles.startup_to_leading,
+                                                 controller_rss=roles.controller_idle_rss_bytes,
+                                                 agent_rss=roles.agent_idle_rss_bytes,
+                                                 cpu_per_fault=roles.cpu_seconds_per_fault, faults=roles.faults),
+        "latency_ms": reporting.latency_section(kinds, lat.floor, lat.floor_write),
         "floor_ms": reporting.summary_ms(lat.floor),
+        "write_ms": reporting.summary_ms(lat.floor_write),
         "scale": reporting.scale_rows(rows),
         "throughput": reporting.throughput_section(throughput),
         "api_requests_per_recovery": reporting.api_section(lat.api_requests),
         "environment": environment,
     }
+    report["ratios"] = reporting.ratios(report)
     if options.raw:
         report["raw_seconds"] = {"latency": kinds, "floor": lat.floor,
                                  "throughput_lag": throughput.get("lag_seconds", [])}
@@ -125,13 +141,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", help="scale sizes as NODESxPODS,... (default 1000x10000,5000x50000,5000x150000)")
     p.add_argument("--rate", type=float, help="throughput: pod updates offered per second (default 1000)")
     p.add_argument("--seconds", type=float, help="throughput: seconds of updates (default 5, quick 2)")
+    p.add_argument("--starts", type=int, help="controller start-ups timed to leading (default 5, quick 3)")
+    p.add_argument("--cpu-faults", type=int, help="pod errors the CPU per fault is measured over (default 20, quick 10)")
     p.add_argument("--raw", action="store_true", help="include the raw samples in the JSON report")
 
 
 def options_from(args: argparse.Namespace) -> Options:
     overrides: dict[str, Any] = {"kubeconfig": args.kubeconfig or "", "raw": bool(args.raw)}
     for name, attr in (("samples", "samples"), ("xid_samples", "xid_samples"), ("throughput_rate", "rate"),
-                       ("throughput_seconds", "seconds")):
+                       ("throughput_seconds", "seconds"), ("starts", "starts"), ("cpu_faults", "cpu_faults")):
         if getattr(args, attr, None) is not None:
             overrides[name] = getattr(args, attr)
     if args.sizes:

@@ -69,6 +69,13 @@ async def nodes(api: rawapi.RawApi, names: list[str], *, concurrency: int = 32) 
     await bounded([lambda n=n: one(n) for n in names], concurrency=concurrency)  # type: ignore[misc]
 
 
+async def running_pod(api: rawapi.RawApi, body: objects.Obj) -> None:
+    """Create a pod and write its status (a create drops it), as the kubelet would."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    await create(api, pods_path(namespace), body)
+    await write_pod_status(api, namespace, name, body["status"])
+
+
 def pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"
 

@@ -23,19 +23,34 @@ def test_percentile_is_nearest_rank(values: list[float], q: float, expected: flo
     assert reporting.percentile(values, q) == expected
 
 
-def test_latency_targets_are_one_second_and_twice_the_floor_plus_100_ms() -> None:
-    section = reporting.latency_section({"pod_error": {"detect": [0.01, 0.02], "act": [0.05, 0.2]}},
-                                        floor=[0.01, 0.05])
+def test_latency_targets_are_9_5_and_14_ms_and_twice_the_floor_plus_one_write() -> None:
+    section = reporting.latency_section({"pod_error": {"detect": [0.001, 0.002], "act": [0.0095, 0.028]}},
+                                        floor=[0.002, 0.005], write=[0.001, 0.004])
     entry = section["pod_error"]
-    assert entry["act"]["p99"] == 200.0
-    assert entry["ratio_to_target"] == 0.2
-    assert entry["floor_target_p99_ms"] == 200.0  # 2 x 50 ms + 100 ms
-    assert entry["ratio_to_floor_target"] == 1.0
+    assert (entry["act"]["p50"], entry["act"]["p99"]) == (9.5, 28.0)
+    assert (entry["ratio_p50_to_target"], entry["ratio_to_target"]) == (1.0, 2.0)
+    assert entry["floor_target_p99_ms"] == 14.0  # 2 x 5 ms + 4 ms
+    assert entry["ratio_to_floor_target"] == 2.0
+
+
+def test_footprint_ratios_and_the_flat_table_of_every_ratio() -> None:
+    fp = reporting.footprint_section([0.6, 0.15, 0.2], controller_rss=25 * 2**20, agent_rss=40 * 2**20,
+                                     cpu_per_fault=0.003, faults=10)
+    assert fp["startup_to_leading_seconds"] == {"n": 3, "best": 0.15, "median": 0.2, "target": 0.3, "ratio": 0.5}
+    assert (fp["controller_idle_rss_mib"]["ratio"], fp["agent_idle_rss_mib"]["ratio"]) == (0.5, 1.0)
+    assert fp["cpu_ms_per_fault"]["ratio"] == 0.5
+    (row,) = reporting.scale_rows([{"nodes": 1, "pods": 150_000, "sync_seconds": 10.0, "bytes_per_pod": 512,
+                                    "rss_delta_bytes": 1, "rss_bytes": 200, "peak_rss_bytes": 450}])
+    assert (row["target_sync_seconds"], row["ratio_sync"], row["ratio_peak_rss"]) == (20.0, 0.5, 1.5)
+    flat = reporting.ratios({"footprint": fp, "scale": [row]})
+    assert flat == {"footprint.startup_to_leading_seconds": 0.5, "footprint.controller_idle_rss_mib": 0.5,
+                    "footprint.agent_idle_rss_mib": 1.0, "footprint.cpu_ms_per_fault": 0.5,
+                    "scale.150000.sync": 0.5, "scale.150000.bytes_per_pod": 0.5, "scale.150000.peak_rss": 1.5}
 
 
 def test_scale_and_throughput_ratios() -> None:
-    (row,) = reporting.scale_rows([{"nodes": 1, "pods": 10, "sync_seconds": 6.0, "bytes_per_pod": 1536,
-                                    "rss_delta_bytes": 15360}])
+    (row,) = reporting.scale_rows([{"nodes": 1, "pods": 10, "sync_seconds": 0.2, "bytes_per_pod": 512,
+                                    "rss_delta_bytes": 5120}])
     assert (row["ratio_bytes_per_pod"], row["ratio_sync"]) == (0.5, 0.1)
     tp = reporting.throughput_section({"absorbed_per_second": 2000.0, "lag_seconds": [0.1, 0.5]})
     assert (tp["ratio_to_target"], tp["lag_ms"]["p99"], tp["ratio_lag_p99"]) == (2.0, 500.0, 0.5)
@@ -66,8 +81,8 @@ def _positive_numbers(obj: Any, path: str = "") -> list[str]:
 
 def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     # the whole bench, with tiny sizes: simulated API server in a child process, controller worker process
-    code = cli.main(["bench", "--report", "json", "--samples", "2", "--xid-samples", "1", "--sizes", "20x96",
-                     "--rate", "200", "--seconds", "0.5"])
+    code = cli.main(["bench", "--report", "json", "--samples", "2", "--xid-samples", "1", "--starts", "1",
+                     "--cpu-faults", "2", "--sizes", "20x96", "--rate", "200", "--seconds", "0.5"])
     out = capsys.readouterr().out
     assert code == 0, out
     report = json.loads(out)
@@ -79,12 +94,18 @@ def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.C
         assert {"ratio_to_target", "ratio_to_floor_target"} <= set(kind)
     assert report["floor_ms"]["n"] == 2
     (row,) = report["scale"]
-    assert (row["nodes"], row["pods"]) == (20 + 16 + 1, 96 + 9)  # plus the latency scenario's own objects
+    # plus the other scenarios' own: latency's 16 + 1 nodes, 9 pods and an agent pod; the footprint's node,
+    # its agent pod and two 2-pod jobs
+    assert (row["nodes"], row["pods"]) == (20 + 16 + 1 + 1, 96 + 9 + 1 + 5)
     assert {"sync_seconds", "bytes_per_pod", "ratio_bytes_per_pod", "ratio_sync"} <= set(row)
     assert report["throughput"]["delivered"] == report["throughput"]["updates"]
     assert {"ratio_to_target", "ratio_lag_p99"} <= set(report["throughput"])
     restart = report["api_requests_per_recovery"]["pod_error_restart"]
-    assert restart["requests"]["controller"]["DELETECOLLECTION pods"] == 1
+    deletes = restart["requests"]["controller"]
+    assert deletes.get("DELETECOLLECTION pods") == 1 or deletes.get("DELETE pods") == 2  # one per pod
+    assert set(report["footprint"]) == {"startup_to_leading_seconds", "controller_idle_rss_mib",
+                                        "agent_idle_rss_mib", "cpu_ms_per_fault"}
+    assert report["ratios"]["footprint.cpu_ms_per_fault"] > 0
     cordon = report["api_requests_per_recovery"]["xid_cordon"]
     assert set(cordon["requests"]) == {"agent", "controller"}
     assert _positive_numbers({k: v for k, v in report.items() if k != "environment"}) == []
