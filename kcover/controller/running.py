@@ -5,7 +5,8 @@ only the replica holding the Lease hands bus events to the recovery engine, and 
 is cancelled the moment leadership is lost. A follower does not act on what it observes: it holds
 the events (up to `bus.subscriber_capacity`) and, when it becomes leader, replays those younger than
 twice `lease.lease_duration_seconds`, since a leader that died before acting leaves faults nobody else
-would act on; the ledger's cooldowns make replaying what the old leader did handle harmless.
+would act on; the ledger's cooldowns make replaying what the old leader did handle harmless. A batch a
+leader could not finish (its Lease lost before or during it) is held again the same way.
 `reconfigure()` applies new tunables live; fields marked `restart_required` are the reloader's
 business. Readiness: caches synced and no detector failed.
 
@@ -35,6 +36,7 @@ from kcover.controller import answering, fleet, recovering
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import caching, leasing, podlogs, retrying
 from kcover.kube import client as client_
+from kcover.recovery import actions, auditing, executing
 
 log = structlog.get_logger()
 
@@ -80,6 +82,7 @@ class Controller:
         self.settings = cfg
         self.clock = clock or clock_.SystemClock()
         self.metrics = metrics
+        self.client = client
         self.identity = cfg.lease.identity or default_identity()
         self.bus = bus_.Bus(dedupe_window_seconds=cfg.bus.dedupe_window_seconds,
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
@@ -96,6 +99,7 @@ class Controller:
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
         self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
+        self.supervisor.on_failure = self._detector_failed
         self.elector: leasing.LeaderElector | None = None
         if cfg.lease.enabled:
             self.elector = leasing.LeaderElector(client, cfg.lease, identity=self.identity, metrics=metrics,
@@ -124,6 +128,17 @@ class Controller:
             self._replay.set()  # no term starts: resume once, at start
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
+
+    async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
+        """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
+        lease = self.settings.lease
+        body = auditing.event_body(actions.ObjectRef("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
+                                   reason="KcoverDetectorFailed", action="RunDetector", warning=True,
+                                   message=f"{'required' if required else 'optional'} detector {name} failed on "
+                                           f"{self.identity} ({detail}); restarting it with backoff",
+                                   now=self.clock.now(), controller=executing.REPORTING_CONTROLLER,
+                                   instance=self.identity)
+        await self.client.request("POST", f"/api/v1/namespaces/{lease.namespace}/events", body=body)
 
     def _epoch(self) -> int:
         return self.elector.leadership_epoch if self.elector is not None else 1
@@ -228,15 +243,27 @@ class Controller:
                 if resume is not None:
                     await self._fenced(resume, "recovery-resume", 0, stop=stop)
             batch = self._take_held() + batch
-            if batch:
-                await self._fenced(functools.partial(self.engine.handle, batch), "recovery-batch", len(batch))
+            if not batch:
+                continue
+            handled = self.is_leader() and await self._fenced(functools.partial(self.engine.handle, batch),
+                                                              "recovery-batch", len(batch))
+            if not (handled and self.is_leader()):
+                # leadership ended before or during the batch (the engine then acts on nothing, or stops half
+                # way, and returns): hold the batch again, so that this replica replays it when it leads again.
+                # A Lease lost during the resume that starts a term, or one that flaps back to the same
+                # replica, otherwise lost these faults; the ledger's replay memory, cooldowns and pending
+                # intents make a second handling of what was done harmless
+                now = self.clock.monotonic()
+                self._held.extend((now, ev) for ev in batch)
+                log.info("recovery_batch_held_again", events=len(batch))
 
     async def _fenced(self, work_of: Callable[[], Coroutine[Any, Any, None]], name: str, events: int, *,
-                      stop: asyncio.Event | None = None) -> None:
-        """Run engine work, cancelled at once if leadership is lost (or `stop` is set) meanwhile."""
+                      stop: asyncio.Event | None = None) -> bool:
+        """Run engine work, cancelled at once if leadership is lost (or `stop` is set) meanwhile; False when
+        it was cancelled so."""
         if self.elector is None and stop is None:
             await work_of()
-            return
+            return True
         work = asyncio.create_task(work_of(), name=name)
         ends = {asyncio.create_task(e.wait(), name="recovery-fence")
                 for e in (self.elector.following if self.elector is not None else None, stop) if e is not None}
@@ -248,12 +275,14 @@ class Controller:
             await asyncio.wait({work, *ends})
         if work.cancelled():
             log.warning("recovery_cancelled_on_leadership_loss", work=name, events=events)
-            return
+            return False
         error = work.exception()
         if isinstance(error, errors.NotLeaderError):
             log.warning("recovery_fenced", error=str(error))
-        elif error is not None:
+            return False
+        if error is not None:
             raise error
+        return True
 
     async def reconfigure(self, new: settings.Settings, changed: set[str] | None = None) -> None:
         """Apply tunables live: bus, detectors, lease timings, recovery. Raises ConfigError, applying nothing."""

@@ -266,11 +266,18 @@ class Executor:
             self._in_flight.discard(intent.id)
 
     async def _carry_out(self, action: actions.RestartWorkload, intent: ledger.Intent, *, what: str,
-                         why: str) -> Result:
-        """Preconditions again, logs, the delete, the Event; the intent is then complete."""
+                         why: str, resumed: bool = False) -> Result:
+        """Preconditions again, logs, the delete, the Event; the intent is then complete.
+
+        A `resumed` intent (retried, or finished for an earlier leader) was vetted against the cluster
+        (`vetting.problem`) and some of its pods still live: an earlier attempt may have deleted the
+        faulting pod already, so its absence is no reason to stop half way (that left a job with part of
+        its pods restarted and the fault unanswered)."""
         rs = self.settings
         w = action.workload
         problem = self._precondition(action)
+        if problem and resumed and action.pod is not None and self._snapshot.pod(action.pod.uid) is None:
+            problem = ""
         if problem:
             self._ledger.complete(action.ledger_key, intent.id)
             return await self._refuse(action, actions.SkipCode.PRECONDITION_FAILED, problem, w)
@@ -415,7 +422,8 @@ class Executor:
             return Result(Outcome.SKIPPED, action, "already carried out: its pods are gone or replaced")
         if (intent.leader, intent.epoch) == (self.identity, self._epoch()):
             log.info("restart_intent_retried", workload=what, intent=intent.id, age_seconds=round(now - intent.at, 3))
-            return await self._carry_out(action, intent, what=what, why=f"(retried) after {intent.message}")
+            return await self._carry_out(action, intent, what=what, why=f"(retried) after {intent.message}",
+                                         resumed=True)
         claimed = dataclasses.replace(intent, leader=self.identity, epoch=self._epoch())
 
         def claim(state: ledger.State) -> str | None:
@@ -437,7 +445,8 @@ class Executor:
         recorded = dt.datetime.fromtimestamp(intent.at, dt.UTC)
         return await self._carry_out(action, claimed, what=what,
                                      why=f"(finishing the restart {intent.leader} recorded at "
-                                         f"{recorded:%H:%M:%S}Z and did not carry out) after {intent.message}")
+                                         f"{recorded:%H:%M:%S}Z and did not carry out) after {intent.message}",
+                                     resumed=True)
 
     async def _delete(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
         ns = action.workload.namespace

@@ -18,7 +18,7 @@ from kcover import errors, model, serving, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import recovering, running
-from kcover.detectors import registry
+from kcover.detectors import contract, registry
 from kcover.kube import client as client_
 from kcover.kube import leasing
 
@@ -213,6 +213,57 @@ async def test_lost_leadership_cancels_the_batch_in_flight(cluster: Cluster,
     await asyncio.wait_for(cancelled.wait(), 2.0)
     assert not a.controller.is_leader()
     assert a.metrics.is_leader._value.get() == 0
+    # the intruder does not renew: a leads again and is handed the cancelled batch once more (a Lease that
+    # flapped back to the same replica used to lose the faults of the batch it cancelled)
+    del a.engine.handle  # the recording handler again
+    await _until(lambda: any(ev.target.name == "p4" for batch in a.engine.batches for ev in batch), 8.0)
+    assert a.controller.is_leader()
+
+
+class _Crasher:
+    roles = frozenset({contract.Role.CONTROLLER})
+    config_model = contract.EmptyConfig
+
+    def __init__(self, name: str, config: Any, context: contract.DetectorContext) -> None:
+        pass
+
+    async def run(self, bus: Any, stop: asyncio.Event) -> None:
+        raise RuntimeError("sensor on fire")
+
+
+async def test_a_failed_optional_plugin_leaves_an_event_on_the_lease_and_the_replica_ready(cluster: Cluster) -> None:
+    cfg = _settings("a", cluster.namespace)
+    cfg = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
+        {"entries": {**cfg.detectors.model_dump()["entries"], "crasher": {"enabled": True}}})})
+    reg = registry.Registry([registry.DetectorInfo("crasher", "x:Crasher", "a-plugin", "0", _Crasher)])  # type: ignore[arg-type]
+    health = serving.Health()
+    async with cluster.new_client() as kube:
+        ctl = running.Controller(cfg, client=kube, metrics=metrics_.Metrics(), health=health, detector_registry=reg,
+                                 engine_factory=RecordingEngine)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop))
+        try:
+            found: list[dict[str, Any]] = []
+
+            async def seen() -> bool:
+                listed = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/events")
+                found[:] = [e for e in listed.get("items") or [] if e.get("reason") == "KcoverDetectorFailed"]
+                return bool(found)
+
+            deadline = time.monotonic() + 10
+            while not await seen() and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert len(found) == 1, "one Event, not one per restart"
+            event = found[0]
+            assert event["involvedObject"]["kind"] == "Lease"
+            assert event["involvedObject"]["name"] == "kcover-controller"
+            assert event["type"] == "Warning"
+            assert "optional detector crasher failed on a (RuntimeError: sensor on fire)" in event["message"]
+            assert ctl.supervisor.describe()["crasher"]["state"] == "failed"
+            await _until(lambda: health.readiness()[0], 5.0)  # an optional plugin leaves the replica ready
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
 
 
 # ------------------------------------------------------------------------------------------------ end to end
