@@ -101,6 +101,8 @@ def cmd_version(_: argparse.Namespace) -> int:
 
 
 def cmd_detectors(args: argparse.Namespace) -> int:
+    if args.url:
+        return _running_detectors(args.url, args.output)
     reg = registry.discover()
     rows = [{"name": i.name, "roles": ",".join(sorted(r.value for r in i.roles)) or "-",
              "distribution": i.distribution, "version": i.version, "entry_point": i.value,
@@ -114,6 +116,29 @@ def cmd_detectors(args: argparse.Namespace) -> int:
         for r in rows:
             print("  ".join(r[k].ljust(widths[k]) for k in widths) + "  " + r["status"])
     return 1 if any(i.cls is None for i in reg.infos) and args.strict else 0
+
+
+def _running_detectors(url: str, output: str) -> int:
+    """`kcover detectors --url`: a running process's detectors (its /detectors); 1 when one failed, 3 unreachable."""
+    import urllib.request  # imported by the command that runs it (roles stay lean)
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/detectors", timeout=10) as answer:
+            states: dict[str, dict[str, Any]] = json.loads(answer.read())["detectors"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: cannot read {url}/detectors: {exc}", file=sys.stderr)
+        return 3
+    if output == "json":
+        print(json.dumps(states, indent=2))
+    else:
+        rows = [(name, str(s.get("state", "")), "yes" if s.get("required") else "no",
+                 "yes" if s.get("isolated") else "no", str(s.get("restarts", 0)), str(s.get("detail", "")))
+                for name, s in sorted(states.items())]
+        heads = ("NAME", "STATE", "REQUIRED", "ISOLATED", "RESTARTS", "DETAIL")
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
+        for row in (heads, *rows):
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 1 if any(s.get("state") == "failed" for s in states.values()) else 0
 
 
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
@@ -370,6 +395,8 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     p = sub.add_parser("detectors", help="list the installed detectors with their distribution and version")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.add_argument("--strict", action="store_true", help="exit 1 if a detector plugin fails to load")
+    p.add_argument("--url", default="", help="a running controller's or agent's health server "
+                   "(http://pod:8080): show its detectors' runtime state from /detectors; exit 1 if one failed")
 
     p = sub.add_parser("config", help="check or show configuration")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")

@@ -1,4 +1,4 @@
-"""The health and metrics HTTP server (aiohttp): /healthz, /readyz, /metrics.
+"""The health and metrics HTTP server (aiohttp): /healthz, /readyz, /metrics, /detectors.
 
 Owns liveness (the process is alive and its event loop ticks: a heartbeat task on the loop records
 the time, and a watchdog thread, outside the loop, compares it with the clock; /healthz fails while
@@ -7,6 +7,8 @@ so a probe that could not be answered during the stall sees it afterwards; every
 from the watchdog thread with where the loop was stuck, and counted in `kcover_event_loop_stalls`)
 and readiness (every registered check passes: required detectors running, caches synced, ...). It does not decide what is ready;
 components register checks. /metrics renders the process's own registry in Prometheus text format.
+/detectors answers, as JSON, each detector's runtime state (running, failed, unavailable, ...; what
+`kcover detectors --url` shows), or 404 when the process registered none.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 from aiohttp import web
@@ -46,6 +48,8 @@ class Health:
         self.lag_seconds = 0.0
         """The heartbeat's age when the watchdog last looked (exported as `kcover_event_loop_lag_seconds`)."""
         self._loop_thread: int | None = None
+        self.detectors: Callable[[], Mapping[str, Mapping[str, str | bool | int]]] | None = None
+        """The process's detectors and their runtime state (`Supervisor.describe`), served at /detectors."""
 
     def add_readiness(self, name: str, check: Check) -> None:
         self._checks[name] = check
@@ -146,6 +150,12 @@ def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
         body = "".join(f"[{'+' if v.startswith('ok') else '-'}] {k} {v}\n" for k, v in results.items())
         return web.Response(status=200 if ok else 503, text=body + ("ready\n" if ok else "not ready\n"))
 
+    async def detectors_view(_: web.Request) -> web.Response:
+        if health.detectors is None:
+            return web.Response(status=404, text="no detectors in this process\n")
+        states = {name: dict(state) for name, state in health.detectors().items()}
+        return web.json_response({"detectors": states})
+
     async def metrics_view(_: web.Request) -> web.Response:
         payload = generate_latest(metrics.registry)
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -154,6 +164,7 @@ def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/detectors", detectors_view)
     return app
 
 

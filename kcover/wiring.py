@@ -57,6 +57,7 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
             if pod:
                 cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
         controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health)
+        health.detectors = controller.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = controller.reconfigure
         await controller.run(stop)
 
@@ -76,6 +77,7 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
         if nvml is not None:
             log.warning("fake_nvml_in_use", file=nvml.path)
         agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml)
+        health.detectors = agent.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = agent.reconfigure
         await agent.run(stop)
 

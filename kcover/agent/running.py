@@ -30,6 +30,7 @@ from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
 from kcover.kube import retrying
 from kcover.nvml import xid_policy
+from kcover.recovery import actions, auditing
 
 log = structlog.get_logger()
 
@@ -79,10 +80,23 @@ class Agent:
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), self.context, self.bus,
                                                  config.detectors, metrics)
         self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
+        self.supervisor.on_failure = self._detector_failed
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
                                            tick_seconds=reporter_tick_seconds)
         self.validator = (validating.Validator(client, node, config.agent.validation, clock=self.clock)
                           if config.agent.validation.enabled else None)
+
+    async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
+        """A `KcoverDetectorFailed` Event on this agent's Node (no need-recovery annotation: nothing acts on it)."""
+        namespace = self.config.agent.event_namespace
+        body = auditing.event_body(actions.ObjectRef("Node", "v1", self.node), reason="KcoverDetectorFailed",
+                                   action="RunDetector", warning=True,
+                                   message=f"{'required' if required else 'optional'} detector {name} failed on "
+                                           f"node {self.node} ({detail}); restarting it with backoff",
+                                   now=self.clock.now(), controller=self.config.agent.reporting_controller,
+                                   instance=self.node)
+        body["metadata"]["namespace"] = namespace
+        await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
     async def reconfigure(self, new: settings.Settings, changed: set[str]) -> None:
         """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy.

@@ -12,13 +12,15 @@ the bus) unless their entry says `isolated: false`; built-ins run inline on the 
 failed detector makes the process not ready only when it is required (built-ins by default): a
 failed optional plugin shows in `health()`, `kcover_detector_up` and the readiness text, and the
 process stays ready. Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
+`describe()` is each detector's runtime state (served at /detectors, shown by `kcover detectors --url`),
+and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -30,6 +32,9 @@ from kcover.aio import backoff
 from kcover.detectors import contract, isolating, registry
 
 log = structlog.get_logger()
+
+FAILURE_REPORT_SECONDS = 5.0
+"""How long reporting one failure (the role's Event) may take before the detector restarts without it."""
 
 
 @dataclass
@@ -44,6 +49,8 @@ class _Running:
     isolated: bool = False
     required: bool = True
     restarts: int = 0
+    told: str = ""
+    """The failure last handed to `Supervisor.on_failure`."""
     backoff: backoff.Backoff = field(default_factory=backoff.Backoff)
 
 
@@ -60,6 +67,9 @@ class Supervisor:
         self._running: dict[str, _Running] = {}
         self._group: asyncio.TaskGroup | None = None
         self._changed = asyncio.Event()
+        self.on_failure: Callable[[str, str, bool], Awaitable[None]] | None = None
+        """Told (name, detail, required) when a detector fails, once per distinct failure: the role
+        writes a Kubernetes Event with it. Its own errors are logged, never raised into the supervisor."""
 
     # ------------------------------------------------------------------ planning (pure)
 
@@ -146,6 +156,9 @@ class Supervisor:
                 up.set(0)
                 running.restarts += 1
                 running.state, running.detail = "failed", f"{type(exc).__name__}: {exc}"
+                if running.detail != running.told:  # once per cause, not on every restart
+                    running.told = running.detail
+                    await self._tell_failure(running)
                 self._metrics.detector_restarts.labels(detector=name).inc()
                 delay = running.backoff.next_delay()
                 log.error("detector_failed", error=running.detail, restarts=running.restarts,
@@ -158,6 +171,15 @@ class Supervisor:
                 await asyncio.wait_for(running.stop.wait(), delay)
         running.state = "stopped"
         up.set(0)
+
+    async def _tell_failure(self, running: _Running) -> None:
+        if self.on_failure is None:
+            return
+        try:
+            async with asyncio.timeout(FAILURE_REPORT_SECONDS):
+                await self.on_failure(running.name, running.detail, running.required)
+        except (Exception, TimeoutError) as exc:  # reporting must not keep a detector from restarting
+            log.warning("detector_failure_report_failed", error=repr(exc))
 
     def _isolated(self, running: _Running, cls: type[contract.Detector]) -> isolating.Isolated:
         s = self._settings

@@ -144,3 +144,42 @@ async def test_reconfigure_restarts_only_changed_detectors(start: Any) -> None:
     assert sup.reconfigure(detector_settings({"ticker": {"enabled": False}})) == ["ticker"]
     await asyncio.sleep(1)
     assert sup.health() == {}
+
+
+async def test_a_failed_optional_plugin_shows_at_detectors_in_kcover_detectors_and_is_told_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kcover import cli, serving
+
+    d.Crasher.attempts.clear()
+    m = metrics.Metrics()
+    ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=m)
+    sup = supervising.Supervisor(make_registry(), ctx, bus_.Bus(dedupe_window_seconds=0),
+                                 detector_settings({"crasher": {}, "ticker": {}}, restart_initial_seconds=0.05,
+                                                   restart_max_seconds=0.1), m)
+    told: list[tuple[str, str, bool]] = []
+
+    async def on_failure(name: str, detail: str, required: bool) -> None:
+        told.append((name, detail, required))
+
+    sup.on_failure = on_failure
+    health = serving.Health()
+    health.detectors = sup.describe
+    server = serving.Server(health, m, host="127.0.0.1", port=0)
+    await server.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(sup.run(stop))
+    try:
+        await asyncio.sleep(0.5)
+        assert d.Crasher.attempts and len(d.Crasher.attempts) >= 2, "restarted more than once"
+        assert told == [("crasher", "RuntimeError: sensor on fire", False)], "once per distinct failure, not per restart"
+        url = f"http://127.0.0.1:{server.port}"
+        code = await asyncio.to_thread(cli.main, ["detectors", "--url", url])
+        out = capsys.readouterr().out
+        assert code == 1
+        assert "crasher  failed   no" in out and "RuntimeError: sensor on fire" in out
+        assert "ticker   running" in out
+        assert await asyncio.to_thread(cli.main, ["detectors", "--url", "http://127.0.0.1:1"]) == 3
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await server.stop()
