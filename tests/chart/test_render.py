@@ -262,3 +262,32 @@ def test_preflight_installs_the_plugins_crd_mounts_the_reports_and_grants_what_i
     assert entries["preflight-collector"] == {"isolated": False, "config": {"report_dir": "/var/lib/kcover/preflight"}}
     assert {"detector": "preflight", "target": "Node", "action": "cordon-node-and-restart"} in config["recovery"]["rules"]
     settings.Settings.model_validate(config)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_kubelet_waits_for_a_bounded_shutdown(render: Render, scenario: str) -> None:
+    """SIGTERM: kcover stops within server.shutdown_grace_seconds and exits at the latest EXIT_MARGIN_SECONDS
+    later; each pod's terminationGracePeriodSeconds must cover both, or the kubelet kills it before the Lease
+    is released."""
+    from kcover import cli
+
+    objs = render(SCENARIOS[scenario])
+    config, _ = rendered_config(objs)
+    for kind, suffix, role in (("Deployment", "-controller", "controller"), ("DaemonSet", "-agent", "agent")):
+        c = container(find(objs, kind, suffix))
+        env = resolved_env(c, pod=f"kcover-{role}-abc", namespace=NAMESPACE, node="gpu-1")
+        grace = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env).settings
+        kubelet_waits = pod_spec(find(objs, kind, suffix)).get("terminationGracePeriodSeconds", 30)  # API default
+        assert grace.server.shutdown_grace_seconds + cli.EXIT_MARGIN_SECONDS <= kubelet_waits, (role, kubelet_waits)
+
+
+def test_the_chart_refuses_a_grace_period_shorter_than_the_shutdown(helm_bin: str) -> None:
+    for values in ({"controller": {"terminationGracePeriodSeconds": 20}},
+                   {"controller": {"terminationGracePeriodSeconds": 30}, "config": {"server": {"shutdown_grace_seconds": 26}}}):
+        proc = run_helm(helm_bin, "template", "k", str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                        values=values, check=False)
+        assert proc.returncode != 0
+        assert "must be at least config.server.shutdown_grace_seconds" in proc.stderr
+    proc = run_helm(helm_bin, "template", "k", str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                    values={"controller": {"terminationGracePeriodSeconds": 13}, "config": {"server": {"shutdown_grace_seconds": 8}}})
+    assert "terminationGracePeriodSeconds: 13" in proc.stdout
