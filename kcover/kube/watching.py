@@ -7,7 +7,8 @@ and an inactivity timeout (no line for that long restarts the watch). Lines are 
 and projected at once; raw dicts are never kept.
 
 A re-list never loses or repeats a change: the new list is diffed against the store and only the
-differences are delivered, as synthetic ADDED / MODIFIED / DELETED (objects keyed by uid, compared by
+differences are delivered (an object whose resourceVersion is unchanged keeps its record, not projected
+again, so a re-list holds at most the changed objects twice), as synthetic ADDED / MODIFIED / DELETED (objects keyed by uid, compared by
 resourceVersion). Every change goes to `sink(old, new)` synchronously after the store was updated
 (`old` None on add, `new` None on delete). `load(objects)` runs the same projection and diff on
 objects handed in (an offline reflector, with no client, gets its contents only that way).
@@ -169,8 +170,13 @@ class Reflector(Generic[T]):
                 raise errors.KubeError(f"list {self.path}: not a JSON object")
             meta = page.get("metadata") or {}
             list_rv = str(meta.get("resourceVersion") or list_rv)
-            project = self._project
+            project, known = self._project, self.store
             for raw in page.get("items") or ():
+                raw_meta = raw.get("metadata") or {}
+                old = known.get(raw_meta.get("uid") or "")
+                if old is not None and old.rv == raw_meta.get("resourceVersion"):
+                    items[old.uid] = old  # unchanged since we last saw it: no new projection (re-list memory)
+                    continue
                 record = project(raw)
                 if record is not None:
                     items[record.uid] = record
