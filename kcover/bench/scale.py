@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import gc
 import json
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -116,7 +115,7 @@ async def worker(kubeconfig: str) -> None:
                           "cpu_seconds": time.process_time()}), flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         print(json.dumps({"arrivals": arrivals, "cpu_seconds": time.process_time(),
-                          "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
+                          "peak_rss": simproc.peak_rss_bytes()}), flush=True)
         stop.set()
     await kube.close()
 

@@ -47,6 +47,17 @@ def rss_bytes(pid: int | str = "self") -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """Peak resident set size of a process's own memory (`VmHWM`, Linux). Not `ru_maxrss`: that one
+    keeps the parent's RSS at fork across the exec, so a worker started by a bench holding a large
+    cluster would report the bench's memory as its own peak."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/{pid}/status has no VmHWM")
+
+
 @contextlib.asynccontextmanager
 async def running(*, start_timeout: float = 30.0) -> AsyncIterator[SimProcess]:
     """Start a simulated API server in a child process; stop it on exit."""
