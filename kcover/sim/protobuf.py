@@ -7,7 +7,8 @@ module owns that envelope and a schema-driven wire-format reader; the schema (fi
 types of the built-in messages) is recorded from k8s.io/api's generated.proto by
 scripts/record-sim-documents. It maps protobuf onto JSON as the apiserver's codecs do: Time and
 MicroTime as RFC 3339, Quantity and IntOrString as their JSON forms, RawExtension and FieldsV1 as
-embedded JSON, bytes as base64, Verbs/ExtraValue as arrays, and zero values left out where Go's
+embedded JSON, bytes as base64, Verbs/ExtraValue as arrays, embedded structs (`json:",inline"`:
+a Probe's handler, a Volume's source) flattened into their parent, and zero values left out where Go's
 encoding/json would (`omitempty` on a non-pointer field, as recorded; zero times). It does not encode: the sim answers JSON, which every client accepts.
 Malformed input raises `ProtobufError` (the caller answers 400).
 """
@@ -192,6 +193,9 @@ def message(name: str, buf: bytes, messages: Schema | None = None) -> Any:
             out.setdefault(json_name, []).extend(items)
             continue
         decoded = _value(kind, wire, value, messages)
+        if not json_name and isinstance(decoded, dict):  # an embedded struct (`json:",inline"`)
+            out.update(decoded)
+            continue
         if repeated:
             out.setdefault(json_name, []).append(decoded)
         elif decoded is not None and not (omit_zero and decoded in ("", 0, False)):
