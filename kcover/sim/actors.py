@@ -178,14 +178,31 @@ class Kubelets:
                               lambda o: o["spec"].update(nodeName=node) if not o["spec"].get("nodeName") else None)
 
     def _unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
-        """As kube-scheduler does: PodScheduled=False, reason Unschedulable, with why each node was refused."""
-        cordoned = sum(1 for n in nodes if (n.get("spec") or {}).get("unschedulable"))
-        unselected = sum(1 for n in nodes if not (n.get("spec") or {}).get("unschedulable") and not _selected(n, pod))
-        tainted = len(nodes) - cordoned - unselected
-        why = [f"{cordoned} node(s) were unschedulable"] if cordoned else []
-        why += [f"{unselected} node(s) didn't match Pod's node affinity/selector"] if unselected else []
-        why += [f"{tainted} node(s) had untolerated taint"] if tainted else []
-        message = f"0/{len(nodes)} nodes are available: {', '.join(why) or 'no nodes'}."
+        """As kube-scheduler 1.36 does: PodScheduled=False, reason Unschedulable, and its message: each node's
+        first failing filter (cordon, nodeSelector, untolerated taint), counted and sorted, then the
+        DRA and preemption post-filters' verdicts."""
+        reasons: dict[str, int] = {}
+        for node in nodes:
+            spec = node.get("spec") or {}
+            tolerations = (pod.get("spec") or {}).get("tolerations") or []
+            untolerated = [t for t in spec.get("taints") or []
+                           if t.get("effect") != "PreferNoSchedule" and not _tolerated(t, tolerations)]
+            if spec.get("unschedulable"):
+                why = "node(s) were unschedulable"
+            elif not _selected(node, pod):
+                why = "node(s) didn't match Pod's node affinity/selector"
+            elif untolerated:
+                why = f"node(s) had untolerated taint {{{untolerated[0].get('key')}: {untolerated[0].get('value', '')}}}"
+            else:
+                continue
+            reasons[why] = reasons.get(why, 0) + 1
+        n = len(nodes)
+        if not n:
+            message = "0/0 nodes are available: no nodes available to schedule pods."
+        else:
+            counted = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items()))
+            message = (f"0/{n} nodes are available: {counted}. no new claims to deallocate, preemption: 0/{n} nodes "
+                       f"are available: {n} Preemption is not helpful for scheduling.")
         meta = pod["metadata"]
 
         def change(obj: Obj) -> None:

@@ -35,7 +35,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.nvml import fake
-from kcover.sim import actors, tables
+from kcover.sim import actors, discovery, tables
 from kcover.sim import server as simserver
 
 log = structlog.get_logger()
@@ -288,14 +288,23 @@ class SimCluster:
                 "spec": {},
                 "status": {"capacity": resources, "allocatable": resources,
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                           "lastTransitionTime": clock_.rfc3339(clock_.utcnow())}]}})
+                                           "lastTransitionTime": clock_.rfc3339(clock_.utcnow())}],
+                           # what `kubectl get nodes -o wide` shows (VERSION, INTERNAL-IP, OS-IMAGE, ...)
+                           "addresses": [{"type": "InternalIP", "address": f"10.0.{i // 250}.{i % 250 + 1}"},
+                                         {"type": "Hostname", "address": node}],
+                           "nodeInfo": {"kubeletVersion": discovery.GIT_VERSION, "architecture": "amd64",
+                                        "operatingSystem": "linux", "osImage": "Ubuntu 24.04 LTS",
+                                        "kernelVersion": "6.8.0-kcover-sim",
+                                        "containerRuntimeVersion": "containerd://2.1.0"}}})
             # the agent DaemonSet's pod on this node, labelled as the chart labels it: the controller
             # accepts Node Events only from kcover's namespace and for nodes where such a pod runs
             store.create("pods", {
                 "metadata": {"name": f"kcover-agent-{node}", "namespace": AGENT_NAMESPACE,
                              "labels": {"app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}},
                 "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kcover-agent"}]},
-                "status": {"phase": "Running"}})
+                "status": {"phase": "Running", "containerStatuses": [{
+                    "name": "agent", "image": "kcover-agent", "imageID": "", "ready": True, "started": True,
+                    "restartCount": 0, "state": {"running": {"startedAt": clock_.rfc3339(clock_.utcnow())}}}]}})
         for job in self.jobs:
             # GPUs both ways: a device-plugin limit and a DRA claim, so device health may be reported
             # as "claim:gpu-claim/gpu" (a real server refuses a name the container has no claim for).

@@ -171,6 +171,7 @@ def test_restart_stalled_reports_the_real_schedulers_message(realcluster: RealCl
     events = real._until(stalled, "a KcoverRecoveryStalled Event", within=30)
     tl.mark("Stalled reported")
     tl.report()
+    print(f"kube-scheduler: {message}\nkcover: {events[0]['message']}")
     assert message.startswith("0/4 nodes are available: 4 node(s) were unschedulable."), message
     assert "Stalled: Unschedulable" in events[0]["message"]
     assert message.split(" preemption:")[0] in events[0]["message"]
