@@ -179,7 +179,7 @@ class Kubelets:
 
     def _unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
         """As kube-scheduler 1.36 does: PodScheduled=False, reason Unschedulable, and its message: each node's
-        first failing filter (cordon, nodeSelector, untolerated taint), counted and sorted, then the
+        first failing filter (cordon, untolerated taint, nodeSelector), counted and sorted, then the
         DRA and preemption post-filters' verdicts."""
         reasons: dict[str, int] = {}
         for node in nodes:
@@ -187,12 +187,12 @@ class Kubelets:
             tolerations = (pod.get("spec") or {}).get("tolerations") or []
             untolerated = [t for t in spec.get("taints") or []
                            if t.get("effect") != "PreferNoSchedule" and not _tolerated(t, tolerations)]
-            if spec.get("unschedulable"):
+            if spec.get("unschedulable"):  # the default profile's filter order
                 why = "node(s) were unschedulable"
+            elif untolerated:
+                why = "node(s) had untolerated taint(s)"
             elif not _selected(node, pod):
                 why = "node(s) didn't match Pod's node affinity/selector"
-            elif untolerated:
-                why = f"node(s) had untolerated taint {{{untolerated[0].get('key')}: {untolerated[0].get('value', '')}}}"
             else:
                 continue
             reasons[why] = reasons.get(why, 0) + 1
