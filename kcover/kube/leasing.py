@@ -123,6 +123,10 @@ class LeaderElector:
         self._observed_rv = ""
         self._observed_at = 0.0
         self._last_renew = -math.inf
+        self.leader_seen_before_term = -math.inf
+        """When the current term began: the last time (monotonic) a leader was seen alive before it. Work
+        observed after that moment (less the Lease duration) may be work no leader carried out: an outage of
+        the API server or a leader's death left nobody renewing."""
 
     # ------------------------------------------------------------------------------------------- queries
 
@@ -159,6 +163,11 @@ class LeaderElector:
         if not self.is_leader():
             raise errors.NotLeaderError(f"{self.identity} does not hold lease {self.settings.name}")
 
+    def _leader_seen_at(self) -> float:
+        """Monotonic time this replica last saw a holder renew the Lease (itself included); -inf if never."""
+        seen = self._observed_at if self._observed is not None and self._observed.holder else -math.inf
+        return max(seen, self._last_renew)
+
     @property
     def observed_holder(self) -> str:
         return self._observed.holder if self._observed else ""
@@ -187,7 +196,9 @@ class LeaderElector:
             while not stop.is_set():
                 started = self._clock.monotonic()
                 released.clear()
+                seen = self._leader_seen_at()  # before this attempt's own read and write of the Lease
                 if await self._try_acquire_or_renew(budget=self.settings.renew_deadline_seconds):
+                    self.leader_seen_before_term = seen
                     self._last_renew = started
                     self.leadership_epoch += 1
                     self._set_leading(True, reason="acquired")

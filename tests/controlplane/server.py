@@ -130,6 +130,7 @@ class ControlPlane:
         self.startup_seconds = 0.0
         self._etcd: _Proc | None = None
         self._apiserver: _Proc | None = None
+        self._apiserver_argv: list[str] = []
         self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -299,6 +300,7 @@ class ControlPlane:
             self._apiserver = _Proc("kube-apiserver", argv, d / f"kube-apiserver-{attempt}.log")
             status = self._wait_ready()
             if status == "ready":
+                self._apiserver_argv = argv
                 return
             if attempt == 4 or self._etcd is None or not self._etcd.alive():
                 raise ControlPlaneError(f"kube-apiserver did not become ready ({status})")
@@ -371,6 +373,22 @@ class ControlPlane:
             return status, json.loads(payload)
         except ValueError:
             return status, payload
+
+    def restart_apiserver(self, down_seconds: float = 1.0) -> float:
+        """Stop kube-apiserver (SIGTERM, as a rollout does), leave it down `down_seconds`, and start it again
+        with the same arguments and port (etcd keeps running). Returns the seconds until it was ready again."""
+        assert self._apiserver is not None
+        assert self.tmpdir is not None
+        self._apiserver.stop()
+        time.sleep(down_seconds)
+        t0 = time.monotonic()
+        self._restarts = getattr(self, "_restarts", 0) + 1
+        self._apiserver = _Proc("kube-apiserver", self._apiserver_argv,
+                                self.tmpdir / f"kube-apiserver-restart-{self._restarts}.log")
+        status = self._wait_ready()
+        if status != "ready":
+            raise ControlPlaneError(f"kube-apiserver did not come back ({status})\n{self.log_tail(60)}")
+        return time.monotonic() - t0
 
     def compact(self) -> int:
         """Compact etcd's history up to its current revision (what kube-apiserver does every 5 minutes),

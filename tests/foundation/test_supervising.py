@@ -170,13 +170,14 @@ async def test_a_failed_optional_plugin_shows_at_detectors_in_kcover_detectors_a
     task = asyncio.create_task(sup.run(stop))
     try:
         await asyncio.sleep(0.5)
-        assert d.Crasher.attempts and len(d.Crasher.attempts) >= 2, "restarted more than once"
+        assert len(d.Crasher.attempts) >= 2, "restarted more than once"
         assert told == [("crasher", "RuntimeError: sensor on fire", False)], "once per distinct failure, not per restart"
         url = f"http://127.0.0.1:{server.port}"
         code = await asyncio.to_thread(cli.main, ["detectors", "--url", url])
         out = capsys.readouterr().out
         assert code == 1
-        assert "crasher  failed   no" in out and "RuntimeError: sensor on fire" in out
+        assert "crasher  failed   no" in out
+        assert "RuntimeError: sensor on fire" in out
         assert "ticker   running" in out
         assert await asyncio.to_thread(cli.main, ["detectors", "--url", "http://127.0.0.1:1"]) == 3
     finally:

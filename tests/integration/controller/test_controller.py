@@ -251,7 +251,7 @@ async def test_a_failed_optional_plugin_leaves_an_event_on_the_lease_and_the_rep
                 return bool(found)
 
             deadline = time.monotonic() + 10
-            while not await seen() and time.monotonic() < deadline:
+            while not await seen() and time.monotonic() < deadline:  # noqa: ASYNC110  (polling the API server)
                 await asyncio.sleep(0.2)
             assert len(found) == 1, "one Event, not one per restart"
             event = found[0]
