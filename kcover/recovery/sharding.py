@@ -25,6 +25,7 @@ Fails with `errors.ConflictError` when a precondition failed (the caller refresh
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -217,9 +218,11 @@ class PerUnitStore:
     async def write_units(self, units: dict[str, dict[str, str]], *, guard: Callable[[], None]) -> int:
         """Write the units given (ledger key -> its data; empty: the unit is gone, its object deleted) and no
         other, plus the deletes an earlier write left (past `DELETES_PER_WRITE`); returns the requests sent.
-        Costs the same however many units the ledger holds. Not while `taking_over`."""
+        Costs the same however many units the ledger holds, and one round trip however many units change
+        (they are distinct objects, written at once). Not while `taking_over`."""
         sent = 0
         doomed = []
+        upserts: list[tuple[str, dict[str, str], _Held | None]] = []
         for key, content in units.items():
             name = object_name(self.name, key)
             held = self._objects.get(name)
@@ -229,13 +232,26 @@ class PerUnitStore:
                 continue
             if held is not None and held.data == content:
                 continue
+            upserts.append((name, content, held))
+
+        async def upsert(name: str, content: dict[str, str], held: _Held | None) -> None:
             guard()
             if held is None:
                 result = await self._send("POST", self.base, name, self._body(name, content, None))
             else:
                 result = await self._send("PUT", f"{self.base}/{name}", name, self._body(name, content, held.rv))
             self._objects[name] = _Held(str(result["metadata"]["resourceVersion"]), content)
-            sent += 1
+
+        if len(upserts) == 1:
+            await upsert(*upserts[0])
+        elif upserts:
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for name, content, held in upserts:
+                        tg.create_task(upsert(name, content, held), name=f"ledger-write:{name}")
+            except BaseExceptionGroup as group:  # the first failure stands for the others (ConflictError, ...)
+                raise group.exceptions[0] from None
+        sent += len(upserts)
         self._doomed.update(doomed)
         for name in sorted(self._doomed)[:DELETES_PER_WRITE]:
             held = self._objects.get(name)
