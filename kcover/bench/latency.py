@@ -116,7 +116,7 @@ class BusRecorder:
     async def consume(self, sub: Any) -> None:
         async for event in sub:
             now = time.perf_counter()
-            name = event.target.name
+            name = f"{event.target.namespace}/{event.target.name}" if event.target.namespace else event.target.name
             if name not in self.arrivals and event.severity is model.Severity.ERROR:
                 self.arrivals[name] = now
                 self.events[name] = event
@@ -281,7 +281,7 @@ async def _pod_faults(api: rawapi.RawApi, kube: TimedClient, controller: control
             before = dict(kube.request_counts)
             t0 = time.perf_counter()
             await seeding.write_pod_status(api, job.namespace, pod, status)
-            detected = await recorder.arrival(pod, timeout=timeout)
+            detected = await recorder.arrival(f"{job.namespace}/{pod}", timeout=timeout)
             acted = await kube.when(restarted(job), since=t0, timeout=timeout)
             result.kinds[kind].detect.append(detected - t0)
             result.kinds[kind].act.append(acted - t0)
