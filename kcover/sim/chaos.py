@@ -10,10 +10,12 @@ released) every `kill_every` faults and replaced by a fresh replica.
 
 It counts from what the cluster holds, not from what kcover says it did: a job's restart is seen when
 none of the pods it had remain (sampled continuously), a refusal is a `KcoverRecoverySkipped` or
-`KcoverRecoveryFailed` Event on the job or node. A fault is recovered when its job restarted after it
-was injected (a node fault when its node was cordoned), refused when kcover said why not, and lost
-otherwise. A restart with no fault waiting for it is a duplicate when it came within the cooldown
-of the job's previous restart, and touched pods wrongly otherwise.
+`KcoverRecoveryFailed` Event on the job or node. A fault is *recovered* when its job restarted after it
+was injected (a node fault when its node was cordoned and each of its jobs restarted), *refused* when
+kcover said why not, and *lost* when neither happened within `RESOLVE_SECONDS` after the last injection.
+A restart with no fault injected since the job's previous restart is a *duplicate* when it came within
+twice the cooldown of that restart, and touched pods *wrongly* otherwise. A stalled run (no job at rest
+for 20 s) logs `chaos_stalled` with why each job is busy (`Chaos.why_busy`).
 
 A fault is injected only into a job at rest (every pod Running, its last restart older than the cooldown,
 no fault pending on it): two faults inside one cooldown are one recovery by design, not a loss.
@@ -141,6 +143,29 @@ class Chaos:
                 and not any(f.outcome == "" and job in f.jobs for f in self.faults)
                 and {str(p["metadata"]["uid"]) for p in pods} == self.base[job])
 
+    def why_busy(self, job: str, now: float) -> str:
+        """Why `job` is not at rest ('' when it is): what a stalled run logs (`chaos_stalled`)."""
+        pods = self.c.job_pods(job)
+        if len(pods) != self.c.size.pods_per_job:
+            return f"{len(pods)} of {self.c.size.pods_per_job} pods"
+        for p in pods:
+            name = p["metadata"]["name"]
+            if p["metadata"].get("deletionTimestamp"):
+                return f"{name} terminating"
+            if (p.get("status") or {}).get("phase") != "Running":
+                return f"{name} {(p.get('status') or {}).get('phase')}"
+            if _failed(p):
+                return f"{name} failed"
+        restarts = self.restarted_at[job]
+        if restarts and now - restarts[-1] <= COOLDOWN_SECONDS + 0.5:
+            return "in cooldown"
+        pending = [f for f in self.faults if f.outcome == "" and job in f.jobs]
+        if pending:
+            return f"fault on {pending[0].target} pending {now - pending[0].injected:.0f}s"
+        if {str(p["metadata"]["uid"]) for p in pods} != self.base[job]:
+            return "pods of an earlier generation left beside new ones"
+        return ""
+
     # ------------------------------------------------------------------------------------ injecting
 
     async def _inject_workload(self) -> bool:
@@ -247,6 +272,7 @@ class Chaos:
                                f"{o.latency_seconds * 1000:.0f} ms added latency")
         try:
             n = 0
+            stalled_since = self.loop.time()
             while n < o.faults:
                 await asyncio.sleep(self.rng.uniform(*o.interval_seconds))
                 self._resolve()
@@ -255,7 +281,13 @@ class Chaos:
                     if node and await self._inject_workload():
                         pass
                     else:
+                        now = self.loop.time()
+                        if now - stalled_since > 20.0:
+                            stalled_since = now
+                            log.warning("chaos_stalled", injected=n,
+                                        jobs={j: self.why_busy(j, now) for j in self.c.jobs})
                         continue
+                stalled_since = self.loop.time()
                 n += 1
                 self.tally.injected = n
                 if o.kill_every and n % o.kill_every == 0:
