@@ -269,6 +269,10 @@ async def test_faults_give_exactly_their_events_and_churn_relist_restart_give_no
         assert dra.attributes["device_message"] == "XID 79: GPU has fallen off the bus"
         family = next(iter(context.metrics.events_rejected.collect()))
         rejected = {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+        # The cache lists annotated Events cluster-wide: on a real API server shared by the session, Events other
+        # tests wrote minutes ago are refused as stale. This test's own Events are all fresh.
+        if cluster.controlplane is not None:
+            rejected.pop("stale", None)
         assert rejected == {"namespace_mismatch": 1.0, "untrusted_reporter": 1.0, "namespace_not_allowed": 1.0}
 
         # -- the same termination after an in-place restart is not new
