@@ -304,7 +304,8 @@ async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp
     await base._node(cluster.client, plain)  # the job's node: not one of the GPU nodes counted
     train = await base._job(cluster, "train", plain)
     uid, ns = train["metadata"]["uid"], cluster.namespace
-    recovery = {"breaker_latch": True, "breaker_cooldown_seconds": 1.5, "max_cordoned_fraction": 0.5,
+    cooldown = 6.0  # long enough that the fault sent into it is judged inside it, even on a loaded machine
+    recovery = {"breaker_latch": True, "breaker_cooldown_seconds": cooldown, "max_cordoned_fraction": 0.5,
                 "workload_cooldown_seconds": 0.5}
     async with cluster.harness.playing(), base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
         await _gpu_condition(cluster, first, healthy=False)
@@ -323,9 +324,10 @@ async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp
                                             now=base.clock_.utcnow())
         await asyncio.sleep(0.6)
         await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="during the cooldown")
+        reset_at = asyncio.get_running_loop().time() - 0.6
         await base._until(lambda: skipped("BreakerCooldown"), "a BreakerCooldown refusal of the restart")
         restarted_early = base._about(await base._events(cluster), base.RESTARTED, uid)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(max(0.0, reset_at + cooldown + 0.5 - asyncio.get_running_loop().time()))
         old = base._uids(await base._pods(cluster, "train"))
         await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="after the cooldown")
         await base._until_event(cluster, base.RESTARTED, uid, "a restart once the cooldown is over")
