@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-import pytest
-
 from kcover.sim import cluster as cluster_
 from kcover.sim import running
 
@@ -23,9 +21,6 @@ def chaos_args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-@pytest.mark.xfail(reason="known gap: with the 10 s chaos cooldown a few faults (4 of 30 on seed 11) end with "
-                          "neither a restart seen nor a refusal; to be diagnosed (kcover or the chaos accounting)",
-                   strict=False)
 async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else() -> None:
     args = chaos_args()
     scenario = running.chaos_scenario(args)
@@ -43,3 +38,4 @@ async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else()
     assert tally["api_retries"] > 0, "the API server's faults were ridden out by retries"
     assert report.passed
     await asyncio.sleep(0.5)  # the restarted API server's cancelled handlers finish their last turn
+    # (the suite's task-leak fixture then fails the test if anything the run started is still running)
