@@ -117,9 +117,23 @@ async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_na
     return out
 
 
+NAMESPACED = ("/api/v1/namespaces/{ns}/pods", "/api/v1/namespaces/{ns}/events", "/api/v1/namespaces/{ns}/configmaps",
+              "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs",
+              "/apis/kcover.io/v1alpha1/namespaces/{ns}/ledgerentries",
+              "/apis/kcover.io/v1alpha1/namespaces/{ns}/recoveries")
+"""What the bench (and the kcover it runs) leaves in its namespaces."""
+
+
 async def cleanup(api: rawapi.RawApi, namespaces_: Iterable[str]) -> None:
-    """Delete what the bench created in a real cluster: its namespaces and its labelled nodes."""
+    """Delete what the bench created in a real cluster: what its namespaces hold (pods at once, grace 0:
+    without kubelets they would stay terminating; without kube-controller-manager a namespace's deletion
+    never empties it), the namespaces, and its labelled nodes."""
     for ns in namespaces_:
+        for collection in NAMESPACED:
+            try:
+                await api.request("DELETE", collection.format(ns=ns), query={"gracePeriodSeconds": "0"})
+            except errors.NotFoundError:
+                pass  # the kind is not served here (its CRD is absent)
         try:
             await api.request("DELETE", f"/api/v1/namespaces/{ns}")
         except errors.NotFoundError:
