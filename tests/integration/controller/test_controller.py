@@ -220,6 +220,29 @@ async def test_lost_leadership_cancels_the_batch_in_flight(cluster: Cluster,
     assert a.controller.is_leader()
 
 
+async def test_what_a_follower_held_while_nobody_led_is_replayed_however_long_that_lasted(
+        cluster: Cluster, replicas: Callable[..., Replica]) -> None:
+    """A holder that stops renewing (dead, or cut off with the API server) keeps the Lease for its duration;
+    events observed meanwhile were acted on by nobody, so the successor replays them even when the gap is
+    longer than twice its own Lease duration (held events used to be aged from now and were dropped)."""
+    async with cluster.new_client() as kube:
+        now = clock_.micro_time(clock_.utcnow())
+        await kube.request("POST", leasing.lease_path(cluster.namespace), body={
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "kcover-controller", "namespace": cluster.namespace},
+            "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 6, "acquireTime": now, "renewTime": now,
+                     "leaseTransitions": 0}})
+    b = replicas("b")
+    await _until(lambda: b.controller.cache.synced, 5.0)
+    await b.controller.bus.publish(_event("p7"))
+    await asyncio.sleep(0.5)
+    assert not b.controller.is_leader()
+    assert b.controller.held_while_following >= 1
+    took = await _until(b.controller.is_leader, 10.0)
+    assert took > 4.0, "the gap outlasted twice the 2 s Lease duration"
+    await _until(lambda: any(ev.target.name == "p7" for batch in b.engine.batches for ev in batch), 2.0)
+
+
 class _Crasher:
     roles = frozenset({contract.Role.CONTROLLER})
     config_model = contract.EmptyConfig
