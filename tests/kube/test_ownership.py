@@ -21,7 +21,10 @@ from kcover.kube import projections as proj
 from kcover.recovery import actions, policy
 
 KF = "kubeflow.org/v1"
-NOW = dt.datetime.now(dt.UTC)
+def _now() -> dt.datetime:
+    """The wall clock when a test runs: the detector judges a termination's age on the system clock, and a
+    time taken at import would be past `max_age_seconds` by the time a long suite reaches the test."""
+    return dt.datetime.now(dt.UTC)
 
 
 @pytest.mark.parametrize(("value", "opted"), [
@@ -32,11 +35,11 @@ def test_opt_in_value(value: str, opted: bool) -> None:
     assert ownership.opt_in_value(value) is opted
 
 
-def _failed_pod(owner: o.Obj, labels: dict[str, str]) -> o.Obj:
+def _failed_pod(owner: o.Obj, labels: dict[str, str], now: dt.datetime) -> o.Obj:
     raw = o.pod("train-worker-0", uid="p0", node="n1", owner=owner,
                 labels={"training.kubeflow.org/job-name": "train", **labels})
     raw["status"]["containerStatuses"] = [{"name": "c", "restartCount": 0, "state": {"terminated": {
-        "reason": "Error", "exitCode": 1, "finishedAt": NOW.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
+        "reason": "Error", "exitCode": 1, "finishedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
     return raw
 
 
@@ -61,16 +64,17 @@ async def _detector_reports(cache: caching.ClusterCache) -> list[model.Collector
 async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(where: str, value: str,
                                                                           opted: bool) -> None:
     label = {proj.OPT_IN_LABEL: value}
+    now = _now()
     job = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=label if where == "workload" else {})
-    cache = caching.ClusterCache.offline([job, _failed_pod(job, label if where == "pod" else {}), o.node("n1")])
+    cache = caching.ClusterCache.offline([job, _failed_pod(job, label if where == "pod" else {}, now), o.node("n1")])
 
     reported = await _detector_reports(cache)
     assert len(reported) == (1 if opted else 0)
 
     fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
                                  target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
-                                                     uid="p0"), observed_at=NOW)
-    [planned] = policy.plan(fault, cache, policy.History(), settings.RecoverySettings(), NOW)
+                                                     uid="p0"), observed_at=now)
+    [planned] = policy.plan(fault, cache, policy.History(), settings.RecoverySettings(), now)
     if opted:
         assert isinstance(planned, actions.RestartWorkload)
         assert planned.workload.uid == "pt-uid"
