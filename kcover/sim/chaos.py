@@ -18,7 +18,10 @@ twice the cooldown of that restart, and touched pods *wrongly* otherwise. A stal
 for 20 s) logs `chaos_stalled` with why each job is busy (`Chaos.why_busy`).
 
 A fault is injected only into a job at rest (every pod Running, its last restart older than the cooldown,
-no fault pending on it): two faults inside one cooldown are one recovery by design, not a loss.
+no fault pending on it): two faults inside one cooldown are one recovery by design, not a loss. A node
+fault needs every job on the node at rest, and every job spans every node; so once one is drawn, no
+workload fault is injected until the jobs are at rest (at most `NODE_WAIT_SECONDS`); before that rule
+runs injected no node fault at all.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ NS = cluster_.NAMESPACE
 SAMPLE_SECONDS = 0.02
 COOLDOWN_SECONDS = 10.0
 """The chaos cluster's workload cooldown: longer than a failover (4 s Lease), shorter than the default 60 s."""
+NODE_WAIT_SECONDS = 30.0
+"""How long a drawn node fault holds workload faults back so that every job comes to rest."""
 RESOLVE_SECONDS = 60.0
 """How long a fault may take to be answered before it counts as lost."""
 
@@ -185,10 +190,9 @@ class Chaos:
 
     async def _inject_node(self) -> bool:
         now = self.loop.time()
-        cordoned = [n for n in self.c.nodes if self._cordoned(n)]
-        budget = int(len(self.c.nodes) * 0.5)
-        if len(cordoned) + sum(1 for f in self.faults if f.kind == "node") >= budget:
+        if not self._node_possible():
             return False
+        cordoned = [n for n in self.c.nodes if self._cordoned(n)]
         nodes = [n for n in self.c.nodes if n not in cordoned and not any(f.node == n for f in self.faults)]
         self.rng.shuffle(nodes)
         for node in nodes:
@@ -200,6 +204,12 @@ class Chaos:
                 self.tally.node_faults += 1
                 return True
         return False
+
+    def _node_possible(self) -> bool:
+        """Another node fault is within the chaos budget (half the nodes, counting those cordoned)."""
+        cordoned = [n for n in self.c.nodes if self._cordoned(n)]
+        return len(cordoned) + sum(1 for f in self.faults if f.kind == "node") < int(len(self.c.nodes) * 0.5) \
+            and any(n not in cordoned and not any(f.node == n for f in self.faults) for n in self.c.nodes)
 
     def _cordoned(self, node: str) -> bool:
         return bool(self.c.srv.store.get("nodes", "", node)["spec"].get("unschedulable"))
@@ -273,20 +283,30 @@ class Chaos:
         try:
             n = 0
             stalled_since = self.loop.time()
+            wanting_node, wanted_at = False, 0.0
             while n < o.faults:
                 await asyncio.sleep(self.rng.uniform(*o.interval_seconds))
                 self._resolve()
-                node = self.rng.random() < o.node_fault_share
-                if not await (self._inject_node() if node else self._inject_workload()):
-                    if node and await self._inject_workload():
-                        pass
-                    else:
-                        now = self.loop.time()
-                        if now - stalled_since > 20.0:
-                            stalled_since = now
-                            log.warning("chaos_stalled", injected=n,
-                                        jobs={j: self.why_busy(j, now) for j in self.c.jobs})
+                node = (wanting_node or self.rng.random() < o.node_fault_share) and self._node_possible()
+                injected = False
+                if node:
+                    # every job spans every node: a node fault needs them all at rest, so no workload fault
+                    # is injected while one is wanted (for up to NODE_WAIT_SECONDS)
+                    if not wanting_node:
+                        wanting_node, wanted_at = True, self.loop.time()
+                    injected = await self._inject_node()
+                    if injected or self.loop.time() - wanted_at >= NODE_WAIT_SECONDS:
+                        wanting_node = False
+                    elif not injected:
                         continue
+                else:
+                    wanting_node = False
+                if not injected and not await self._inject_workload():
+                    now = self.loop.time()
+                    if now - stalled_since > 20.0:
+                        stalled_since = now
+                        log.warning("chaos_stalled", injected=n, jobs={j: self.why_busy(j, now) for j in self.c.jobs})
+                    continue
                 stalled_since = self.loop.time()
                 n += 1
                 self.tally.injected = n

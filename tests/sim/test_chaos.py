@@ -29,6 +29,7 @@ async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else()
     assert tally is not None
     print(running.render(report).splitlines()[-3:])
     assert tally["injected"] == 30
+    assert tally["node_faults"] >= 1, "node faults too (NVML XID 79: a cordon and every job on the node restarted)"
     assert tally["lost"] == 0, tally["lost_detail"]
     assert tally["duplicates"] == 0, tally["lost_detail"]
     assert tally["wrongly_touched_pods"] == 0, tally["lost_detail"]
