@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from kcover import protowire
+
 log = structlog.get_logger()
 
 SERVICE = "v1.PodResourcesLister"
@@ -53,42 +55,9 @@ class Assignment:
 
 # ------------------------------------------------------------------------------------------ wire format
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
 def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of a protobuf message; length-delimited values as bytes."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise ValueError("truncated length-delimited field")
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        yield number, wire, value
+    return protowire.fields(data)
 
 
 def _strings(data: bytes, number: int) -> list[str]:

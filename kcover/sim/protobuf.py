@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from kcover import protowire
+
 MAGIC = b"k8s\x00"
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 _UNKNOWN = "k8s.io.apimachinery.pkg.runtime.Unknown"
@@ -46,44 +48,12 @@ def schema() -> Schema:
     return messages
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ProtobufError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProtobufError("varint too long")
-
-
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
     """(field number, wire type, value): int for varints and fixed, bytes for length-delimited."""
-    out: list[tuple[int, int, Any]] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            if pos + length > len(buf):
-                raise ProtobufError("truncated field")
-            value, pos = buf[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
-        else:
-            raise ProtobufError(f"unsupported wire type {wire}")
-        out.append((number, wire, value))
-    return out
+    try:
+        return list(protowire.fields(buf))
+    except protowire.WireError as exc:
+        raise ProtobufError(str(exc)) from exc
 
 
 def _signed(value: int) -> int:
@@ -188,7 +158,10 @@ def message(name: str, buf: bytes, messages: Schema | None = None) -> Any:
         if repeated and wire == 2 and kind in ("int32", "int64", "bool", "uint32", "uint64"):
             packed, pos, items = bytes(value), 0, []
             while pos < len(packed):
-                raw_int, pos = _varint(packed, pos)
+                try:
+                    raw_int, pos = protowire.varint(packed, pos)
+                except protowire.WireError as exc:
+                    raise ProtobufError(str(exc)) from exc
                 items.append(_scalar(kind, 0, raw_int))
             out.setdefault(json_name, []).extend(items)
             continue
