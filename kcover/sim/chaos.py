@@ -12,7 +12,8 @@ It counts from what the cluster holds, not from what kcover says it did: a job's
 none of the pods it had remain (sampled continuously), a refusal is a `KcoverRecoverySkipped` or
 `KcoverRecoveryFailed` Event on the job or node. A fault is *recovered* when its job restarted after it
 was injected (a node fault when its node was cordoned and each of its jobs restarted), *refused* when
-kcover said why not, and *lost* when neither happened within `RESOLVE_SECONDS` after the last injection.
+kcover said why not, and *lost* when neither happened within `RESOLVE_SECONDS` after it was injected
+(it is counted then, mid-run, so that its jobs take faults again).
 A restart with no fault injected since the job's previous restart is a *duplicate* when it came within
 twice the cooldown of that restart, and touched pods *wrongly* otherwise. A stalled run (no job at rest
 for 20 s) logs `chaos_stalled` with why each job is busy (`Chaos.why_busy`).
@@ -76,7 +77,7 @@ class Fault:
     record: scenarios_.FaultRecord
     node: str = ""
     outcome: str = ""
-    """"" until answered, then recovered or refused."""
+    """"" until answered, then recovered or refused; lost when nothing answered it within RESOLVE_SECONDS."""
 
 
 @dataclass
@@ -243,6 +244,15 @@ class Chaos:
                 fault.record.recovered_at = clock_.utcnow()
             elif refusal is not None and (final or (clock_.utcnow() - refusal.at).total_seconds() > 2 * COOLDOWN_SECONDS):
                 fault.outcome = "refused"
+            elif refusal is None and self.loop.time() - fault.injected > RESOLVE_SECONDS:
+                # lost: counted now, so that its jobs come to rest again and the run goes on (a lost
+                # fault used to hold them busy for good and stall the run)
+                fault.outcome = "lost"
+                log.warning("chaos_fault_lost", kind=fault.kind, target=fault.target, jobs=list(fault.jobs),
+                            waited=round(self.loop.time() - fault.injected, 1),
+                            cordoned=self._cordoned(fault.node) if fault.node else None,
+                            restarted_since=[j for j in fault.jobs
+                                             if any(t > fault.injected for t in self.restarted_at[j])])
 
     def _refusal(self, fault: Fault) -> cluster_.ApiEvent | None:
         names = (*fault.jobs, fault.node)

@@ -72,10 +72,12 @@ def ns(realcluster: RealCluster) -> Iterator[str]:
         realcluster.request("DELETE", f"/api/v1/namespaces/{where}/events")
     for node in _nodes(realcluster):  # un-cordon what a test cordoned, as a person would
         spec, meta = node.get("spec") or {}, node["metadata"]
-        node["spec"]["unschedulable"] = False
-        node["spec"]["taints"] = [t for t in spec.get("taints") or [] if not t["key"].startswith("kcover.io/")]
-        meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("kcover.io/")}
-        realcluster.request("PUT", f"/api/v1/nodes/{meta['name']}", node)
+        # a merge patch (no resourceVersion): kwok's heartbeats must not turn this into a lost 409
+        realcluster.ok("PATCH", f"/api/v1/nodes/{meta['name']}", {
+            "spec": {"unschedulable": False,
+                     "taints": [t for t in spec.get("taints") or [] if not t["key"].startswith("kcover.io/")]},
+            "metadata": {"annotations": {k: None for k in meta.get("annotations") or {} if k.startswith("kcover.io/")}}},
+            content_type="application/merge-patch+json")
 
 
 def _nodes(rc: RealCluster) -> list[dict[str, Any]]:
