@@ -26,7 +26,7 @@ from kcover import bus as bus_
 from kcover import errors, metrics, serving, settings
 from kcover.agent import podresources, reporting, validating
 from kcover.aio import clock as clock_
-from kcover.detectors import contract, registry, supervising
+from kcover.detectors import contract, dcgm, registry, supervising
 from kcover.kube import client as client_
 from kcover.kube import retrying
 from kcover.nvml import xid_policy
@@ -59,7 +59,10 @@ class Agent:
     def __init__(self, config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
                  health: serving.Health | None, node: str, nvml: Any = None,
                  clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
-                 reporter_tick_seconds: float = 0.5, pod_lookup: podresources.PodLookup | None = None) -> None:
+                 reporter_tick_seconds: float = 0.5, pod_lookup: podresources.PodLookup | None = None,
+                 dcgmi: dcgm.CommandRunner | None = None) -> None:
+        """`dcgmi`: how the validator runs `dcgmi diag` (subprocesses by default; the simulated cluster's nodes
+        answer with recorded output)."""
         self.config = config
         self.node = node
         self.client = client
@@ -83,7 +86,7 @@ class Agent:
         self.supervisor.on_failure = self._detector_failed
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
                                            tick_seconds=reporter_tick_seconds)
-        self.validator = (validating.Validator(client, node, config.agent.validation, clock=self.clock)
+        self.validator = (validating.Validator(client, node, config.agent.validation, runner=dcgmi, clock=self.clock)
                           if config.agent.validation.enabled else None)
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:

@@ -12,7 +12,10 @@ Owns two things a person uses to hold kcover back, both kept in the cluster:
   writes `kcover.io/breaker: open` (with the reason and the time) on the controls ConfigMap; while it
   is there every restart and cordon is refused (`BreakerLatched`), whoever leads. A person closes it
   with `kcover breaker reset` (`reset()`), or by annotating the ConfigMap
-  `kcover.io/breaker-reset=true`, which the leader turns into the same reset on its next read. For
+  `kcover.io/breaker-reset=true`, which the leader turns into the same reset on its next read (the
+  next action it judges): it takes the annotation off, writes the close time, logs `breaker_reset`
+  and leaves a `KcoverBreakerReset` Event on the ConfigMap. The annotation on a breaker that is not
+  latched does nothing, and the next latch removes it, so a stale request never closes a later latch. For
   `recovery.breaker_cooldown_seconds` after the reset, restarts and cordons are still refused
   (`BreakerCooldown`).
 
@@ -20,14 +23,16 @@ Reads: one GET of the ConfigMap per action, and one of the Namespace per restart
 pause or a reset applies to the very next action). Workloads, Pods and Nodes are read from the
 cluster cache. In dry run the latch is kept in memory only (nothing is written) and still refuses.
 How it fails: a ConfigMap or Namespace that cannot be read (other than 404) raises `errors.KubeError`
-to the executor, which refuses nothing it cannot check: the engine logs and counts the error.
+to the executor, which refuses nothing it cannot check: the engine logs and counts the error. A write
+that conflicts during a reset through the annotation is read again and judged anew (five tries, then
+`errors.KubeError`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +52,7 @@ BREAKER_REASON = "kcover.io/breaker-reason"
 BREAKER_OPENED_AT = "kcover.io/breaker-opened-at"
 BREAKER_CLOSED_AT = "kcover.io/breaker-closed-at"
 BREAKER_RESET = "kcover.io/breaker-reset"
+RESET_REASON = "KcoverBreakerReset"
 OPEN = "open"
 SC = actions.SkipCode
 
@@ -116,8 +122,11 @@ class Controls:
 
     def __init__(self, kube: kube_client.KubeClient, snapshot: policy.ClusterSnapshot, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock,
-                 is_leader: Callable[[], bool], fence: retrying.Fence | None = None) -> None:
+                 is_leader: Callable[[], bool], fence: retrying.Fence | None = None,
+                 emit: Callable[..., Awaitable[None]] | None = None) -> None:
+        """`emit`: `executing.Executor.emit`, for the Event of a reset through the annotation."""
         self._kube = kube
+        self._emit = emit
         self._snapshot = snapshot
         self._recovery = recovery
         self._clock = clock
@@ -196,9 +205,7 @@ class Controls:
             latch = self._dry_latch
         now = self._clock.now()
         if latch.open and latch.reset_asked and cm is not None and not rs.dry_run:
-            await self._write_reset(cm, now)
-            log.info("breaker_reset", by="annotation")
-            latch = Latch(closed_at=now.timestamp())
+            latch = await self._reset_asked(cm, latch, now)
         if latch.open:
             return SC.BREAKER_LATCHED, (f"breaker latched open since {latch.opened_at or 'earlier'} "
                                         f"({latch.reason}); a person resets it: `kcover breaker reset`, or "
@@ -209,14 +216,38 @@ class Controls:
                                          f"kcover waits {left:.0f}s more (recovery.breaker_cooldown_seconds)")
         return None
 
-    async def _write_reset(self, cm: dict[str, Any], now: dt.datetime) -> None:
-        meta = cm.setdefault("metadata", {})
-        annotations = meta.get("annotations") or {}
-        reset_annotations(annotations, now)
-        meta["annotations"] = annotations
-        if not self._is_leader():
-            raise errors.NotLeaderError("not leading: breaker reset refused")
-        await self._kube.request("PUT", self._path, body=cm, fence=self._fence)
+    async def _reset_asked(self, cm: dict[str, Any], latch: Latch, now: dt.datetime) -> Latch:
+        """Carry out a person's `kcover.io/breaker-reset=true`: close the latch, take the request off, say so.
+
+        On a conflict (another write, or another action's reset won) the ConfigMap is read again and
+        judged anew. Returns the latch as it now stands."""
+        rs = self._recovery()
+        for _ in range(5):
+            meta = cm.setdefault("metadata", {})
+            annotations = meta.get("annotations") or {}
+            reset_annotations(annotations, now)
+            meta["annotations"] = annotations
+            if not self._is_leader():
+                raise errors.NotLeaderError("not leading: breaker reset refused")
+            try:
+                await self._kube.request("PUT", self._path, body=cm, fence=self._fence)
+            except errors.ConflictError:
+                fresh = await self._controls()
+                latch = Latch.of(dict(((fresh or {}).get("metadata") or {}).get("annotations") or {}))
+                if fresh is None or not (latch.open and latch.reset_asked):
+                    return latch
+                cm = fresh
+                continue
+            log.info("breaker_reset", by="annotation", was=latch.reason, cooldown_seconds=rs.breaker_cooldown_seconds)
+            if self._emit is not None:
+                await self._emit(actions.ObjectRef("ConfigMap", "v1", rs.controls_name, rs.ledger_namespace),
+                                 reason=RESET_REASON, action="Reset",
+                                 message=f"the breaker was reset ({BREAKER_RESET}=true on this ConfigMap, now taken "
+                                         f"off); it had latched open since {latch.opened_at or 'earlier'} "
+                                         f"({latch.reason}). kcover refuses restarts and cordons for "
+                                         f"{rs.breaker_cooldown_seconds:g}s more (recovery.breaker_cooldown_seconds)")
+            return Latch(closed_at=now.timestamp())
+        raise errors.KubeError(f"ConfigMap {rs.controls_name}: still conflicting", status=409)
 
     async def trip(self, skip: actions.Skip) -> bool:
         """Latch the breaker after it refused `skip` (with `recovery.breaker_latch`). True if it latched now."""

@@ -70,7 +70,7 @@ class Overseer(executing.Executor):
         self.verifier = verifying.Verifier(cache, self.verify_metrics, settings_=lambda: self.settings.verify,
                                            emit=self.emit, on_end=self._verified)
         self.controls = controls.Controls(kube, snapshot, recovery=lambda: self.settings, clock=self._clock,
-                                          is_leader=self._is_leader, fence=self._fence)
+                                          is_leader=self._is_leader, fence=self._fence, emit=self.emit)
         self.repeats = escalating.Repeats()
         self.drainer = escalating.Drainer(kube, is_leader=self._is_leader, fence=self._fence)
         self.returner = returning.Returner(kube, snapshot, recovery=lambda: self.settings, metrics_=self._metrics,

@@ -4,7 +4,7 @@ Owns composing, for `kcover sim` and the end-to-end tests: a `SimServer`; simula
 Kubeflow operators (`actors`); N GPU nodes (`nvidia.com/gpu` capacity, `nvidia.com/gpu.present`,
 GPU UUIDs); J opted-in PyTorchJobs whose pods the operator creates and the kubelets spread across
 nodes; two REAL controller replicas (leader election, each with its own `KubeClient` and `Metrics`)
-and one REAL agent per node over a `FakeNvml`. It also owns observing what happens: every bus event
+and one REAL agent per node over a `FakeNvml` (and a `dcgmi.FakeDcgmi` for its validation runs). It also owns observing what happens: every bus event
 of every controller and agent (`detections`), every core/v1 Event written (`api_events`, from a
 store watch), and the job pods (`job_pods`, `recovered`). It decides nothing about whether a scenario
 passed (`scenarios` does).
@@ -35,7 +35,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.nvml import fake
-from kcover.sim import actors, discovery, tables
+from kcover.sim import actors, dcgmi, discovery, tables
 from kcover.sim import server as simserver
 
 log = structlog.get_logger()
@@ -92,6 +92,7 @@ class ApiEvent:
     reporter: str
     instance: str
     annotations: Mapping[str, str]
+    action: str = ""
 
 
 @dataclass
@@ -111,6 +112,7 @@ class NodeAgent:
     nvml: fake.FakeNvml
     kube: client_.KubeClient
     agent: agent_running.Agent
+    dcgmi: dcgmi.FakeDcgmi
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -219,9 +221,10 @@ class SimCluster:
     def _start_agent(self, node: str) -> None:
         nvml = fake.FakeNvml(self.size.gpus_per_node, uuid_prefix=self.gpu_uuids[node][0].rsplit("-", 1)[0])
         kube = client_.from_configuration(self.srv.kube_configuration())
-        agent = agent_running.Agent(agent_settings(node, self.agent_overrides), client=kube, metrics=metrics.Metrics(), health=None,
-                                    node=node, nvml=nvml, reporter_tick_seconds=0.1)
-        entry = NodeAgent(node, nvml, kube, agent)
+        diag = dcgmi.FakeDcgmi(nvml)
+        agent = agent_running.Agent(agent_settings(node, self.agent_overrides), client=kube, metrics=metrics.Metrics(),
+                                    health=None, node=node, nvml=nvml, reporter_tick_seconds=0.1, dcgmi=diag)
+        entry = NodeAgent(node, nvml, kube, agent, diag)
         entry.task = self._spawn(agent.run(entry.stop), f"sim:agent:{node}")
         self._spawn(self._observe(agent.bus, f"agent {node}"), f"sim:observe:{node}", observer=True)
         self.agents[node] = entry
@@ -406,4 +409,4 @@ def _api_event(obj: Mapping[str, Any]) -> ApiEvent:
                     message=str(obj.get("message", "")),
                     reporter=str(obj.get("reportingComponent") or (obj.get("source") or {}).get("component") or ""),
                     instance=str(obj.get("reportingInstance", "")),
-                    annotations=dict(meta.get("annotations") or {}))
+                    annotations=dict(meta.get("annotations") or {}), action=str(obj.get("action") or ""))

@@ -2,9 +2,10 @@
 
 Owns four scenarios, played like the others (`scenarios.Run`, `scenarios.Scenario`) and listed in
 `scenarios.SCENARIOS`: `restart-stalled` (a restart whose pods stay Pending is reported Stalled with
-the scheduler's message, and a person is called), `node-repaired` (XID 79, cordon, the GPU recovers,
-un-cordon after the hold; an admin-cordoned bystander is left alone), `pause` (paused workload,
-namespace and global scope are skipped with Events; resumed, kcover acts) and `breaker-latch` (the
+the scheduler's message, and a person is called), `node-repaired` (XID 79, cordon, the GPU recovers;
+the node's agent runs the `dcgmi diag` the controller asks for, where the simulated node's
+`dcgmi.FakeDcgmi` prints a recorded pass; un-cordon after the hold; an admin-cordoned bystander is
+left alone), `pause` (paused workload, namespace and global scope are skipped with Events; resumed, kcover acts) and `breaker-latch` (the
 breaker latches open on a refused cordon, refuses restarts until `kcover breaker reset`, then holds
 back for its cooldown). How it fails: as `scenarios` does (a timed-out wait fails the run).
 """
@@ -14,9 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kcover import codec
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
-from kcover.recovery import controls
+from kcover.recovery import controls, returning
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as sc
 
@@ -25,6 +27,7 @@ STALLED = "KcoverRecoveryStalled"
 ESCALATED = "KcoverEscalated"
 VERIFIED = "KcoverRecoveryVerified"
 UNCORDONED = "KcoverUncordonedNode"
+VALIDATION = returning.VALIDATION
 LATCHED = "KcoverBreakerLatched"
 CONTROLS = "kcover-controls"
 LEDGER_NS = "kcover-system"
@@ -110,9 +113,9 @@ async def node_repaired(run: sc.Run) -> None:
     f.recovered_at = back.at
     run.note("uncordon", back.message[:160], back.at)
     await asyncio.sleep(sc.SETTLE)
-    spec = c.srv.store.get("nodes", "", node)["spec"]
+    obj = c.srv.store.get("nodes", "", node)
+    spec, annotations = obj["spec"], obj["metadata"].get("annotations") or {}
     taints = [t.get("key") for t in spec.get("taints") or []]
-    annotations = c.srv.store.get("nodes", "", node)["metadata"].get("annotations") or {}
     run.check(f"Node {node} is schedulable again", not spec.get("unschedulable"))
     run.check(f"kcover's taint is gone from {node}", "kcover.io/unhealthy" not in taints, str(taints))
     run.check("kcover's cordon annotations are gone", not any(k.startswith("kcover.io/cordon") for k in annotations))
@@ -121,10 +124,45 @@ async def node_repaired(run: sc.Run) -> None:
     hold = float(NODE_REPAIRED.overrides["detectors"]["entries"]["node-condition"]["config"]["recovered_hold_seconds"])
     run.check(f"the un-cordon came at least the hold ({hold:g}s) after the cordon",
               (back.at - cordoned.at).total_seconds() >= hold)
+    _validated_before_return(run, node, obj, back)
     other = c.srv.store.get("nodes", "", bystander)["spec"]
     run.check(f"the admin-cordoned {bystander} is still cordoned", other.get("unschedulable") is True)
     run.check(f"kcover wrote nothing about {bystander}",
-              not [e for e in run.api_events(UNCORDONED) + run.api_events(sc.CORDONED) if e.name == bystander])
+              not [e for e in run.api_events(UNCORDONED) + run.api_events(sc.CORDONED)
+                   + run.api_events(VALIDATION) if e.name == bystander])
+    run.check(f"no diagnostic ran on {bystander}", not c.agents[bystander].dcgmi.calls)
+
+
+def _validated_before_return(run: sc.Run, node: str, obj: dict[str, Any], back: cluster_.ApiEvent) -> None:
+    """The return-to-service validation: asked, run by the node's agent, passed, then the un-cordon."""
+    c = run.cluster
+    level = NODE_REPAIRED.overrides["recovery"]["return_validation"]["diag_level"]
+    steps = [e for e in c.api_events if e.name == node and e.kind == "Node"
+             and (e.reason == VALIDATION or e is back)]
+    order = [e.action if e.reason == VALIDATION else "Uncordon" for e in steps]
+    for call in c.agents[node].dcgmi.calls:
+        run.note("validate", f"the agent on {node} ran `{' '.join(call.argv)}`: exit code {call.returncode}, "
+                             f"printed the recorded {call.recording or 'usage error'}", call.at)
+    run.check(f"{VALIDATION} RequestValidation, then ValidationPassed, then the un-cordon",
+              order == ["RequestValidation", "ValidationPassed", "Uncordon"], ", ".join(order))
+    asked = next((e for e in steps if e.action == "RequestValidation"), None)
+    passed = next((e for e in steps if e.action == "ValidationPassed"), None)
+    run.check(f"kcover asked for `dcgmi diag -r {level}`", asked is not None
+              and f"dcgmi diag -r {level}" in asked.message, asked.message[:160] if asked else "no request")
+    run.check("the pass names dcgmi's verdict", passed is not None and "every test passed" in passed.message,
+              passed.message[:160] if passed else "no ValidationPassed")
+    calls = c.agents[node].dcgmi.calls
+    ran = [" ".join(call.argv[1:]) for call in calls]
+    run.check(f"the agent on {node} ran the diagnostic once, at level {level}, and it passed",
+              len(calls) == 1 and calls[0].argv[1:4] == ("diag", "-r", str(level)) and calls[0].returncode == 0,
+              "; ".join(ran))
+    answer: dict[str, Any] = next((cond for cond in obj.get("status", {}).get("conditions") or []
+                                   if cond.get("type") == codec.VALIDATION_CONDITION), {})
+    run.check(f"the agent's answer: {codec.VALIDATION_CONDITION}=True (Passed)",
+              (answer.get("status"), answer.get("reason")) == ("True", "Passed"), str(answer.get("message", ""))[:160])
+    annotations = obj["metadata"].get("annotations") or {}
+    run.check("the validation request annotations are gone",
+              codec.VALIDATE_REQUEST not in annotations and codec.VALIDATE_LEVEL not in annotations)
 
 
 # ---------------------------------------------------------------------------------------------- pause
@@ -218,11 +256,12 @@ RESTART_STALLED = sc.Scenario(
     "reported Stalled with the scheduler's message and a person is called", restart_stalled,
     overrides={"recovery": {"verify": {"deadline_seconds": 1.5}, "resume_interval_seconds": 0.3}})
 NODE_REPAIRED = sc.Scenario(
-    "node-repaired", "XID 79: the node is cordoned; the GPU recovers and the node returns to service after the "
-    "hold; a node a person cordoned is left alone", node_repaired, nodes=3,
-    overrides={"recovery": {"uncordon_enabled": True},
+    "node-repaired", "XID 79: the node is cordoned; the GPU recovers, passes its `dcgmi diag` validation and the "
+    "node returns to service after the hold; a node a person cordoned is left alone", node_repaired, nodes=3,
+    overrides={"recovery": {"uncordon_enabled": True, "resume_interval_seconds": 0.3,
+                            "return_validation": {"enabled": True, "diag_level": 3, "timeout_seconds": 15.0}},
                "detectors": {"entries": {"node-condition": {"config": {"recovered_hold_seconds": 1.0}}}}},
-    agent_overrides={"agent": {"condition_hold_seconds": 0.5},
+    agent_overrides={"agent": {"condition_hold_seconds": 0.5, "validation": {"enabled": True, "timeout_seconds": 10.0}},
                      "detectors": {"entries": {"nvml": {"config": {"health_interval_seconds": 0.2}}}}})
 PAUSE = sc.Scenario(
     "pause", "kcover.io/paused=true on a job, its namespace, then globally: each failure is skipped with a Paused "

@@ -15,6 +15,9 @@ from kcover.sim import cluster, running, scenarios
 SMALL = cluster.Size(nodes=2, gpus_per_node=2, jobs=2, seed=7)
 LATENCY_KEYS = {"detect_p50", "detect_p99", "act_p50", "act_p99"}
 FAULT_KEYS = {"kind", "target", "injected_at", "detected_at", "acted_at", "recovered_at", "action"}
+STEPS = {"node-repaired": ["KcoverValidation RequestValidation, then ValidationPassed, then the un-cordon",
+                           "ran the diagnostic once, at level 3, and it passed"]}
+"""Checks a scenario must have made (and passed), beyond passing: the steps it exists to show."""
 
 
 def _shape(doc: dict[str, Any], name: str) -> None:
@@ -33,6 +36,8 @@ async def test_scenario_passes(name: str) -> None:
     report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
     failed = [c.text for c in report.checks if not c.ok]
     assert report.passed, f"{name}: {failed}\n{running.render(report)}"
+    for step in STEPS.get(name, []):
+        assert any(step in c.text and c.ok for c in report.checks), f"{name}: no passed check {step!r}"
     doc = report.to_json()
     _shape(doc, name)
     if report.skipped:
