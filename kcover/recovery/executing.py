@@ -46,7 +46,17 @@ from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import actions, adapters, auditing, cordoning, devicetainting, ledger, policy, vetting
+from kcover.recovery import (
+    actions,
+    adapters,
+    auditing,
+    cordoning,
+    deleting,
+    devicetainting,
+    ledger,
+    policy,
+    vetting,
+)
 
 log = structlog.get_logger()
 
@@ -100,6 +110,9 @@ class Executor:
             kube, options=lambda: self.settings.device_taints,
             metrics_=metrics_, clock=clock, guard=self._guard, fence=fence)
         """kcover's DeviceTaintRules and whether the API server serves them (`devicetainting`)."""
+        self._deleter = deleting.PodDeleter(kube, guard=self._guard, fence=fence,
+                                            concurrency=lambda: self.settings.delete_concurrency)
+        """The restart's pod writes (`deleting`)."""
 
     # ---------------------------------------------------------------------------------------- plumbing
 
@@ -293,7 +306,7 @@ class Executor:
                     return await self._refuse(action, actions.SkipCode.SAVE_LOGS_FAILED,
                                               f"saving logs of {what} failed ({exc!r}); not restarting", w)
         try:
-            deleted = await self._delete(action, intent)
+            deleted = await self._deleter.delete(action, intent)
         except errors.KubeError as exc:
             # the intent stays pending in the ledger: the leader's periodic resume tries again while it is
             # valid, and a KcoverRecoveryFailed Event says so if it never succeeds
@@ -447,79 +460,6 @@ class Executor:
                                      why=f"(finishing the restart {intent.leader} recorded at "
                                          f"{recorded:%H:%M:%S}Z and did not carry out) after {intent.message}",
                                      resumed=True)
-
-    async def _delete(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
-        ns = action.workload.namespace
-        if adapters.evicts(action.workload.api_version.rpartition("/")[0], action.workload.kind):
-            return await self._evict(action, intent)
-        if action.selector.pods is None:
-            self._guard()
-            path = f"/api/v1/namespaces/{ns}/pods"
-            query = {"labelSelector": action.selector.render()}
-
-            async def already_deleted() -> dict[str, Any] | None:
-                """Before a retry: did an attempt whose answer was lost delete the pods? Then do not delete
-                again (the operator may have recreated them already: deleting those would restart twice)."""
-                listed = await self._kube.request("GET", path, query=query)
-                left = [p for p in (listed.get("items") or []) if (p.get("metadata") or {}).get("uid") in intent.uids
-                        and not (p.get("metadata") or {}).get("deletionTimestamp")]
-                self._guard()
-                return None if left else {"items": list(intent.uids)}
-
-            listed = await self._kube.request("DELETE", path, query=query, fence=self._fence,
-                                              before_retry=already_deleted)
-            items = listed.get("items") if isinstance(listed, dict) else None
-            return len(items) if isinstance(items, list) else 0
-        # one DELETE per verified pod, each with its uid as precondition: a pod created meanwhile with the
-        # workload's labels, or a recreated pod of a recorded name, is never deleted
-        gate = asyncio.Semaphore(max(1, self.settings.delete_concurrency))
-        deleted = 0
-
-        async def delete(ref: actions.PodRef) -> None:
-            nonlocal deleted
-            async with gate:
-                self._guard()
-                body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": ref.uid}}
-                try:
-                    await self._kube.request("DELETE", f"/api/v1/namespaces/{ref.namespace}/pods/{ref.name}",
-                                             body=body, fence=self._fence)
-                except (errors.NotFoundError, errors.ConflictError):
-                    return  # already gone, or the name now belongs to a new pod
-                deleted += 1
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for ref in action.selector.pods:
-                    tg.create_task(delete(ref), name=f"delete-pod:{ref.namespace}/{ref.name}")
-        except BaseExceptionGroup as group:  # the first failure stands for the others (errors.KubeError)
-            raise group.exceptions[0] from None
-        return deleted
-
-    async def _evict(self, action: actions.RestartWorkload, intent: ledger.Intent) -> int:
-        """Evict the workload's pods one by one (uid preconditions): the Job controller then sees the
-        DisruptionTarget condition, which a podFailurePolicy can ignore, instead of a failure that counts
-        towards backoffLimit (`adapters.evicts`). Only pods the intent recorded are evicted."""
-        ns = action.workload.namespace
-        if action.selector.pods is not None:
-            refs = [(ref.name, ref.uid) for ref in action.selector.pods]
-        else:
-            listed = await self._kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                                              query={"labelSelector": action.selector.render()})
-            refs = [(str(p["metadata"]["name"]), str(p["metadata"]["uid"])) for p in listed.get("items") or []
-                    if not p["metadata"].get("deletionTimestamp")
-                    and (not intent.uids or p["metadata"].get("uid") in intent.uids)]
-        evicted = 0
-        for name, uid in refs:
-            self._guard()
-            body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
-                    "deleteOptions": {"preconditions": {"uid": uid}}}
-            try:
-                await self._kube.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", body=body,
-                                         fence=self._fence)
-            except (errors.NotFoundError, errors.ConflictError):
-                continue  # already gone, or the name now belongs to a new pod
-            evicted += 1
-        return evicted
 
     # ---------------------------------------------------------------------------------------- nodes
 

@@ -273,11 +273,16 @@ class Chaos:
                 if not waiting:
                     if at - previous < COOLDOWN_SECONDS * 2:
                         self.tally.duplicates += 1
-                        self.tally.detail.append(f"duplicate restart of {job} {at - previous:.1f}s after the last")
+                        self.tally.detail.append(f"duplicate restart of {job} {at - previous:.1f}s after the last "
+                                                 f"(seen at {self._wall(at):%H:%M:%S.%f})")
                     else:
                         self.tally.wrongly_touched_pods += self.c.size.pods_per_job
-                        self.tally.detail.append(f"restart of {job} with no fault")
+                        self.tally.detail.append(f"restart of {job} with no fault (seen at {self._wall(at):%H:%M:%S.%f})")
                 previous = at
+
+    def _wall(self, at: float) -> dt.datetime:
+        """The wall-clock time of loop time `at` (to find a restart in kcover's logs)."""
+        return clock_.utcnow() - dt.timedelta(seconds=self.loop.time() - at)
 
     # ------------------------------------------------------------------------------------ the play
 
