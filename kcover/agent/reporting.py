@@ -73,7 +73,7 @@ class Condition:
 def fault_key(event: model.CollectorEvent) -> str | None:
     """The key of the node-level fault an event sets or clears, or None if it is not one (pure)."""
     fault = event.fault
-    if fault.dra is not None:
+    if fault.dra is not None and not event.cleared:
         return None  # a DRA device's fault is the device's: the controller taints it, the node stays schedulable
     if not event.cleared and (event.recommended not in NODE_LEVEL or event.severity is model.Severity.INFO):
         return None

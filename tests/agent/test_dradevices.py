@@ -104,7 +104,7 @@ async def test_attach_reports_one_fault_per_device_with_its_holders() -> None:
     out = await devices.attach(_event("GPU-b"))
     assert [(e.fault.dra.device if e.fault.dra else None, e.fault.pods) for e in out] == [
         ("gpu-1", ()), ("gpu-1-mig-19-0-1", ("ml/a-0",)), ("gpu-1-mig-19-1-1", ("ml/b-0",))]
-    assert len({e.key for e in out}) == 3, "the bus would deliver one of three reports"
+    assert len({e.key for e in out}) == 3, "each device's report keeps a key of its own"
     assert all(e.fault.xid == 79 and e.recommended is model.Action.CORDON_NODE_AND_RESTART for e in out)
 
 
@@ -134,3 +134,19 @@ def test_a_dra_devices_node_level_fault_leaves_the_node_condition_alone() -> Non
     assert faults == {}
     reporting.apply(faults, _event("GPU-a"), 0.0)  # the same fault on a GPU without DRA: the node's
     assert len(faults) == 1
+
+
+def test_a_node_level_fault_reported_before_the_slices_were_read_still_clears() -> None:
+    """A health fault seen before the agent listed its slices is the node's; its end, reported once the
+    GPU maps to a device, must still clear it, or the condition would stay False."""
+    faults: dict[str, reporting.Fault] = {}
+    lost = model.CollectorEvent(
+        detector="nvml", severity=model.Severity.ERROR, reason="GPULost",
+        target=model.Target(kind=model.TargetKind.DEVICE, node=NODE, name=NODE, device_id="GPU-a"),
+        fault=model.Fault(gpu_index=0, gpu_uuid="GPU-a", check="gpu_lost"), recommended=model.Action.CORDON_NODE)
+    reporting.apply(faults, lost, 0.0)
+    cleared = lost.model_copy(update={"cleared": True, "recommended": None, "severity": model.Severity.INFO,
+                                      "fault": lost.fault.model_copy(update={"dra": _dev("gpu-0")})})
+    reporting.apply(faults, cleared, 1.0)
+    assert [f.active for f in faults.values()] == [False]
+    assert reporting.condition(faults, 10.0, 5.0).status == reporting.condition({}, 0.0, 5.0).status
