@@ -135,9 +135,16 @@ class DraDevices:
         self.node = node
         self._pods_for_devices = pods_for_devices
         self.reflector: watching.Reflector[NodeSlice] = watching.Reflector(
-            client, PATH, project, sink=lambda old, new: None, name=f"resourceslices@{node}",
+            client, PATH, project, sink=self._changed, name=f"resourceslices@{node}",
             options=options, query={"fieldSelector": f"spec.nodeName={node}"})
         self._said_ambiguous: set[str] = set()
+
+    def _changed(self, old: NodeSlice | None, new: NodeSlice | None) -> None:
+        if new is not None:
+            log.info("dra_slice_read", node=self.node, driver=new.driver, pool=new.pool,
+                     gpu_devices=len(new.devices))
+        elif old is not None:
+            log.info("dra_slice_gone", node=self.node, driver=old.driver, pool=old.pool)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.reflector.run(stop)
