@@ -6,7 +6,8 @@ fake NVML's UUIDs). Two opted-in PyTorchJobs hold a ResourceClaim each, allocate
 and `gpu-5` (`on5`); the node's kubelet says so through PodResources v1 (DRA claim resources), served
 by the kubelet-like gRPC server. The agent's NVML detector (fake NVML) sees an XID on GPU 2; the agent
 maps that GPU's UUID to `gpu.nvidia.com/<node>/gpu-2` from its node's ResourceSlices and reports it
-with the device and its holders. The controller restarts only `on2` and never cordons the node:
+with the device and its holders. The same XID 79 read by the agent's DCGM detector from a dcgm-exporter
+endpoint (labelled with the GPU's UUID) goes the same way. The controller restarts only `on2` and never cordons the node:
 * XID 13 (application error, `restart-workload`): the holders are restarted, nothing is tainted
   (the policy's answer to an application XID on a device);
 * XID 79 (fallen off the bus, `cordon-node-and-restart`): kcover's DeviceTaintRule selects exactly
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from harness.podresources_server import Container, Pod, PodResourcesServer
 
 from kcover import codec, metrics, model, serving, settings
@@ -39,6 +41,7 @@ from kcover.nvml import fake
 from kcover.recovery import devicetainting
 
 Cluster = Any
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dcgm-exporter"
 WAIT = 25.0
 SETTLE = 1.5
 RESTARTED = "KcoverRestartedWorkload"
@@ -55,8 +58,10 @@ async def _until(probe: Callable[[], Awaitable[bool]], what: str, within: float 
         raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
 
 
-def _settings(ns: str, node: str) -> settings.Settings:
-    off = {"enabled": False}
+def _settings(ns: str, node: str, *, exporter_url: str = "") -> settings.Settings:
+    off: dict[str, Any] = {"enabled": False}
+    dcgm = {"enabled": True, "config": {"exporter_url": exporter_url, "exporter_interval_seconds": 0.2}} \
+        if exporter_url else off
     return settings.layer(file_data={
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}},
@@ -66,7 +71,7 @@ def _settings(ns: str, node: str) -> settings.Settings:
                   "event_dedupe_seconds": 0},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.1}},
-                                  "dcgm": off, "metax": off, "script": off, "logscan": off}},
+                                  "dcgm": dcgm, "metax": off, "script": off, "logscan": off}},
     }).settings
 
 
@@ -147,9 +152,43 @@ async def _ready(controller: controller_running.Controller) -> bool:
     return controller.is_leader() and controller.cache.synced
 
 
-@pytest.mark.parametrize("xid", [13, 79])
+class Exporter:
+    """A dcgm-exporter metrics endpoint on localhost: its XID gauge for GPU 2, a line of a real
+    dcgm-exporter 580.95.05 scrape (tests/fixtures/dcgm-exporter) with this node's GPU UUID."""
+
+    def __init__(self, uuid: str) -> None:
+        line = next(x for x in (FIXTURES / "lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom").read_text()
+                    .splitlines() if x.startswith("DCGM_FI_DEV_XID_ERRORS{"))
+        labels = line[line.index("{") + 1:line.index(',container=')]  # the pod labels are the device plugin's
+        real_uuid = labels.split('UUID="', 1)[1].split('"', 1)[0]
+        self.labels = labels.replace('gpu="0"', 'gpu="2"').replace(real_uuid, uuid)
+        self.value = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text="# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
+                                 f"DCGM_FI_DEV_XID_ERRORS{{{self.labels}}} {self.value}\n")
+
+    async def __aenter__(self) -> Exporter:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+@pytest.mark.parametrize(("source", "xid"), [("nvml", 13), ("nvml", 79), ("dcgm-exporter", 79)])
 async def test_an_xid_on_a_dra_gpu_restarts_only_its_holders_and_leaves_the_node_schedulable(
-        cluster: Cluster, xid: int, tmp_path: Path) -> None:
+        cluster: Cluster, source: str, xid: int, tmp_path: Path) -> None:
     ns, kube = cluster.namespace, cluster.client
     node = f"dra-gpu-{secrets.token_hex(3)}"
     nvml = fake.FakeNvml(8)
@@ -159,7 +198,8 @@ async def test_an_xid_on_a_dra_gpu_restarts_only_its_holders_and_leaves_the_node
     await _claim(cluster, "on5-gpu", node, "gpu-5")
     jobs = {name: await _job(cluster, name, node) for name in ("on2", "on5")}
     before = {name: {p["metadata"]["uid"] for p in await _pods(cluster, name)} for name in jobs}
-    cfg = _settings(ns, node)
+    exporter = await Exporter(nvml.device_info(2).uuid).__aenter__()
+    cfg = _settings(ns, node, exporter_url=exporter.url if source == "dcgm-exporter" else "")
     device = model.DraDevice(driver=DRIVER, pool=node, device="gpu-2")
     stop = asyncio.Event()
     try:
@@ -177,7 +217,10 @@ async def test_an_xid_on_a_dra_gpu_restarts_only_its_holders_and_leaves_the_node
                     group.create_task(agent.run(stop), name="agent")
                     try:
                         await _until(lambda: _listening(nvml, agent), "the agent to listen and know its DRA devices")
-                        nvml.xid(xid, gpu_index=2)
+                        if source == "nvml":
+                            nvml.xid(xid, gpu_index=2)
+                        else:
+                            exporter.value = xid
                         await _until(lambda: _is(_restarted(cluster, jobs), {"on2"}), "kcover to restart on2")
                         if xid == 79:
                             await _until(lambda: _has_rules(kube, node), "kcover's DeviceTaintRule")
@@ -204,6 +247,7 @@ async def test_an_xid_on_a_dra_gpu_restarts_only_its_holders_and_leaves_the_node
                     finally:
                         stop.set()
     finally:
+        await exporter.__aexit__()
         for rule in await _rules(kube, node):
             with contextlib.suppress(Exception):
                 await kube.request("DELETE", f"{RULES}/{rule['metadata']['name']}")
