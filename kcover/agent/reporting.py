@@ -13,7 +13,9 @@ carry `kcover.io/need-recovery: "true"` (`codec.needs_recovery`), so the control
 acts on them; cleared faults never do (the controller learns the end from the condition).
 
 Node-level faults (recommended action cordon-node or cordon-node-and-restart) set the condition
-False (`codec.condition_status`). A fault with a `check` (a health poll, a DCGM check, a plugin's
+False (`codec.condition_status`), except a fault on a DRA device (`fault.dra`, which `devices`, the
+agent's `dradevices.DraDevices.attach`, fills in for a GPU its node publishes through DRA): that is
+the device's, isolated by the controller with a device taint, so it leaves the condition alone. A fault with a `check` (a health poll, a DCGM check, a plugin's
 check) lasts until its detector publishes it `cleared`; one without (an XID) clears when it has not
 recurred. Either way the condition returns to True only once every fault stayed cleared for
 `agent.condition_hold_seconds`. Condition writes happen only on change and at most once per
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +73,8 @@ class Condition:
 def fault_key(event: model.CollectorEvent) -> str | None:
     """The key of the node-level fault an event sets or clears, or None if it is not one (pure)."""
     fault = event.fault
+    if fault.dra is not None and not event.cleared:
+        return None  # a DRA device's fault is the device's: the controller taints it, the node stays schedulable
     if not event.cleared and (event.recommended not in NODE_LEVEL or event.severity is model.Severity.INFO):
         return None
     if event.cleared and not fault.check:
@@ -144,6 +149,9 @@ class Reporter:
     _retry_at: float = 0.0
     events_created: int = 0
     events_suppressed: int = 0
+    devices: Callable[[model.CollectorEvent], Awaitable[list[model.CollectorEvent]]] | None = None
+    """Maps a fault on a GPU to one report per DRA device that GPU is (`dradevices.DraDevices.attach`);
+    None reports events as published."""
 
     async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
         await self._load_current()
@@ -167,6 +175,8 @@ class Reporter:
             await asyncio.gather(stopping, return_exceptions=True)
 
     async def handle(self, events: list[model.CollectorEvent]) -> None:
+        if self.devices is not None:
+            events = [mapped for event in events for mapped in await self.devices(event)]
         now = self.clock.monotonic()
         for event in events:
             apply(self.faults, event, now)
@@ -232,7 +242,8 @@ class Reporter:
 
     async def post_event(self, event: model.CollectorEvent) -> None:
         action = _action_word(event)
-        key = f"{event.reason}/{_gpu(event)}/{action}/{event.cleared}"
+        dra = event.fault.dra.resource_id if event.fault.dra is not None else ""
+        key = f"{event.reason}/{_gpu(event)}/{dra}/{action}/{event.cleared}"
         now = self.clock.monotonic()
         last = self._sent.get(key)
         if last is not None and now - last < self.config.event_dedupe_seconds:

@@ -3,7 +3,9 @@
 Owns wiring one agent process (and, with `agent.validation.enabled`, the validator that answers the
 controller's return-to-service checks, `validating`): loads the XID policy (`agent.xid_policy_file` over the shipped one),
 builds the detector context (NVML backend, Kubernetes client, pod lookup; the DCGM detector runs its
-tools as subprocesses), runs the supervisor and the reporter until `stop` is set, then closes the bus
+tools as subprocesses), runs the supervisor, the reporter and the watch of its node's DRA
+ResourceSlices (`dradevices`: a fault on a GPU published through DRA is reported as that device's)
+until `stop` is set, then closes the bus
 so the reporter drains what was queued. `reconfigure()` applies a reload; a changed XID policy (a new
 path, or new content at the same path: the reloader watches it) is loaded first and the NVML and DCGM
 detectors restart with it. It does not read the environment (`cli.py` does) and never imports the
@@ -17,14 +19,14 @@ that cannot run here (no GPU, no DCGM) is only marked unavailable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from kcover import bus as bus_
 from kcover import errors, metrics, serving, settings
-from kcover.agent import podresources, reporting, validating
+from kcover.agent import dradevices, podresources, reporting, validating
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, dcgm, registry, supervising
 from kcover.kube import client as client_
@@ -51,6 +53,21 @@ async def node_capacity(client: client_.KubeClient, node: str) -> dict[str, str]
         return {}
     capacity = (obj.get("status") or {}).get("capacity") or {}
     return {str(k): str(v) for k, v in capacity.items()}
+
+
+def _many(pods: podresources.PodLookup) -> dradevices.PodsForDevices:
+    """`pods_for_devices` of the pod lookup, or one `pods_for_device` call per id."""
+    many = getattr(pods, "pods_for_devices", None)
+    if many is not None:
+        return many  # type: ignore[no-any-return]
+
+    async def each(ids: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        for device_id in ids:
+            out += [p for p in await pods.pods_for_device(device_id) if p not in out]
+        return out
+
+    return each
 
 
 class Agent:
@@ -84,8 +101,9 @@ class Agent:
                                                  config.detectors, metrics)
         self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
         self.supervisor.on_failure = self._detector_failed
+        self.devices = dradevices.DraDevices(client, node, pods_for_devices=_many(pods))
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
-                                           tick_seconds=reporter_tick_seconds)
+                                           tick_seconds=reporter_tick_seconds, devices=self.devices.attach)
         self.validator = (validating.Validator(client, node, config.agent.validation, runner=dcgmi, clock=self.clock)
                           if config.agent.validation.enabled else None)
 
@@ -134,6 +152,7 @@ class Agent:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.supervisor.run(detectors_stop), name="agent:detectors")
                 group.create_task(self.reporter.run(self.subscription, reporter_stop), name="agent:reporter")
+                group.create_task(self.devices.run(reporter_stop), name="agent:dra-devices")
                 if self.validator is not None:
                     group.create_task(self.validator.run(detectors_stop), name="agent:validation")
                 await stop.wait()

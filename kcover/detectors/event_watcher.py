@@ -14,7 +14,10 @@ is fresh (its latest of `series.lastObservedTime`, `lastTimestamp`, `eventTime` 
   `source.host`) is the Node it is about, and (`require_agent_pod`) a running agent pod — the chart's
   labels, `agent_pod_labels` — sits on that Node in the Event's namespace. So only a principal that
   can already write Events where the agent does, for a node that runs an agent, can move a node.
-Events about any other kind are refused. Updates are re-evaluated when the Event's count, series count
+Events about any other kind are refused. An Event that names a DRA device (`kcover.io/dra-*`) is
+accepted only when a ResourceSlice whose `spec.nodeName` is the node the Event is about (the Node's,
+or the Pod's node) publishes that driver, pool and device (`device_not_on_node` otherwise, logged as
+`recovery_event_device_refused`): an agent speaks for the devices of its own node only. Updates are re-evaluated when the Event's count, series count
 or time moved. Refusals are logged with their reason, counted in `kcover_events_rejected{reason}`
 once per Event revision, and handed to `context.refusals` (the controller answers them with a
 rate-limited warning Event in the refused Event's namespace: at most one per namespace and reason per
@@ -177,6 +180,18 @@ def judge(ev: proj.KubeEvent, *, now: dt.datetime, config: EventWatcherConfig,
     return Verdict(None, "unsupported_kind")
 
 
+def device_verdict(verdict: Verdict, device: model.DraDevice,
+                   publishes: Callable[[str, model.DraDevice], bool]) -> Verdict:
+    """An accepted Event that names a DRA device stays accepted only if a ResourceSlice of the node it
+    is about (the Node's, or the Pod's node) publishes that device (pure but for `publishes`, the
+    cache's `publishes_device`). An agent may speak for the devices of its own node, never for another's:
+    the device taint and the restarts it leads to are answered on the node the report came from."""
+    target = verdict.target
+    if target is None or (target.node and publishes(target.node, device)):
+        return verdict
+    return Verdict(None, "device_not_on_node")
+
+
 def agent_on_node(pods_on_node: Callable[[str], Sequence[proj.Pod]], labels: dict[str, str],
                   namespace: str, node: str) -> bool:
     """A pod carrying `labels`, in `namespace`, bound to `node` and not terminating (pure but for the lookup)."""
@@ -238,6 +253,13 @@ class EventWatcherDetector:
             verdict = Verdict(None, decoded.reason)
             log.info("recovery_event_undecodable", k8s_event=f"{new.namespace}/{new.name}",
                      annotation=decoded.annotation, detail=decoded.detail)
+        if verdict.target is not None and not isinstance(decoded, codec.Refused) and decoded.fault.dra is not None:
+            verdict = device_verdict(verdict, decoded.fault.dra, cache.publishes_device)
+            if verdict.target is None:
+                log.warning("recovery_event_device_refused", k8s_event=f"{new.namespace}/{new.name}",
+                            device=decoded.fault.dra.resource_id, node=new.involved.name
+                            if new.involved.kind == "Node" else "", involved_kind=new.involved.kind,
+                            why="no ResourceSlice of the node the Event is about publishes that device")
         if verdict.target is None or isinstance(decoded, codec.Refused):
             log.info("recovery_event_rejected", k8s_event=f"{new.namespace}/{new.name}", reason=verdict.reason,
                      involved_kind=new.involved.kind, involved=f"{new.involved.namespace}/{new.involved.name}",

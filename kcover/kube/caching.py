@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from kcover import model
 from kcover import settings as settings_
 from kcover.kube import client as client_
 from kcover.kube import gpus, ownership, watching
@@ -456,6 +457,16 @@ class ClusterCache:
     def slice_drivers(self, node: str) -> list[str]:
         """The drivers of the DRA ResourceSlices naming `node`."""
         return list(self._slices_by_node.get(node, {}).values())
+
+    def publishes_device(self, node: str, device: model.DraDevice) -> bool:
+        """Whether a DRA ResourceSlice naming `node` in `spec.nodeName` publishes `device` (its driver,
+        pool and device name): the check an agent's report about a device of its node must pass."""
+        for uid in self._slices_by_node.get(node, {}):
+            found = self.resource_slices.get(uid)
+            if found is not None and found.driver == device.driver and found.pool == device.pool \
+                    and device.device in found.devices:
+                return True
+        return False
 
     def is_gpu_node(self, node: proj.Node) -> bool:
         return self.gpu_rule.is_gpu_node(node, self.slice_drivers(node.name))

@@ -195,6 +195,9 @@ class ResourceSlice(NamedTuple):
     node: str
     """`spec.nodeName`; "" for slices of network-attached devices (`nodeSelector`, `allNodes`)."""
     pool: str
+    devices: frozenset[str] = frozenset()
+    """The names of the devices it publishes (`spec.devices[].name`): what an agent may name as a
+    device of its node."""
 
 
 class InvolvedObject(NamedTuple):
@@ -443,6 +446,8 @@ def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
         driver=_intern(_s(spec.get("driver"))),
         node=_intern(_s(spec.get("nodeName"))),
         pool=_intern(_s(_d(spec.get("pool")).get("name"))),
+        devices=frozenset(_intern(name) for d in _l(spec.get("devices"))
+                          if isinstance(d, Mapping) and (name := _s(d.get("name")))),
     )
 
 

@@ -181,6 +181,8 @@ RESOURCES: tuple[Resource, ...] = (
              short_names=("pdb",), has_generation=True),
     Resource(plural="resourceslices", kind="ResourceSlice", group="resource.k8s.io", namespaced=False,
              field_labels=RESOURCE_SLICE_FIELDS, has_generation=True),
+    Resource(plural="resourceclaims", kind="ResourceClaim", group="resource.k8s.io", subresources=("status",),
+             has_generation=True),
     # KEP-5055 device taints: v1beta2 in 1.36, with the DRADeviceTaintRules gate and its runtime-config
     Resource(plural="devicetaintrules", kind="DeviceTaintRule", group="resource.k8s.io", version="v1beta2",
              namespaced=False, subresources=("status",), has_generation=True, returns_deleted=True),

@@ -208,6 +208,8 @@ AGENT_REQUESTS = [
     ("get", "nodes", "", "", "gpu-1", ""),
     ("patch", "nodes", "", "", "gpu-1", "status"),
     ("create", "events", "", NAMESPACE, "", ""),  # Node Events, in the release namespace only
+    ("list", "resourceslices", "resource.k8s.io", "", "", ""),  # its node's DRA devices (spec.nodeName)
+    ("watch", "resourceslices", "resource.k8s.io", "", "", ""),
 ]
 
 AGENT_DENIED = [
@@ -221,6 +223,9 @@ AGENT_DENIED = [
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "recoveries", "kcover.io", "team-a", "", ""), ("patch", "recoveries", "kcover.io", "team-a", "r", "status"),
     ("update", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
+    ("create", "resourceslices", "resource.k8s.io", "", "", ""),  # reads its devices, never publishes any
+    ("update", "resourceslices", "resource.k8s.io", "", "s", ""),
+    ("create", "devicetaintrules", "resource.k8s.io", "", "", ""),  # the controller taints, after checking
 ]
 
 

@@ -45,6 +45,12 @@ def _until(probe: Callable[[], T | None], what: str, within: float = WAIT) -> T:
         time.sleep(0.1)
 
 
+def _uuid(index: int) -> str:
+    """GPU `index`'s UUID as the agent's fake NVML (`kcover agent --fake-nvml`) reports it, published by
+    the slice in the `uuid` attribute as NVIDIA's GPU DRA driver does."""
+    return f"GPU-fake-{index:04d}"
+
+
 def _selector(expression: str, *, tolerate: bool = False) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": "kcover-test-gpu", "selectors": [{"cel": {"expression": expression}}]}
     if tolerate:
@@ -64,7 +70,8 @@ def dra(realcluster: RealCluster) -> Iterator[str]:
     rc.ok("POST", "/apis/resource.k8s.io/v1/resourceslices", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{NODE}-gpus"},
         "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}} for i in range(8)]}})
+                 "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}, "uuid": {"string": _uuid(i)}}}
+                             for i in range(8)]}})
     for name, spec in (("from-3", _selector(f'device.attributes["{DRIVER}"].index >= 3')),
                        ("only-3", _selector(f'device.attributes["{DRIVER}"].index == 3')),
                        ("validate-3", _selector(f'device.attributes["{DRIVER}"].index == 3', tolerate=True))):
@@ -190,3 +197,38 @@ def test_an_unhealthy_dra_device_is_tainted_and_the_job_gets_another_device_on_t
     _report(rc, ns, probe, "gpu-3", "Healthy")
     _until(lambda: not _rules_for(rc, "gpu-3"), "kcover to remove its DeviceTaintRule")
     assert not rc.ok("GET", f"/api/v1/nodes/{NODE}")["spec"].get("unschedulable")
+
+
+def test_an_agent_xid_on_a_dra_gpu_taints_that_device_and_restarts_its_job(realcluster: RealCluster,
+                                                                            dra: str) -> None:
+    rc, ns = realcluster, dra
+    job = rc.ok("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "xid", "labels": OPT_IN},
+        "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 1,
+                 "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                 "template": {"metadata": {"labels": {**OPT_IN, "kcover.test/long-running": "true"}},
+                              "spec": _pod_spec("from-3")}}})
+    selector = "batch.kubernetes.io%2Fjob-name%3Dxid"
+    pod, (pool, device) = _until(lambda: _running_on_device(rc, ns, selector), "the Job's pod Running with a device")
+    assert (pod["spec"]["nodeName"], pool) == (NODE, NODE)
+    _report(rc, ns, pod, device, "Healthy")  # the kubelet's record of who holds it (kwok has no PodResources)
+    controller = rc.start("controller", "kcover-controller-dra-xid")
+    agent = rc.start("agent", f"kcover-agent-{NODE}", node=NODE)
+    rc.wait_ready(controller, agent)
+    _until(lambda: any(e.get("event") == "dra_slice_read" for e in agent.logs()), "the agent to read its node's slice")
+
+    agent.inject(f"xid 79 {int(device.removeprefix('gpu-'))}")
+    rule = _until(lambda: _rules_for(rc, device), f"kcover's DeviceTaintRule for {device}")[0]
+    assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": NODE, "device": device}
+    assert len(rc.ok("GET", RULES)["items"]) == 1, "one device tainted, no other"
+    moved, (_, now) = _until(lambda: _running_on_device(rc, ns, selector, old={pod["metadata"]["uid"]}),
+                             "the Job's new pod Running with a new claim")
+    assert moved["spec"]["nodeName"] == NODE
+    assert now != device
+    events = rc.ok("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    assert any(e["reason"] == "KcoverRestartedWorkload" and e["involvedObject"]["uid"] == job["metadata"]["uid"]
+               for e in events)
+    node = rc.ok("GET", f"/api/v1/nodes/{NODE}")
+    assert not node["spec"].get("unschedulable"), "an XID on one DRA GPU cordoned the node"
+    assert not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("kcover.io/")]
+    assert any(e.get("event") == "dra_devices_attached" for e in agent.logs())

@@ -1,0 +1,66 @@
+"""The controller's check on a device an Event names: only a ResourceSlice of the node it is about counts.
+
+A table over `event_watcher.device_verdict` with the cluster cache's own `publishes_device`, read from
+ResourceSlices loaded through the cache's list path. The same check through the API server and the
+controller is tests/integration/agent/test_dra_device_mapping.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kcover import model
+from kcover.detectors import event_watcher
+from kcover.kube import caching
+
+DRIVER = "gpu.nvidia.com"
+
+
+def _slice(node: str, pool: str, devices: Any, *, driver: str = DRIVER, uid: str = "") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{pool}", "uid": uid or f"{node}-{pool}", "resourceVersion": "1"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool, "generation": 1,
+                                                                   "resourceSliceCount": 1}, "devices": devices}}
+
+
+CACHE = caching.ClusterCache.offline([
+    _slice("a", "a", [{"name": f"gpu-{i}"} for i in range(8)]),
+    _slice("b", "b", [{"name": "gpu-2"}]),
+    _slice("c", "c", "not a list"),
+    _slice("", "shared", [{"name": "nic-0"}]),  # network-attached devices: no node
+])
+
+
+def _verdict(kind: model.TargetKind, node: str) -> event_watcher.Verdict:
+    return event_watcher.Verdict(model.Target(kind=kind, name=node if kind is model.TargetKind.NODE else "p",
+                                              namespace="" if kind is model.TargetKind.NODE else "ml", node=node),
+                                 "kcover.io/agent")
+
+
+CASES = [
+    ("its own node's device", model.TargetKind.NODE, "a", ("a", "gpu-2"), True),
+    ("another node's device", model.TargetKind.NODE, "a", ("b", "gpu-2"), False),
+    ("a device its slice does not publish", model.TargetKind.NODE, "b", ("b", "gpu-3"), False),
+    ("a pool of its own name that publishes nothing readable", model.TargetKind.NODE, "c", ("c", "gpu-0"), False),
+    ("a device of no node", model.TargetKind.NODE, "a", ("shared", "nic-0"), False),
+    ("a Pod's Event: a device of the pod's node", model.TargetKind.POD, "a", ("a", "gpu-5"), True),
+    ("a Pod's Event: a device of another node", model.TargetKind.POD, "a", ("b", "gpu-2"), False),
+    ("a Pod not bound to a node", model.TargetKind.POD, "", ("a", "gpu-5"), False),
+]
+
+
+@pytest.mark.parametrize(("kind", "node", "device", "accepted"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_an_event_may_name_only_devices_of_the_node_it_is_about(kind: model.TargetKind, node: str,
+                                                                device: tuple[str, str], accepted: bool) -> None:
+    dra = model.DraDevice(driver=DRIVER, pool=device[0], device=device[1])
+    verdict = event_watcher.device_verdict(_verdict(kind, node), dra, CACHE.publishes_device)
+    assert (verdict.target is not None) is accepted
+    if not accepted:
+        assert verdict.reason == "device_not_on_node"
+
+
+def test_another_drivers_device_of_the_same_name_is_not_the_one_named() -> None:
+    dra = model.DraDevice(driver="gpu.amd.com", pool="a", device="gpu-2")
+    assert event_watcher.device_verdict(_verdict(model.TargetKind.NODE, "a"), dra, CACHE.publishes_device).target is None
