@@ -78,6 +78,12 @@ def ns(realcluster: RealCluster) -> Iterator[str]:
                      "taints": [t for t in spec.get("taints") or [] if not t["key"].startswith("kcover.io/")]},
             "metadata": {"annotations": {k: None for k in meta.get("annotations") or {} if k.startswith("kcover.io/")}}},
             content_type="application/merge-patch+json")
+        # the test's agents are gone, their Node conditions (KcoverGPUHealthy=False after an XID) stay: the
+        # next test's controller would cordon that node again, and a job that needs every node would not fit
+        ours = [c["type"] for c in (node.get("status") or {}).get("conditions") or [] if c["type"].startswith("Kcover")]
+        if ours:
+            realcluster.ok("PATCH", f"/api/v1/nodes/{meta['name']}/status", {"status": {"conditions": [
+                {"type": t, "$patch": "delete"} for t in ours]}}, content_type="application/strategic-merge-patch+json")
 
 
 def _nodes(rc: RealCluster) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import test_real_components as real
 import yaml
-from realkit import CHART, KUBE_VERSION, RELEASE, RELEASE_NS, VALUES, RealCluster
+from realkit import CHART, KUBE_VERSION, NODES, RELEASE, RELEASE_NS, VALUES, RealCluster
 from test_real_components import ns  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.parametrize("realcluster", ["cluster"], indirect=True)
@@ -172,7 +172,8 @@ def test_restart_stalled_reports_the_real_schedulers_message(realcluster: RealCl
     tl.mark("Stalled reported")
     tl.report()
     print(f"kube-scheduler: {message}\nkcover: {events[0]['message']}")
-    assert message.startswith("0/4 nodes are available: 4 node(s) were unschedulable."), message
+    n = len(NODES)
+    assert message.startswith(f"0/{n} nodes are available: {n} node(s) were unschedulable."), message
     assert "Stalled: Unschedulable" in events[0]["message"]
     assert message.split(" preemption:")[0] in events[0]["message"]
 
