@@ -14,8 +14,8 @@ What a user sees, checked: `kubectl get pfr -w` shows every report's verdict Deg
 node's own report Slow at 19.98 GB/s (the CRD's printer columns over the status the controller wrote);
 kcover cordons and taints that node and restarts the job; the operator recreates the pods, the
 scheduler puts them on the other eight nodes (the spare included), the job is Running again. The old
-reports go with their pods (the real garbage collector: they are owned by them), and the recreated
-pods' own preflight, all pairs healthy, gives eight new reports that `kubectl get pfr` shows Healthy.
+reports go with their pods (the real garbage collector: they are owned by them; the cordon Event on
+the node still says why), and the recreated pods' own preflight, all pairs healthy, gives eight new reports that `kubectl get pfr` shows Healthy.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import test_real_components as real
+import test_real_nodes
 from realkit import NODES, RealCluster
 from test_real_components import ns  # noqa: F401  (the fixture)
 
@@ -120,6 +121,9 @@ def test_preflight_slow_node_is_cordoned_and_the_job_runs_elsewhere(realcluster:
         real._until(lambda: not (_owners(_pfrs(rc, ns)) & old), "the old reports to go with their pods (GC)",
                     within=WAIT)
         tl.mark("old reports garbage-collected")
+        # what still says why, with the reports gone: kcover's Event on the node
+        said = [e["message"] for e in test_real_nodes._node_events(rc, slow, "KcoverCordonedNode")]
+        assert any("PreflightSlowNode" in m and "19.98 GB/s" in m for m in said), said
     finally:
         watcher.terminate()
         watcher.wait(10)
