@@ -92,13 +92,15 @@ def _nodes(rc: RealCluster) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ workloads
 
-def _pytorchjob(rc: RealCluster, ns: str, name: str, *, prefer: str | None = None, workers: int = 2) -> dict[str, Any]:
+def _pytorchjob(rc: RealCluster, ns: str, name: str, *, on: str | None = None, workers: int = 2) -> dict[str, Any]:
+    """An opted-in PyTorchJob, Running on kwok; with `on`, its pods require that node (a required node
+    affinity: they stay Pending while the scheduler sees it cordoned, and never land elsewhere)."""
     spec: dict[str, Any] = {"containers": [{"name": CONTAINER, "image": "trainer:v1",
                                             "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}
-    if prefer:
-        spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "preference": {"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [prefer]}]}}]}}
+    if on:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [on]}]}]}}}
     job: dict[str, Any] = rc.ok("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": ns, "labels": OPT_IN},

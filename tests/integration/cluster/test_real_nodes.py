@@ -234,8 +234,9 @@ def test_node_repaired_returns_after_its_validation(realcluster: RealCluster, ns
         assert any("dcgmi diag -r 3" in e.get("message", "") for e in asked), asked
         assert KCOVER_TAINT not in _taints(node)
         assert _node_events(rc, sick, UNCORDONED)
-        # the scheduler uses the node again: a pod that prefers it lands there
-        again = real._pytorchjob(rc, ns, "again", prefer=sick, workers=1)
+        # the scheduler uses the node again: a pod that requires it is placed there (with a preferred affinity
+        # the pod once went to another of the nine nodes, likely placed before the scheduler saw the un-cordon)
+        again = real._pytorchjob(rc, ns, "again", on=sick, workers=1)
         assert [p["spec"]["nodeName"] for p in real._pods(rc, ns, "again")] == [sick], again["metadata"]["name"]
     finally:
         current = rc.ok("GET", path)
