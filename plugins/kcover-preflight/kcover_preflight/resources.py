@@ -33,6 +33,13 @@ PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 WORKLOAD_LABEL = "kcover.io/preflight-workload"
 """Label of a PreflightReport naming its workload, for `kubectl get pfr -l`."""
 NAME_MAX = 253
+MESSAGE_MAX = 1024
+REASON_MAX = 512
+"""The CRD's `maxLength` of `status.message` and `status.pairs[].reason`. A CRD schema's maxLength counts
+characters (Unicode code points), not the UTF-8 bytes that core fields such as an Event's message are
+measured in: 1,024 CJK characters (3,072 bytes) are accepted, 1,025 are refused (tested against the real
+kube-apiserver in tests/integration/scenarios/test_preflight.py). So these cut by characters, which keeps
+three times the text `model.fit` would for CJK."""
 
 
 def crd() -> dict[str, Any]:
@@ -151,7 +158,7 @@ def status_for(judgement: judging.Judgement, node: str, *, judged_at: dt.datetim
     if measured:
         status["minBusbwGbps"] = round(min(measured), 3)
     if node in judgement.slow_nodes:
-        status["message"] = judgement.slow_nodes[node][:1024]
+        status["message"] = judgement.slow_nodes[node][:MESSAGE_MAX]
     return status
 
 
@@ -164,7 +171,7 @@ def _pair(p: judging.PairResult) -> dict[str, Any]:
     if p.median_gbps is not None:
         out["medianGbps"] = round(p.median_gbps, 3)
     if p.why:
-        out["reason"] = p.why[:512]
+        out["reason"] = p.why[:REASON_MAX]
     return out
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any
@@ -62,21 +63,24 @@ def rank_of(pod: dict[str, Any]) -> int:
     return index + (1 if labels.get("training.kubeflow.org/replica-type") == "worker" else 0)
 
 
-def write_reports(root: Path, namespace: str, workload: str, pods: list[dict[str, Any]], *, slow_rank: int,
-                  go_format: bool = False) -> str:
-    """Write the report file of every rank as its init container would; returns the slow rank's node."""
+def write_reports(root: Path | Callable[[str], Path], namespace: str, workload: str, pods: list[dict[str, Any]], *,
+                  slow_rank: int | None, go_format: bool = False) -> str:
+    """Write the report file of every rank as its init container would, into `root` or, given a function,
+    into `root(node)`, the rank's own node's directory; returns the slow rank's node ('' with none)."""
     by_rank = sorted(pods, key=rank_of)
     nodes = [str(p["spec"]["nodeName"]) for p in by_rank]
     ips = [f"10.0.{i // 250}.{i % 250 + 1}" for i in range(len(nodes))]
+    slow = nodes[slow_rank] if slow_rank is not None else ""
     made = synthetic.workload_reports(workload=workload, nodes=nodes, ips=ips,
                                       healthy=simdata("all_reduce_perf_h100_dgx_4gpu_nvswitch.txt"),
                                       degraded=simdata("all_reduce_perf_h100_dgx_4gpu_p2p_disabled_degraded.txt"),
-                                      slow={nodes[slow_rank]}, go_format=go_format)
+                                      slow={slow} - {""}, go_format=go_format)
     for report in made:
+        folder = root(report.node_name) if callable(root) else root
         opts = initcontainer.Options(namespace=namespace, workload=workload, index=report.rank, rank=report.rank,
-                                     peers=ips, node_name=report.node_name, node_ip=report.node_ip, report_dir=root)
+                                     peers=ips, node_name=report.node_name, node_ip=report.node_ip, report_dir=folder)
         initcontainer.write_report(opts, json.loads(reports.dump(report)))
-    return nodes[slow_rank]
+    return slow
 
 
 def _pfrs(c: cluster_.SimCluster) -> list[dict[str, Any]]:

@@ -2,12 +2,14 @@
 
 `realcluster` (session, parameter ``cluster`` so the per-backend summary counts its tests) starts
 tests/controlplane/cluster.py's stack (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-kwok, the Kubeflow training operator), registers four kwok GPU nodes and `helm install`s helm/kcover
-into ``kcover-system``. kcover itself runs as local `kcover controller` / `kcover agent` processes
-configured as the chart configures its pods: the chart's ConfigMap as ``--config``, the env of the
-chart's Deployment or DaemonSet (field references resolved), and a bearer token of the chart's own
-ServiceAccount obtained through the TokenRequest API, so every request kcover makes is authorized by
-the chart's RBAC and nothing else.
+kwok, the Kubeflow training operator), registers nine kwok GPU nodes (an eight-node job and a spare)
+and `helm install`s helm/kcover into ``kcover-system``, with `preflight.enabled` where the
+kcover-preflight plugin is installed. kcover itself runs as local `kcover controller` / `kcover agent`
+processes configured as the chart configures its pods: the chart's ConfigMap as ``--config``, the env
+of the chart's Deployment or DaemonSet (field references resolved), and a bearer token of the chart's
+own ServiceAccount obtained through the TokenRequest API, so every request kcover makes is authorized
+by the chart's RBAC and nothing else. A node's hostPath (the preflight reports' directory) is a
+directory per node under the session's workdir (`RealCluster.host_path`).
 
 Selected by ``KCOVER_TEST_BACKENDS`` containing ``cluster`` (the default includes it). Missing binaries
 skip with the reason, except with ``CI=true``, where they are built (tests/controlplane/build-cluster.sh,
@@ -39,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "helm" / "kcover"
 RELEASE, RELEASE_NS = "kcover", "kcover-system"
 KUBE_VERSION = "1.36.3"  # helm built from its module assumes v1.20 unless told (the chart needs >=1.29)
-NODES = tuple(f"kwok-gpu-{i}" for i in range(4))
+NODES = tuple(f"kwok-gpu-{i}" for i in range(9))
+PREFLIGHT = importlib.util.find_spec("kcover_preflight") is not None
+"""The chart's `preflight.enabled` needs the plugin in kcover's processes (an unknown detector fails them)."""
 LEASE = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.3}
 VALUES: dict[str, Any] = {
     # test timings; everything else is the chart's default
@@ -55,7 +59,10 @@ VALUES: dict[str, Any] = {
     "detectors": {"node-condition": {"config": {"min_duration_seconds": 0, "tick_seconds": 0.2}},
                   "dra-health": {"config": {"tick_seconds": 0.2}},
                   "nvml": {"config": {"wait_timeout_ms": 100, "health_interval_seconds": 0.2}},
-                  "dcgm": {"enabled": False}},
+                  "dcgm": {"enabled": False},
+                  **({"preflight": {"config": {"sweep_seconds": 0.5}},
+                      "preflight-collector": {"config": {"retry_seconds": 0.2}}} if PREFLIGHT else {})},
+    "preflight": {"enabled": PREFLIGHT},
 }
 
 
@@ -192,17 +199,34 @@ class RealCluster:
             return str(self.workdir / value.removeprefix("/var/lib/kcover/"))
         return value
 
+    def host_path(self, node: str, path: str) -> Path:
+        """A node's file system path (a hostPath the chart mounts), as this machine holds it for `node`."""
+        return self.workdir / "nodes" / node / path.lstrip("/")
+
+    def _host_paths(self, node: str) -> list[str]:
+        """The chart's preflight-collector settings with its report directory (a hostPath) on `node`.
+
+        (A `--set` of a detector's `config` replaces the whole config, so all of it goes.)"""
+        chart = yaml.safe_load((self.config_dir / "config.yaml").read_text()) or {}
+        collector = ((chart.get("detectors") or {}).get("entries") or {}).get("preflight-collector")
+        if collector is None:
+            return []
+        config = dict(collector.get("config") or {})
+        config["report_dir"] = str(self.host_path(node, str(config.get("report_dir") or "/var/lib/kcover/preflight")))
+        return ["--set", f"detectors.entries.preflight-collector.config={json.dumps(config)}"]
+
     def start(self, role: str, name: str, *, node: str = "", kubeconfig: str | None = None,
               extra: tuple[str, ...] = ()) -> Kcover:
         port = free_port()
         log_path = self.workdir / f"{role}-{name}-{port}.log"
         argv = [sys.executable, "-m", "kcover.cli", role, f"--config={self.config_dir / 'config.yaml'}",
                 f"--kubeconfig={kubeconfig or self.kubeconfigs[role]}", f"--port={port}",
-                "--set", "server.host=127.0.0.1", *extra]
+                "--set", "server.host=127.0.0.1"]
         fault_file = None
         if role == "agent":
             fault_file = self.workdir / f"nvml-{name}-{port}"
-            argv += [f"--node-name={node}", f"--fake-nvml={fault_file}"]
+            argv += [f"--node-name={node}", f"--fake-nvml={fault_file}", *self._host_paths(node)]
+        argv += extra
         log = log_path.open("wb")
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=self._env(role, pod=name, node=node), start_new_session=True)

@@ -78,6 +78,12 @@ def ns(realcluster: RealCluster) -> Iterator[str]:
                      "taints": [t for t in spec.get("taints") or [] if not t["key"].startswith("kcover.io/")]},
             "metadata": {"annotations": {k: None for k in meta.get("annotations") or {} if k.startswith("kcover.io/")}}},
             content_type="application/merge-patch+json")
+        # the test's agents are gone, their Node conditions (KcoverGPUHealthy=False after an XID) stay: the
+        # next test's controller would cordon that node again, and a job that needs every node would not fit
+        ours = [c["type"] for c in (node.get("status") or {}).get("conditions") or [] if c["type"].startswith("Kcover")]
+        if ours:
+            realcluster.ok("PATCH", f"/api/v1/nodes/{meta['name']}/status", {"status": {"conditions": [
+                {"type": t, "$patch": "delete"} for t in ours]}}, content_type="application/strategic-merge-patch+json")
 
 
 def _nodes(rc: RealCluster) -> list[dict[str, Any]]:
@@ -86,13 +92,15 @@ def _nodes(rc: RealCluster) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------ workloads
 
-def _pytorchjob(rc: RealCluster, ns: str, name: str, *, prefer: str | None = None, workers: int = 2) -> dict[str, Any]:
+def _pytorchjob(rc: RealCluster, ns: str, name: str, *, on: str | None = None, workers: int = 2) -> dict[str, Any]:
+    """An opted-in PyTorchJob, Running on kwok; with `on`, its pods require that node (a required node
+    affinity: they stay Pending while the scheduler sees it cordoned, and never land elsewhere)."""
     spec: dict[str, Any] = {"containers": [{"name": CONTAINER, "image": "trainer:v1",
                                             "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}
-    if prefer:
-        spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "preference": {"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [prefer]}]}}]}}
+    if on:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [on]}]}]}}}
     job: dict[str, Any] = rc.ok("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": ns, "labels": OPT_IN},

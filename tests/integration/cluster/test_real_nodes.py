@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import test_real_components as real
 import yaml
-from realkit import CHART, KUBE_VERSION, RELEASE, RELEASE_NS, VALUES, RealCluster
+from realkit import CHART, KUBE_VERSION, NODES, RELEASE, RELEASE_NS, VALUES, RealCluster
 from test_real_components import ns  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.parametrize("realcluster", ["cluster"], indirect=True)
@@ -172,7 +172,8 @@ def test_restart_stalled_reports_the_real_schedulers_message(realcluster: RealCl
     tl.mark("Stalled reported")
     tl.report()
     print(f"kube-scheduler: {message}\nkcover: {events[0]['message']}")
-    assert message.startswith("0/4 nodes are available: 4 node(s) were unschedulable."), message
+    n = len(NODES)
+    assert message.startswith(f"0/{n} nodes are available: {n} node(s) were unschedulable."), message
     assert "Stalled: Unschedulable" in events[0]["message"]
     assert message.split(" preemption:")[0] in events[0]["message"]
 
@@ -233,8 +234,9 @@ def test_node_repaired_returns_after_its_validation(realcluster: RealCluster, ns
         assert any("dcgmi diag -r 3" in e.get("message", "") for e in asked), asked
         assert KCOVER_TAINT not in _taints(node)
         assert _node_events(rc, sick, UNCORDONED)
-        # the scheduler uses the node again: a pod that prefers it lands there
-        again = real._pytorchjob(rc, ns, "again", prefer=sick, workers=1)
+        # the scheduler uses the node again: a pod that requires it is placed there (with a preferred affinity
+        # the pod once went to another of the nine nodes, likely placed before the scheduler saw the un-cordon)
+        again = real._pytorchjob(rc, ns, "again", on=sick, workers=1)
         assert [p["spec"]["nodeName"] for p in real._pods(rc, ns, "again")] == [sick], again["metadata"]["name"]
     finally:
         current = rc.ok("GET", path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import secrets
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ from kcover.kube import client as client_
 
 preflight = pytest.importorskip("kcover_preflight.scenario")
 resources = pytest.importorskip("kcover_preflight.resources")
+judging = pytest.importorskip("kcover_preflight.judging")
+reports = pytest.importorskip("kcover_preflight.reports")
 
 Cluster = Any  # tests/backends.py's Cluster
 T = TypeVar("T")
@@ -257,3 +260,36 @@ async def test_preflight_slow_node_is_cordoned_and_the_job_runs_elsewhere(cluste
             if not await _pfrs(cluster):
                 break
             await asyncio.sleep(0.1)
+
+
+async def test_status_text_is_cut_to_the_crds_limits_which_count_characters(cluster: Cluster) -> None:
+    """A slow node's reason comes from its report (untrusted text, any script). The status the judge writes
+    keeps 1,024 characters of message and 512 of each pair's reason: the real kube-apiserver takes 1,024
+    CJK characters (3,072 UTF-8 bytes), so a CRD's maxLength counts characters, and refuses one more, so
+    the cut sits exactly at the limit."""
+    if cluster.controlplane is None:
+        pytest.skip("the simulated API server does not validate custom resources against their CRD schema")
+    ns = cluster.namespace
+    await _install_crd(cluster)
+    why = "节点带宽过低" * 350  # 2,100 characters, 6,300 UTF-8 bytes
+    judgement = judging.Judgement(verdict=judging.Verdict.DEGRADED, slow_nodes={"gpu-a": why},
+                                  pairs=(judging.PairResult(0, ("gpu-a", "gpu-b"), None, None, None, True, why),))
+    status = resources.status_for(judgement, "gpu-a", judged_at=dt.datetime.now(dt.UTC))
+    pod = resources.PodRef(ns, "pretrain-worker-0", "uid-0")
+    report = reports.Report.model_validate({"version": "1", "workload": JOB, "workload_size": 2, "rank": 0,
+                                                      "node_name": "gpu-a", "batches": []})
+    body = resources.body(pod=pod, workload=JOB, workload_uid="job-uid", node="gpu-a", report_text="{}",
+                          report=report, observed_at=dt.datetime.now(dt.UTC))
+    name = body["metadata"]["name"]
+    await cluster.client.request("POST", resources.collection(ns), body=body)
+    path = f"{resources.collection(ns)}/{name}/status"
+    await cluster.client.request("PATCH", path, body={"status": status}, content_type=client_.MERGE_PATCH)
+    got = (await cluster.client.request("GET", f"{resources.collection(ns)}/{name}"))["status"]
+    assert got["message"] == why[:1024]
+    assert len(got["message"].encode()) == 3 * 1024
+    assert got["pairs"][0]["reason"] == why[:512]
+    for field, text in (("message", why[:1025]), ("pairs", [{"batch": 0, "reason": why[:513]}])):
+        with pytest.raises(errors.KubeError) as refused:
+            await cluster.client.request("PATCH", path, body={"status": {field: text}}, content_type=client_.MERGE_PATCH)
+        assert refused.value.status == 422
+        assert "Too long" in str(refused.value)
