@@ -47,6 +47,8 @@ COOLDOWN_SECONDS = 10.0
 """The chaos cluster's workload cooldown: longer than a failover (4 s Lease), shorter than the default 60 s."""
 NODE_WAIT_SECONDS = 30.0
 """How long a drawn node fault holds workload faults back so that every job comes to rest."""
+LEADER_WAIT_SECONDS = 30.0
+"""How long a leader kill waits for a replica to hold the Lease."""
 RESOLVE_SECONDS = 60.0
 """How long a fault may take to be answered before it counts as lost."""
 
@@ -216,8 +218,13 @@ class Chaos:
         return bool(self.c.srv.store.get("nodes", "", node)["spec"].get("unschedulable"))
 
     async def _kill_leader(self) -> None:
-        leader = self.c.leader()
+        """Kill the replica leading now; while the Lease is between holders (a renewal that missed its
+        deadline on a loaded machine), wait for the next one, up to LEADER_WAIT_SECONDS."""
+        deadline = self.loop.time() + LEADER_WAIT_SECONDS
+        while (leader := self.c.leader()) is None and self.loop.time() < deadline:  # noqa: ASYNC110  (polling replicas)
+            await asyncio.sleep(0.1)
         if leader is None:
+            self.run.note("kill", f"no replica led for {LEADER_WAIT_SECONDS:g}s: none killed")
             return
         self.c.kill(leader)
         self._replicas += 1
