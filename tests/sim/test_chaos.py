@@ -23,8 +23,10 @@ def chaos_args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-@pytest.mark.skip(reason="open defect: in a clean CI run a node fault (gpu-node-2) stayed unanswered for 75 s and "
-                         "the run stalled past pytest's 300 s limit; until it is found this run is a CLI run, and the "
+@pytest.mark.skip(reason="kept out of CI: a stall in a clean CI run (one node fault unanswered) is no longer possible "
+                         "(an unanswered fault is counted lost after RESOLVE_SECONDS), but on a loaded machine one "
+                         "run in about nine reported one duplicate restart 0.3 s after another that kcover's logs "
+                         "do not show; until that is explained this run is a CLI run (`kcover sim chaos`), and the "
                          "real-apiserver chaos test (tests/integration/scenarios/test_chaos_apiserver.py) runs in CI")
 async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else() -> None:
     args = chaos_args()
