@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from kcover import metrics, serving, settings
+from kcover.detectors import registry
 from kcover.kube import client as client_
 from kcover.kube import retrying
 
@@ -32,6 +33,8 @@ class RoleHooks:
 
     environ: Mapping[str, str]
     """The process environment, read by `cli.py` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster variables)."""
+    detectors: registry.Registry | None = None
+    """The detectors discovered once by `cli.py` (the registry its configuration check used); None: discover."""
     reconfigure: Reconfigure | None = None
     fake_nvml_file: str = ""
     """`kcover agent --fake-nvml FILE`: use `nvml.scripted`'s fake driven by FILE instead of the real NVML."""
@@ -56,7 +59,8 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
             pod = hooks.environ.get("POD_NAME") or hooks.environ.get("HOSTNAME", "")
             if pod:
                 cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
-        controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health)
+        controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health,
+                                                   detector_registry=hooks.detectors)
         health.detectors = controller.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = controller.reconfigure
         await controller.run(stop)
@@ -76,7 +80,8 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
         nvml = scripted.from_file(hooks.fake_nvml_file) if hooks.fake_nvml_file else None
         if nvml is not None:
             log.warning("fake_nvml_in_use", file=nvml.path)
-        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml)
+        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml,
+                                    detector_registry=hooks.detectors)
         health.detectors = agent.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = agent.reconfigure
         await agent.run(stop)

@@ -1,5 +1,6 @@
 """Roles import what they run: `kcover controller` and `kcover agent` load neither the simulated cluster
-nor the bench, neither role loads the other's package, and neither loads kubernetes-asyncio or grpc.
+nor the bench, neither role loads the other's package, neither loads kubernetes-asyncio or grpc, nor a
+detector plugin that its configuration does not enable.
 
 Each role is started as the `kcover` command starts it (`kcover.cli.main`), in a fresh interpreter, with a
 kubeconfig that does not exist: it imports its package, reads its settings, starts its health server and
@@ -21,7 +22,8 @@ try:
     cli.main(sys.argv[1:])
 except BaseException:
     pass
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("kcover", "kubernetes_asyncio", "grpc"))))
+print(json.dumps(sorted(m for m in sys.modules
+                        if m.split(".")[0] in ("kcover", "kubernetes_asyncio", "grpc") or m.startswith("kcover_"))))
 """
 
 
@@ -45,6 +47,8 @@ def test_a_role_imports_neither_the_sim_nor_the_bench_nor_the_other_role(role: s
     # nor what only some users need: kubernetes-asyncio (exec/auth-provider kubeconfigs), grpc (the
     # kubelet's PodResources, asked on a GPU's first fault)
     assert [m for m in modules if m.split(".")[0] in ("kubernetes_asyncio", "grpc")] == []
+    # nor the installed detector plugins its configuration does not enable (discovery imports only those asked for)
+    assert [m for m in modules if m.startswith("kcover_")] == []
 
 
 def test_the_cli_module_imports_no_command_module() -> None:
