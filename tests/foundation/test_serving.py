@@ -61,3 +61,51 @@ def test_a_check_that_raises_reports_not_ready() -> None:
     ok, results = health.readiness()
     assert not ok
     assert results["x"] == "failing: check raised RuntimeError: boom"
+
+
+async def _exchange(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    await writer.wait_closed()
+    return answer
+
+
+async def test_the_server_answers_what_probes_and_scrapers_send_and_refuses_the_rest() -> None:
+    m = metrics.Metrics()
+    health = serving.Health()
+
+    def broken() -> dict[str, dict[str, str]]:
+        raise RuntimeError("no state")
+
+    health.detectors = broken
+    server = serving.Server(health, m, host="127.0.0.1", port=0)
+    await server.start()
+    idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", server.port)  # sends nothing, ever
+    try:
+        head = await _exchange(server.port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Content-Length: " in head
+        assert head.endswith(b"\r\n\r\n")  # no body for HEAD
+        got = await _exchange(server.port, b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Connection: close\r\n" in got
+        assert b"kcover_event_loop_stalls_total" in got
+        assert (await _exchange(server.port, b"POST /readyz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405 ")
+        assert (await _exchange(server.port, b"GET /nothing HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404 ")
+        assert (await _exchange(server.port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+        too_large = b"GET /readyz HTTP/1.1\r\nX: " + b"a" * (serving.MAX_HEAD_BYTES + 10) + b"\r\n\r\n"
+        assert (await _exchange(server.port, too_large)).startswith(b"HTTP/1.1 400 ")
+        failed = await _exchange(server.port, b"GET /detectors HTTP/1.1\r\n\r\n")
+        assert failed.startswith(b"HTTP/1.1 500 ")
+        assert failed.endswith(b"RuntimeError: no state\n")
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{server.port}/readyz") as r:
+            assert (r.status, await r.text()) == (200, "ready\n")  # no checks registered
+    finally:
+        started = time.monotonic()
+        await asyncio.wait_for(server.stop(), 5)
+        assert time.monotonic() - started < serving.REQUEST_SECONDS  # the idle client did not hold the stop
+        assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # its connection was closed
+        idle_writer.close()
