@@ -1,4 +1,4 @@
-"""The health and metrics HTTP server: /healthz, /readyz, /metrics, /detectors.
+"""The health and metrics HTTP server (aiohttp): /healthz, /readyz, /metrics, /detectors.
 
 Owns liveness (the process is alive and its event loop ticks: a heartbeat task on the loop records
 the time, and a watchdog thread, outside the loop, compares it with the clock; /healthz fails while
@@ -9,18 +9,11 @@ and readiness (every registered check passes: required detectors running, caches
 components register checks. /metrics renders the process's own registry in Prometheus text format.
 /detectors answers, as JSON, each detector's runtime state (running, failed, unavailable, ...; what
 `kcover detectors --url` shows), or 404 when the process registered none.
-
-The server is a small HTTP/1.1 one on asyncio streams (GET and HEAD, one request per connection, answered
-with `Connection: close`): what probes and scrapers send needs no more, and aiohttp's server would cost every
-role about 2 MiB and 14 ms of start-up. A request that is malformed, too large or too slow (`REQUEST_SECONDS`)
-is answered 400 or dropped; a view that raises is answered 500 and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import sys
 import threading
 import time
@@ -28,6 +21,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 
 import structlog
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -146,107 +140,53 @@ class HealthCollector(Collector):
                                   "server.loop_stall_seconds.", value=self._health.stalls)
 
 
-REQUEST_SECONDS = 10.0
-"""Seconds a client has to send its request line and headers."""
-MAX_HEAD_BYTES = 16 * 1024
-"""Bytes of request line and headers accepted; probes and scrapers send a few hundred."""
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
-_TEXT = "text/plain; charset=utf-8"
-
-Answer = tuple[int, str, bytes]
-"""Status, content type, body."""
-
-
-def make_views(health: Health, metrics: metrics_.Metrics) -> dict[str, Callable[[], Answer]]:
-    """Path -> view: what each endpoint answers now."""
-    def healthz() -> Answer:
+def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
         ok, detail = health.liveness()
-        return 200 if ok else 503, _TEXT, (("ok" if ok else "unhealthy") + f": {detail}\n").encode()
+        return web.Response(status=200 if ok else 503, text=("ok" if ok else "unhealthy") + f": {detail}\n")
 
-    def readyz() -> Answer:
+    async def readyz(_: web.Request) -> web.Response:
         ok, results = health.readiness()
         body = "".join(f"[{'+' if v.startswith('ok') else '-'}] {k} {v}\n" for k, v in results.items())
-        return 200 if ok else 503, _TEXT, (body + ("ready\n" if ok else "not ready\n")).encode()
+        return web.Response(status=200 if ok else 503, text=body + ("ready\n" if ok else "not ready\n"))
 
-    def detectors_view() -> Answer:
+    async def detectors_view(_: web.Request) -> web.Response:
         if health.detectors is None:
-            return 404, _TEXT, b"no detectors in this process\n"
+            return web.Response(status=404, text="no detectors in this process\n")
         states = {name: dict(state) for name, state in health.detectors().items()}
-        return 200, "application/json; charset=utf-8", json.dumps({"detectors": states}).encode()
+        return web.json_response({"detectors": states})
 
-    def metrics_view() -> Answer:
-        return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
+    async def metrics_view(_: web.Request) -> web.Response:
+        payload = generate_latest(metrics.registry)
+        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics_view, "/detectors": detectors_view}
-
-
-def answer(views: Mapping[str, Callable[[], Answer]], head: bytes) -> tuple[Answer, bool]:
-    """The answer to one request's head (request line and headers), and whether to send its body (not HEAD)."""
-    line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        return (400, _TEXT, b"bad request\n"), True
-    method, target = parts[0], parts[1]
-    view = views.get(target.split("?", 1)[0])
-    if view is None:
-        return (404, _TEXT, b"not found\n"), method != "HEAD"
-    if method not in ("GET", "HEAD"):
-        return (405, _TEXT, b"method not allowed\n"), True
-    try:
-        return view(), method != "HEAD"
-    except Exception as exc:  # a view that raises answers 500; the server goes on
-        log.exception("http_view_failed", path=target)
-        return (500, _TEXT, f"{type(exc).__name__}: {exc}\n".encode()), method != "HEAD"
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/detectors", detectors_view)
+    return app
 
 
 class Server:
-    """Serves the views until stopped; `port` is the bound port (useful with port 0)."""
+    """Runs the app until stopped; `port` is the bound port (useful with port 0)."""
 
     def __init__(self, health: Health, metrics: metrics_.Metrics, *, host: str, port: int) -> None:
-        self._views = make_views(health, metrics)
+        self._runner = web.AppRunner(make_app(health, metrics), access_log=None)
         metrics.registry.register(HealthCollector(health))
         self._host = host
         self._port = port
         self.port = port
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
-        """Connections being served: closed by `stop()`, so that a client that never finishes its request
-        cannot hold the shutdown."""
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port, limit=MAX_HEAD_BYTES)
-        if self._server.sockets:
-            self.port = self._server.sockets[0].getsockname()[1]
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
         log.info("http_server_started", host=self._host, port=self.port)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One request, one answer, then the connection is closed."""
-        self._open.add(writer)
-        try:
-            try:
-                async with asyncio.timeout(REQUEST_SECONDS):
-                    head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError:
-                (status, content_type, body), send_body = (400, _TEXT, b"request head too large\n"), True
-            else:
-                (status, content_type, body), send_body = answer(self._views, head)
-            writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + (body if send_body else b""))
-            await writer.drain()
-        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-            pass  # the client went away or never finished its request
-        finally:
-            self._open.discard(writer)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._open):
-                writer.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._runner.cleanup()
