@@ -1,4 +1,4 @@
-"""kcover's settings: one pydantic root model made of grouped sub-models.
+"""kcover's settings: one pydantic-settings root made of grouped sub-models.
 
 Owns the schema, defaults, units and the layering CLI flags > environment (`KCOVER_`, `__` nesting)
 > YAML file > defaults, with the provenance of every value. It does not read files or the
@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kcover import errors
 
@@ -352,9 +353,11 @@ class AgentSettings(_Group):
     validation: AgentValidationSettings = Field(default_factory=AgentValidationSettings, description="Running the validation the controller asks for before it returns this node to service.")
 
 
-class Settings(_Group):
-    """The root. Build it with `layer()`, which reads the environment's layer (`env_layer`); `Settings()` is
-    the defaults alone."""
+class Settings(BaseSettings):
+    """The root. Build it with `layer()`; `Settings()` alone reads the process environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTING, extra="forbid",
+                                      validate_default=True)
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
