@@ -300,12 +300,16 @@ async def _bound_shutdown(stop: asyncio.Event, role_task: asyncio.Task[None], gr
         role_task.cancel()
 
 
-async def serve(layered: settings.Layered, args: argparse.Namespace, role: wiring.RoleMain) -> int:
+async def serve(layered: settings.Layered, args: argparse.Namespace, role: wiring.RoleMain, *,
+                detectors: registry.Registry | None = None) -> int:
     """Run a role with the health server, hot reload and signal handling until SIGTERM/SIGINT.
 
     Shutdown is bounded: the role gets `server.shutdown_grace_seconds` to stop (detectors, bus, Lease
-    release), is cancelled after that, and the process exits `EXIT_MARGIN_SECONDS` later at the latest."""
+    release), is cancelled after that, and the process exits `EXIT_MARGIN_SECONDS` later at the latest.
+    `detectors` is the registry the settings were checked against (discovered here when None): the role and
+    every reload use that one."""
     config = layered.settings
+    detectors = registry.discover() if detectors is None else detectors
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -323,7 +327,8 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(health.heartbeat(stop), name="heartbeat")
-            hooks = wiring.RoleHooks(environ=dict(os.environ), fake_nvml_file=getattr(args, "fake_nvml", None) or "")
+            hooks = wiring.RoleHooks(environ=dict(os.environ), detectors=detectors,
+                                     fake_nvml_file=getattr(args, "fake_nvml", None) or "")
 
             async def apply(new: settings.Settings, changed: set[str]) -> None:
                 if any(p.startswith("logging.") for p in changed):
@@ -334,7 +339,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
 
             role_ = contract.Role(args.command)
             reloader = reloading.Reloader(
-                args.config, checked_loader(args.config, _cli_overrides(args), role=role_, detectors=registry.discover()),
+                args.config, checked_loader(args.config, _cli_overrides(args), role=role_, detectors=detectors),
                 apply, config, metrics_, interval_seconds=config.server.config_poll_seconds,
                 watch=lambda cfg: checking.watched_files(cfg, role=role_))
             group.create_task(reloader.run(stop), name="config-reloader")
@@ -348,15 +353,16 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
 
 
 def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
+    detectors = registry.discover()  # once: the check, the role and every reload use this one
     try:
         layered = load_settings(args.config, _cli_overrides(args), required=args.config_given)
-        checking.validate(layered.settings, registry.discover(), role=contract.Role(args.command))
+        checking.validate(layered.settings, detectors, role=contract.Role(args.command))
     except errors.ConfigError as exc:
         print(f"kcover: {exc}", file=sys.stderr)
         return 1
     logs.configure(layered.settings.logging)
     log.info("kcover_starting", command=args.command, version=kcover.__version__, config=args.config)
-    return asyncio.run(serve(layered, args, role))
+    return asyncio.run(serve(layered, args, role, detectors=detectors))
 
 
 # ---------------------------------------------------------------------------------------------- parser

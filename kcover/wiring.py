@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import structlog
 
 from kcover import metrics, serving, settings
+from kcover.detectors import registry
 from kcover.kube import client as client_
-from kcover.kube import retrying
+from kcover.kube import leasing, retrying
 
 log = structlog.get_logger()
 
@@ -32,6 +34,8 @@ class RoleHooks:
 
     environ: Mapping[str, str]
     """The process environment, read by `cli.py` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster variables)."""
+    detectors: registry.Registry | None = None
+    """The detectors discovered once by `cli.py` (the registry its configuration check used); None: discover."""
     reconfigure: Reconfigure | None = None
     fake_nvml_file: str = ""
     """`kcover agent --fake-nvml FILE`: use `nvml.scripted`'s fake driven by FILE instead of the real NVML."""
@@ -44,8 +48,6 @@ AddArgs = Callable[[argparse.ArgumentParser], None]
 
 async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
                           stop: asyncio.Event, hooks: RoleHooks) -> None:
-    from kcover.controller import running as controller_running  # each role imports only what it runs
-
     structlog.contextvars.bind_contextvars(component="controller")
     kube = await client_.connect(config.kube.kubeconfig, environ=hooks.environ,
                                  request_timeout=config.kube.request_timeout_seconds,
@@ -53,13 +55,27 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
     async with kube:
         cfg = config
         if not cfg.lease.identity:
-            pod = hooks.environ.get("POD_NAME") or hooks.environ.get("HOSTNAME", "")
-            if pod:
-                cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
-        controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health)
-        health.detectors = controller.supervisor.describe  # /detectors, read by `kcover detectors --url`
-        hooks.reconfigure = controller.reconfigure
-        await controller.run(stop)
+            pod = hooks.environ.get("POD_NAME") or hooks.environ.get("HOSTNAME", "") or leasing.default_identity()
+            cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
+        elector = leasing.LeaderElector(kube, cfg.lease, identity=cfg.lease.identity,
+                                        metrics=metrics_) if cfg.lease.enabled else None
+        stopped = asyncio.Event()  # set once the controller has stopped: the campaign ends last, releasing the Lease
+        async with asyncio.TaskGroup() as group:
+            if elector is not None:
+                group.create_task(elector.run(stopped), name="leader-election")
+            try:
+                # The campaign runs first: the controller's package is imported in a thread meanwhile, so the
+                # event loop answers the Lease's requests while it loads (acting still waits for the cache).
+                await asyncio.to_thread(importlib.import_module, "kcover.controller.running")
+                from kcover.controller import running as controller_running  # loaded: a cheap lookup
+
+                controller = controller_running.Controller(cfg, client=kube, metrics=metrics_, health=health,
+                                                           detector_registry=hooks.detectors, elector=elector)
+                health.detectors = controller.supervisor.describe  # /detectors, read by `kcover detectors --url`
+                hooks.reconfigure = controller.reconfigure
+                await controller.run(stop)
+            finally:
+                stopped.set()
 
 
 async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, health: serving.Health,
@@ -76,7 +92,8 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
         nvml = scripted.from_file(hooks.fake_nvml_file) if hooks.fake_nvml_file else None
         if nvml is not None:
             log.warning("fake_nvml_in_use", file=nvml.path)
-        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml)
+        agent = agent_running.Agent(config, client=kube, metrics=metrics_, health=health, node=node, nvml=nvml,
+                                    detector_registry=hooks.detectors)
         health.detectors = agent.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = agent.reconfigure
         await agent.run(stop)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import socket
-import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
@@ -67,23 +65,22 @@ class Engine(Protocol):
 EngineFactory = Callable[[recovering.EngineDeps], Engine]
 
 
-def default_identity() -> str:
-    """Host name (the pod name in a cluster) plus a random suffix, as client-go's examples do."""
-    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
 class Controller:
     """One controller replica. Build it, `await run(stop)`, and call `reconfigure()` on reload."""
 
     def __init__(self, cfg: settings.Settings, *, client: client_.KubeClient, metrics: metrics_.Metrics,
                  health: Health, clock: clock_.Clock | None = None,
                  detector_registry: registry.Registry | None = None, engine_factory: EngineFactory | None = None,
-                 cache: caching.ClusterCache | None = None, recover: bool = True) -> None:
+                 cache: caching.ClusterCache | None = None, recover: bool = True,
+                 elector: leasing.LeaderElector | None = None) -> None:
+        """`elector`: a campaign the caller already runs (started before this controller was imported and
+        built, so that a Lease is won while the rest starts); the controller acts on it but neither runs nor
+        ends it. None: the controller runs its own when `lease.enabled`."""
         self.settings = cfg
         self.clock = clock or clock_.SystemClock()
         self.metrics = metrics
         self.client = client
-        self.identity = cfg.lease.identity or default_identity()
+        self.identity = elector.identity if elector is not None else cfg.lease.identity or leasing.default_identity()
         self.bus = bus_.Bus(dedupe_window_seconds=cfg.bus.dedupe_window_seconds,
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
@@ -100,10 +97,13 @@ class Controller:
                                                  cfg.detectors, metrics)
         self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
         self.supervisor.on_failure = self._detector_failed
-        self.elector: leasing.LeaderElector | None = None
-        if cfg.lease.enabled:
+        self.elector: leasing.LeaderElector | None = elector
+        self._runs_campaign = elector is None and cfg.lease.enabled
+        if self._runs_campaign:
             self.elector = leasing.LeaderElector(client, cfg.lease, identity=self.identity, metrics=metrics,
-                                                 clock=self.clock, on_change=self._on_leadership)
+                                                 clock=self.clock)
+        if self.elector is not None:
+            self.elector.on_change = self._on_leadership
             self.answers.fence = self.elector
         else:
             metrics.is_leader.set(1)
@@ -124,8 +124,8 @@ class Controller:
         that died without acting (its Lease not released) leaves faults nobody else would act on."""
         self._replay = asyncio.Event()
         self._resumed_epoch = -1
-        if self.elector is None:
-            self._replay.set()  # no term starts: resume once, at start
+        if self.elector is None or self.elector.is_leader():
+            self._replay.set()  # no term starts (or one started before this controller was built): resume at once
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
 
@@ -155,7 +155,7 @@ class Controller:
                  engine=self.engine is not None)
         inner = asyncio.Event()  # set after `stop`, once the bus is closed, for the election to end last
         async with asyncio.TaskGroup() as tg:
-            if self.elector is not None:  # first: the campaign runs while the cache syncs
+            if self.elector is not None and self._runs_campaign:  # first: the campaign runs while the cache syncs
                 tg.create_task(self.elector.run(inner), name="leader-election")
             tg.create_task(self.cache.run(stop), name="cache")
             tg.create_task(self._detectors(stop), name="detectors")

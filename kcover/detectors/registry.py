@@ -1,9 +1,11 @@
 """Discovery of detectors through the entry point group `kcover.detectors`.
 
 Owns finding, importing and checking detector classes, built-in and third-party alike (the built-ins
-are registered in kcover's own pyproject exactly as a plugin would be). A plugin that fails to import
-is recorded with its name and the error and does not stop the others. It does not run detectors
-(`supervising` does).
+are registered in kcover's own pyproject exactly as a plugin would be). Discovery reads the entry points
+only; a detector's module is imported the first time it is asked for (`get`, `load`, a config check), so a
+role imports the detectors its configuration enables and no others (`infos` imports them all, for
+`kcover detectors`). A plugin that fails to import is recorded with its name and the error, logged once,
+and does not stop the others. It does not run detectors (`supervising` does).
 """
 
 from __future__ import annotations
@@ -61,24 +63,34 @@ def _check(cls: object) -> str:
 
 
 class Registry:
-    """The detectors installed in this environment, by entry point name."""
+    """The detectors installed in this environment, by entry point name: `infos` already loaded, and
+    `entry_points` imported when first asked for."""
 
-    def __init__(self, infos: Iterable[DetectorInfo]) -> None:
+    def __init__(self, infos: Iterable[DetectorInfo] = (), *, entry_points: Iterable[md.EntryPoint] = ()) -> None:
         self._infos = {info.name: info for info in infos}
+        self._pending: dict[str, md.EntryPoint] = {}
+        for ep in entry_points:
+            if ep.name not in self._infos and ep.name not in self._pending:  # the first found wins (editable + site)
+                self._pending[ep.name] = ep
 
     @property
     def infos(self) -> list[DetectorInfo]:
-        return sorted(self._infos.values(), key=lambda i: i.name)
+        """Every installed detector, each imported (now, if it was not yet)."""
+        return sorted((self.get(name) for name in self.names()), key=lambda i: i.name)
 
     def names(self) -> list[str]:
-        return sorted(self._infos)
+        return sorted({*self._infos, *self._pending})
 
     def get(self, name: str) -> DetectorInfo:
-        try:
-            return self._infos[name]
-        except KeyError:
+        info = self._infos.get(name)
+        if info is not None:
+            return info
+        ep = self._pending.pop(name, None)
+        if ep is None:
             known = ", ".join(self.names()) or "none"
-            raise errors.UnknownDetectorError(f"unknown detector {name!r}; installed detectors: {known}") from None
+            raise errors.UnknownDetectorError(f"unknown detector {name!r}; installed detectors: {known}")
+        info = self._infos[name] = _load(ep)
+        return info
 
     def load(self, name: str) -> type[contract.Detector]:
         info = self.get(name)
@@ -102,7 +114,7 @@ class Registry:
         for name, entry in entries.items():
             if not getattr(entry, "enabled", True):
                 continue  # a disabled entry may name a plugin that is not installed here
-            if name not in self._infos:
+            if name not in self._infos and name not in self._pending:
                 problems.append(f"detectors.entries.{name}: unknown detector; installed: {', '.join(self.names())}")
                 continue
             try:
@@ -115,29 +127,24 @@ class Registry:
 
 
 def discover(entry_points: Iterable[md.EntryPoint] | None = None) -> Registry:
-    """Import every entry point of the group; failures are kept as DetectorInfo.error."""
-    eps = md.entry_points(group=GROUP) if entry_points is None else entry_points
-    infos: list[DetectorInfo] = []
-    seen: set[str] = set()
-    for ep in eps:
-        if ep.name in seen:  # the same distribution found twice on sys.path (editable + site)
-            continue
-        seen.add(ep.name)
-        dist = ep.dist
-        dist_name = dist.name if dist is not None else "unknown"
-        version = dist.version if dist is not None else "unknown"
-        try:
-            cls = ep.load()
-        except Exception as exc:  # a broken plugin must not stop the others
-            error = f"{type(exc).__name__}: {exc}"
-            log.error("detector_plugin_import_failed", detector=ep.name, entry_point=ep.value,
-                      distribution=dist_name, error=error)
-            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, None, error))
-            continue
-        problem = _check(cls)
-        if problem:
-            log.error("detector_plugin_invalid", detector=ep.name, entry_point=ep.value, error=problem)
-            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, None, problem))
-        else:
-            infos.append(DetectorInfo(ep.name, ep.value, dist_name, version, cls))
-    return Registry(infos)
+    """The entry points of the group, each imported when first asked for (see `Registry`)."""
+    return Registry(entry_points=md.entry_points(group=GROUP) if entry_points is None else entry_points)
+
+
+def _load(ep: md.EntryPoint) -> DetectorInfo:
+    """Import one entry point and check its class; a failure is logged and kept as DetectorInfo.error."""
+    dist = ep.dist
+    dist_name = dist.name if dist is not None else "unknown"
+    version = dist.version if dist is not None else "unknown"
+    try:
+        cls = ep.load()
+    except Exception as exc:  # a broken plugin must not stop the others
+        error = f"{type(exc).__name__}: {exc}"
+        log.error("detector_plugin_import_failed", detector=ep.name, entry_point=ep.value,
+                  distribution=dist_name, error=error)
+        return DetectorInfo(ep.name, ep.value, dist_name, version, None, error)
+    problem = _check(cls)
+    if problem:
+        log.error("detector_plugin_invalid", detector=ep.name, entry_point=ep.value, error=problem)
+        return DetectorInfo(ep.name, ep.value, dist_name, version, None, problem)
+    return DetectorInfo(ep.name, ep.value, dist_name, version, cls)

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import math
 import random
+import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +97,11 @@ def released(observed: Record, *, now: str) -> Record:
                   transitions=observed.transitions)
 
 
+def default_identity() -> str:
+    """Host name (the pod name in a cluster) plus a random suffix, as client-go's examples do."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
 class LeaderElector:
     """Campaigns for one Lease until `stop` is set. One instance per process."""
 
@@ -109,7 +116,8 @@ class LeaderElector:
         self.identity = identity
         self._metrics = metrics
         self._clock = clock or clock_.SystemClock()
-        self._on_change = on_change
+        self.on_change = on_change
+        """Told True when this replica starts leading and False when it stops (set by whoever acts on it)."""
         self.release_on_exit = release_on_exit
         self._rng = rng or random.Random()
         self.leading = asyncio.Event()
@@ -334,8 +342,8 @@ class LeaderElector:
                 epoch=self.leadership_epoch)
         if self._metrics is not None:
             self._metrics.is_leader.set(1 if leading else 0)
-        if self._on_change is not None:
-            self._on_change(leading)
+        if self.on_change is not None:
+            self.on_change(leading)
 
     # ------------------------------------------------------------------------------------ leader work
 

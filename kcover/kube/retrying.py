@@ -130,8 +130,8 @@ async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, time
     the outer cancellation into its own timeout error, and only this deadline then ends the loop.
     `before_retry()` runs before each retry; a result other than None ends the loop with that result.
     """
-    rng = rng or random.Random()
-    back = backoff.Backoff(initial=policy.initial_seconds, maximum=policy.max_delay_seconds, rng=rng)
+    back: backoff.Backoff | None = None  # with its jitter source, built at the first retry: most calls make none
+    jitter = rng
     total = policy.deadline_seconds if deadline_seconds is None else min(deadline_seconds, policy.deadline_seconds)
     deadline = monotonic() + total
     first = True
@@ -155,7 +155,11 @@ async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, time
                 raise asyncio.CancelledError from exc
             if not retryable(exc) or total <= 0:
                 raise
-            delay = delay_for(exc, back, policy, rng)
+            if back is None:
+                jitter = jitter or random.Random()  # seeded from the OS: too dear to build for every request
+                back = backoff.Backoff(initial=policy.initial_seconds, maximum=policy.max_delay_seconds, rng=jitter)
+            assert jitter is not None
+            delay = delay_for(exc, back, policy, jitter)
             if monotonic() + delay + MIN_ATTEMPT_SECONDS > deadline:
                 if stats is not None:
                     stats.exhausted += 1

@@ -3,7 +3,8 @@
 Owns finding the server and its credentials (in-cluster service account; a kubeconfig's server, CA,
 client certificate and token, inline or in files; insecure-skip-tls-verify) and sending a request with
 them. The service-account token is re-read from its file at most every `TOKEN_REREAD_SECONDS`, as
-client-go does, so a rotated (bound) token is picked up. A kubeconfig user that authenticates through
+client-go does, so a rotated (bound) token is picked up. A proxy the environment names for the server
+(`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`) is looked up once per session, not per request. A kubeconfig user that authenticates through
 an `exec` plugin or an `auth-provider` is handed to kubernetes-asyncio's loader, imported only then:
 its client package loads hundreds of generated modules (about 140 ms and 35 MiB), which the roles,
 running in-cluster, never pay.
@@ -16,6 +17,7 @@ and timeouts from `send` propagate to the caller.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
 import tempfile
@@ -84,14 +86,21 @@ class Transport:
         self._server_hostname = server_hostname
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._proxy: dict[str, Any] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        """Created on first use, inside the running loop."""
+        """Created on first use, inside the running loop.
+
+        The proxy the environment names for the API server (`HTTPS_PROXY`, `NO_PROXY`, ...: aiohttp's own
+        reading of them) is looked up here, once: a session that trusts the environment looks it up again on
+        every request, and `~/.netrc` with it, each time in a thread."""
         if self._session is None:
+            with contextlib.suppress(LookupError):
+                proxy, proxy_auth = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(self.host))
+                self._proxy = {"proxy": proxy, "proxy_auth": proxy_auth}
             connector = aiohttp.TCPConnector(limit=self._pool_size, ssl=self._ssl)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=True,
-                                                  read_bufsize=READ_BUFFER_BYTES)
+            self._session = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFFER_BYTES)
         return self._session
 
     async def close(self) -> None:
@@ -115,9 +124,10 @@ class Transport:
             client_timeout = timeout or aiohttp.ClientTimeout()
         else:
             client_timeout = aiohttp.ClientTimeout(total=timeout)
+        session = self.session
         extra: dict[str, Any] = {"server_hostname": self._server_hostname} if self._server_hostname else {}
-        return await self.session.request(method, yarl.URL(url, encoded=True), data=data, headers=all_headers,
-                                          timeout=client_timeout, **extra)
+        return await session.request(method, yarl.URL(url, encoded=True), data=data, headers=all_headers,
+                                          timeout=client_timeout, **self._proxy, **extra)
 
     @classmethod
     def from_configuration(cls, configuration: Any, *, headers: Mapping[str, str] | None = None) -> Transport:

@@ -194,10 +194,14 @@ class Verifier:
         if not self.followed:
             return
         if kind is caching.Kind.POD:
-            obj = new if isinstance(new, proj.Pod) else old
-            if not isinstance(obj, proj.Pod):
+            # only the restarts whose unit the pod belongs to, before or after the change: `assess` counts the
+            # pods its selector matches, so no other pod's change can change its outcome
+            changed = [p for p in (old, new) if isinstance(p, proj.Pod)]
+            if not changed:
                 return
-            for f in [f for f in self.followed.values() if f.workload.namespace == obj.namespace]:
+            namespace = changed[0].namespace
+            for f in [f for f in self.followed.values()
+                      if f.workload.namespace == namespace and any(f.selector.matches(p.labels) for p in changed)]:
                 self._check(f)
         elif kind is caching.Kind.WORKLOAD and isinstance(new, proj.Workload):
             for f in [f for f in self.followed.values() if f.workload.uid == new.uid]:

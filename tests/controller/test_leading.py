@@ -11,7 +11,7 @@ import pytest
 from kcover import metrics, model, serving, settings
 from kcover.controller import recovering, running
 from kcover.detectors import registry
-from kcover.kube import caching
+from kcover.kube import caching, leasing
 from kcover.kube import client as client_
 from kcover.sim import server as simserver
 
@@ -97,3 +97,36 @@ async def test_the_lease_is_won_during_the_sync_and_the_engine_acts_only_after_i
             await task
     lease = srv.store.get("leases.coordination.k8s.io", NS, cfg.lease.name)
     assert lease["spec"].get("holderIdentity", "") == ""  # released on the way out
+
+
+async def test_a_lease_won_before_the_controller_was_built_is_acted_on_once_synced(srv: simserver.SimServer) -> None:
+    """`kcover controller` campaigns before it imports and builds the controller: the controller takes the
+    running campaign, resumes its term once synced, and leaves the campaign (and the Lease) to its caller."""
+    engines: list[Engine] = []
+
+    def factory(deps: recovering.EngineDeps) -> Engine:
+        engines.append(Engine(deps))
+        return engines[-1]
+
+    async with client_.from_configuration(srv.kube_configuration()) as kube:
+        cfg = _settings("early")
+        elector = leasing.LeaderElector(kube, cfg.lease, identity="early")
+        campaign_stop = asyncio.Event()
+        campaign = asyncio.create_task(elector.run(campaign_stop), name="campaign")
+        try:
+            await _until(elector.leading.is_set)
+            ctl = running.Controller(cfg, client=kube, metrics=metrics.Metrics(), health=serving.Health(),
+                                     detector_registry=registry.discover(), engine_factory=factory, elector=elector)
+            assert ctl.identity == "early"
+            stop = asyncio.Event()
+            task = asyncio.create_task(ctl.run(stop), name="controller")
+            await _until(lambda: engines[0].calls)
+            assert engines[0].calls == ["resume:1"]
+            stop.set()
+            await task
+            assert elector.leading.is_set()  # the controller stopped; the campaign is its caller's to end
+        finally:
+            campaign_stop.set()
+            await campaign
+    lease = srv.store.get("leases.coordination.k8s.io", NS, cfg.lease.name)
+    assert lease["spec"].get("holderIdentity", "") == ""  # released when the caller ended the campaign

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata as md
+import sys
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,6 +125,25 @@ def test_bad_detector_config_and_broken_plugin_are_field_level_errors() -> None:
 
 
 @pytest.mark.looptime
+def test_discovery_imports_a_detector_only_when_it_is_asked_for(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A role imports the detectors its configuration enables: an installed plugin that is disabled (or not
+    configured) is listed but never imported."""
+    module = f"lazy_plugin_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(f"from {d.__name__} import Ticker\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [md.EntryPoint(name="lazy", value=f"{module}:Ticker", group=registry.GROUP),
+           md.EntryPoint(name="lazy", value="elsewhere:Ticker", group=registry.GROUP)]  # found twice: first wins
+    reg = registry.discover(eps)
+    assert reg.names() == ["lazy"]
+    assert reg.check_entries({"lazy": settings.DetectorEntry(enabled=False)}) == []
+    assert module not in sys.modules
+    assert reg.get("lazy").cls is d.Ticker
+    assert module in sys.modules
+    monkeypatch.delitem(sys.modules, module)
+    assert [i.value for i in reg.infos] == [f"{module}:Ticker"]
+
+
 async def test_reconfigure_restarts_only_changed_detectors(start: Any) -> None:
     d.Ticker.starts.clear()
     sup, b, _ = await start({"ticker": {"config": {"label": "old"}}, "crasher": {"enabled": False}})

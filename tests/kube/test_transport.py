@@ -71,6 +71,35 @@ async def test_requests_carry_the_token_the_headers_and_the_body_as_sent(tmp_pat
                     ("Bearer t0k", "tenant", "", b'{"raw":true}')]
 
 
+async def test_the_proxy_the_environment_names_carries_the_requests(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looked up once per session (not per request in a thread), and still honoured."""
+    seen: list[str] = []
+
+    async def proxy(request: web.Request) -> web.Response:
+        seen.append(str(request.url))  # a proxied request names the whole target URL
+        return web.json_response({"via": "proxy"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{port}")
+    try:
+        path = _kubeconfig(tmp_path, user={"token": "t"}, cluster={"server": "http://apiserver.invalid:6443"})
+        async with client.KubeClient(transport.from_kubeconfig(path)) as kube:
+            answers = [await kube.request("GET", "/api/v1/namespaces/a"), await kube.request("GET", "/api/v1/nodes")]
+    finally:
+        await runner.cleanup()
+    assert answers == [{"via": "proxy"}, {"via": "proxy"}]
+    assert seen == ["http://apiserver.invalid:6443/api/v1/namespaces/a", "http://apiserver.invalid:6443/api/v1/nodes"]
+
+
 async def test_a_token_file_is_read_again_after_a_minute(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("first\n")

@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from kcover import settings
+from kcover.kube import caching
 from kcover.kube import projections as proj
 from kcover.recovery import actions, verifying
 
@@ -67,3 +70,50 @@ def test_diagnose_reads_the_cause_from_the_pods(pods: list[proj.Pod], cause: ver
     got, detail = verifying.diagnose(_followed(), pods)
     assert got is cause
     assert says in detail
+
+
+class CountingCache(caching.ClusterCache):
+    """The product's cache, counting the unit lookups verification makes."""
+
+    lookups = 0
+
+    def pods_of_workload(self, workload_uid: str) -> list[proj.Pod]:
+        self.lookups += 1
+        return super().pods_of_workload(workload_uid)
+
+
+def _job(name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": "ml", "uid": uid}}
+
+
+def _member(job: str, job_uid: str, uid: str, phase: str = "Running") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{job}-{uid}", "namespace": "ml", "uid": uid, "labels": {JOB: job},
+                         "resourceVersion": "1",
+                         "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job,
+                                              "uid": job_uid, "controller": True}]},
+            "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+
+def test_a_followed_restart_is_assessed_on_its_own_pods_changes_only() -> None:
+    """Another job's pods in the same namespace do not make verification look the followed unit up again; its
+    own pods coming back running end it as recovered."""
+    others = [_job("other", "v"), _member("other", "v", "o-0"), _member("other", "v", "o-1")]
+    cache = CountingCache.offline([_job("train", "u"), _member("train", "u", "old-0"), _member("train", "u", "old-1"),
+                                   *others])
+
+    async def emit(*_: Any, **__: Any) -> None:
+        pass
+
+    verifier = verifying.Verifier(cache, verifying.VerifyMetrics(CollectorRegistry()),
+                                  settings_=lambda: settings.VerifySettings(), emit=emit)
+    verifier.follow(_followed(), lambda: 5.0)
+    assert cache.lookups == 1  # the first look, when following starts
+    others[1]["status"]["phase"] = "Failed"
+    others[1]["metadata"]["resourceVersion"] = "2"
+    cache.load([_job("train", "u"), _member("train", "u", "old-0"), _member("train", "u", "old-1"), *others])
+    assert cache.lookups == 1
+    assert list(verifier.followed) == ["w.u"]
+    cache.load([_job("train", "u"), _member("train", "u", "new-0"), _member("train", "u", "new-1"), *others])
+    assert [(r.key, r.outcome) for r in verifier.history] == [("w.u", verifying.Outcome.RECOVERED)]
+    assert verifier.followed == {}
