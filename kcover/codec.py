@@ -20,6 +20,7 @@ Owns both directions of the agent -> controller contract, so the two sides canno
 | `kcover.io/recommended-action` | `recommended` | an `Action` value | refused `bad_recommended_action` |
 | `kcover.io/fault-cleared` | `cleared` | `true` / `false` | refused `bad_fault_cleared` |
 | `kcover.io/pods` | `fault.pods` | `ns/name,ns/name`, at most `PODS_MAX` | refused `bad_pods` |
+| `kcover.io/device-healthy` | (a DRA device is healthy again) | `true` / `false` | refused `bad_device_healthy` |
 | `kcover.io/xid` | `fault.xid` | decimal, 0..2^63-1 | dropped, logged |
 | `kcover.io/gpu-index` | `fault.gpu_index` | decimal, 0..2^63-1 | dropped, logged |
 | `kcover.io/gpu-uuid` | `fault.gpu_uuid` | text | dropped, logged |
@@ -30,10 +31,20 @@ Owns both directions of the agent -> controller contract, so the two sides canno
 | `kcover.io/window-seconds` | `window_seconds` | float (Python `repr`), >= 0 | dropped (0), logged |
 | `kcover.io/detector` | the reporting detector | text | dropped, logged |
 
-Why refuse some and drop others: the first three change what the controller does. A recommendation it
+`kcover.io/device-healthy: "true"` is the agent's word that a DRA device it reported faulty has stayed
+healthy for `agent.condition_hold_seconds` (`encode_annotations(event, device_healthy=True)`): it goes
+only with `kcover.io/fault-cleared: "true"` and a complete `kcover.io/dra-*` device, and the
+controller's event watcher keeps and judges an Event carrying it like one asking for recovery (same
+trust rules), so the policy removes kcover's DeviceTaintRule of that device. It never carries
+`need-recovery`: a consumer that only knows that annotation ignores it. Asked for on an event that is
+not cleared or names no DRA device, the encoder leaves it out (`dropped`); decoded without both, or
+with a value other than true/false, the Event is refused (`bad_device_healthy`).
+
+Why refuse some and drop others: the first four change what the controller does. A recommendation it
 cannot read might have asked for less than its rules would do; an unreadable `cleared` could turn
 the end of a fault into a cordon; unreadable `pods` would widen a restart from the pods on one GPU
-to every workload on the node. The rest is identity and detail the policy does not act on, so the
+to every workload on the node; an unreadable or inconsistent `device-healthy` could un-isolate a
+device nobody said was well. The rest is identity and detail the policy does not act on, so the
 Event is still worth acting on without them. Text values are bounded by the model's limits in
 characters and by `VALUE_MAX_BYTES` in UTF-8 bytes; `pods` by `PODS_MAX` entries and
 `PODS_MAX_BYTES`. Empty text and absent annotations both mean "unknown".
@@ -70,6 +81,7 @@ PODS = "kcover.io/pods"
 OCCURRENCES = "kcover.io/occurrences"
 WINDOW_SECONDS = "kcover.io/window-seconds"
 DETECTOR = "kcover.io/detector"
+DEVICE_HEALTHY = "kcover.io/device-healthy"
 
 VALUE_MAX_BYTES = 1024
 """UTF-8 bytes of one annotation value (other than `pods`): the longest model text (253 characters)
@@ -90,6 +102,7 @@ FALSE = "false"
 REFUSED_RECOMMENDED_ACTION = "bad_recommended_action"
 REFUSED_FAULT_CLEARED = "bad_fault_cleared"
 REFUSED_PODS = "bad_pods"
+REFUSED_DEVICE_HEALTHY = "bad_device_healthy"
 
 AGENT_CONDITION_TYPE = "KcoverGPUHealthy"
 """The Node condition kcover's agent sets (`agent.condition_type`)."""
@@ -163,8 +176,11 @@ def needs_recovery(event: model.CollectorEvent) -> bool:
                                       model.Action.CORDON_NODE_AND_RESTART))
 
 
-def encode_annotations(event: model.CollectorEvent) -> Encoded:
-    """The `kcover.io/` annotations carrying `event`'s typed fields (pure, never raises)."""
+def encode_annotations(event: model.CollectorEvent, *, device_healthy: bool = False) -> Encoded:
+    """The `kcover.io/` annotations carrying `event`'s typed fields (pure, never raises). With
+    `device_healthy`, also `kcover.io/device-healthy: "true"`: the agent's word that the DRA device the
+    cleared `event` names has stayed healthy for the hold (left out, and reported, when it is not
+    cleared or names no DRA device)."""
     out: dict[str, str] = {}
     dropped: list[tuple[str, str]] = []
 
@@ -217,6 +233,11 @@ def encode_annotations(event: model.CollectorEvent) -> Encoded:
         integer(OCCURRENCES, event.occurrences, 1)
     if event.window_seconds:
         out[WINDOW_SECONDS] = repr(event.window_seconds)
+    if device_healthy:
+        if event.cleared and all(k in out for k in (DRA_DRIVER, DRA_POOL, DRA_DEVICE)):
+            out[DEVICE_HEALTHY] = TRUE
+        else:
+            dropped.append((DEVICE_HEALTHY, "only a cleared event naming a DRA device says a device is healthy"))
     return Encoded(out, tuple(dropped))
 
 
@@ -234,6 +255,8 @@ class Decoded:
     window_seconds: float = 0.0
     detector: str = ""
     """The detector that saw the fault at the source (e.g. the agent's `nvml`)."""
+    device_healthy: bool = False
+    """The agent says the DRA device `fault.dra` has stayed healthy for its hold (then `cleared` is True)."""
     dropped: tuple[tuple[str, str], ...] = field(default=())
     """(annotation, why) for optional detail that was malformed and left out."""
 
@@ -331,11 +354,20 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
             dropped.append((WINDOW_SECONDS, "not a number >= 0"))
     fault = model.Fault(xid=xid, gpu_index=gpu_index, gpu_uuid=text(GPU_UUID), dra=dra, check=text(CHECK),
                         container=text(CONTAINER), pods=pods)
+    raw_healthy = _get(annotations, DEVICE_HEALTHY)
+    healthy = False
+    if raw_healthy is not None:
+        if raw_healthy.lower() not in (TRUE, FALSE):
+            return Refused(REFUSED_DEVICE_HEALTHY, DEVICE_HEALTHY, f"not true or false: {raw_healthy[:64]!r}")
+        healthy = raw_healthy.lower() == TRUE
+        if healthy and not (cleared and dra is not None):
+            return Refused(REFUSED_DEVICE_HEALTHY, DEVICE_HEALTHY,
+                           f"needs {FAULT_CLEARED}: true and a readable DRA driver, pool and device")
     need = _get(annotations, NEED_RECOVERY)
     return Decoded(need_recovery=need is not None and need.lower() == TRUE, recommended=recommended,
                    cleared=cleared, fault=fault, occurrences=occurrences or 1,
                    window_seconds=0.0 if window is None else window, detector=text(DETECTOR),
-                   dropped=tuple(dropped))
+                   device_healthy=healthy, dropped=tuple(dropped))
 
 
 # ---------------------------------------------------------------------------------------------- condition

@@ -168,7 +168,7 @@ class KubeSettings(_Group):
                                  "leaderworkersets.leaderworkerset.x-k8s.io"],
         description="Workload kinds the controller cache watches, as `plural.group`: every kind DESIGN.md names. A kind whose CRD is missing is logged once and retried slowly.",
         json_schema_extra=_RESTART)
-    watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` are kept.",
+    watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` or `kcover.io/device-healthy` are kept.",
                                json_schema_extra=_RESTART)
     gc_freeze_after_sync: bool = Field(True, description="gc.freeze() once the controller cache first synced, so Python's cyclic GC never rescans the ~1.5 million cached objects of 150,000 pods (full collections otherwise stall watch delivery for about a second).",
                                        json_schema_extra=_RESTART)

@@ -10,7 +10,10 @@ in `default` or `kube-system` unless `involvedObject.namespace` names the Event'
 elsewhere the Node reference carries the release namespace (kube-apiserver 1.36 answers 422
 otherwise). Events of faults whose source recommends a restart or a cordon
 carry `kcover.io/need-recovery: "true"` (`codec.needs_recovery`), so the controller's event watcher
-acts on them; cleared faults never do (the controller learns the end from the condition).
+acts on them; cleared faults never do (the controller learns the end from the condition). A DRA
+device's faults end on their own clock (`devicehealth`, the same hold as the condition): when they
+have, the reporter writes one Event saying the device is healthy again (`kcover.io/device-healthy`),
+on which the controller removes kcover's DeviceTaintRule of the device.
 
 Node-level faults (recommended action cordon-node or cordon-node-and-restart) set the condition
 False (`codec.condition_status`), except a fault on a DRA device (`fault.dra`, which `devices`, the
@@ -26,7 +29,9 @@ codec's (`kcover.codec`): `kcover.io/need-recovery` on faults whose source recom
 a cordon, and every typed field of the fault.
 
 Failures: a failed write is logged and retried on the next tick (condition) or dropped (Event); the
-reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
+device-healthy Event is what un-isolates a device, so it is never dropped: a failed write is retried
+with backoff, and one the dedupe window or the rate limit holds back waits for them. It is void if
+the device faults again first. The reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import structlog
 
 from kcover import bus as bus_
 from kcover import codec, errors, model, settings
+from kcover.agent import devicehealth
 from kcover.aio import backoff, limiting
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
@@ -152,6 +158,12 @@ class Reporter:
     devices: Callable[[model.CollectorEvent], Awaitable[list[model.CollectorEvent]]] | None = None
     """Maps a fault on a GPU to one report per DRA device that GPU is (`dradevices.DraDevices.attach`);
     None reports events as published."""
+    device_faults: dict[str, devicehealth.Device] = field(default_factory=dict)
+    """DRA device resource id -> its faults, until they have ended for the hold."""
+    healthy_pending: dict[str, model.CollectorEvent] = field(default_factory=dict)
+    """DRA device resource id -> its device-healthy report, until written."""
+    _healthy_backoff: backoff.Backoff = field(default_factory=lambda: backoff.Backoff(initial=1.0, maximum=60.0))
+    _healthy_retry_at: float = 0.0
 
     async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
         await self._load_current()
@@ -170,6 +182,7 @@ class Reporter:
                     batch_task.cancel()
                     await asyncio.gather(batch_task, return_exceptions=True)
                     await self.sync_condition()
+                    await self.sync_devices()
         finally:
             stopping.cancel()
             await asyncio.gather(stopping, return_exceptions=True)
@@ -180,9 +193,12 @@ class Reporter:
         now = self.clock.monotonic()
         for event in events:
             apply(self.faults, event, now)
+            if devicehealth.apply(self.device_faults, event, now) and event.fault.dra is not None:
+                self.healthy_pending.pop(event.fault.dra.resource_id, None)  # faulty again: not healthy
         await self.sync_condition()
         for event in events:
             await self.post_event(event)
+        await self.sync_devices()
 
     # ------------------------------------------------------------------ condition
 
@@ -240,34 +256,81 @@ class Reporter:
 
     # ------------------------------------------------------------------ events
 
-    async def post_event(self, event: model.CollectorEvent) -> None:
-        action = _action_word(event)
+    def _event_key(self, event: model.CollectorEvent) -> str:
         dra = event.fault.dra.resource_id if event.fault.dra is not None else ""
-        key = f"{event.reason}/{_gpu(event)}/{dra}/{action}/{event.cleared}"
-        now = self.clock.monotonic()
+        return f"{event.reason}/{_gpu(event)}/{dra}/{_action_word(event)}/{event.cleared}"
+
+    def _deduped(self, key: str, now: float) -> bool:
         last = self._sent.get(key)
-        if last is not None and now - last < self.config.event_dedupe_seconds:
-            self.events_suppressed += 1
-            return
+        return last is not None and now - last < self.config.event_dedupe_seconds
+
+    def _take_token(self, now: float) -> bool:
         if self._bucket is None:
             per_second = self.config.max_events_per_minute / 60.0
             self._bucket = TokenBucket(per_second, float(self.config.max_events_per_minute))
-        if not self._bucket.take(now):
-            self.events_suppressed += 1
-            log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason)
-            return
+        return self._bucket.take(now)
+
+    def _mark_sent(self, key: str, now: float) -> None:
         self._sent = {k: t for k, t in self._sent.items() if now - t < self.config.event_dedupe_seconds}
         self._sent[key] = now
+
+    async def _write_event(self, event: model.CollectorEvent, *, device_healthy: bool = False) -> bool:
+        """POST the Event for `event`; False (logged) when the API server did not take it."""
         try:
             namespace = self.config.event_namespace
             await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events",
                                       body=event_body(event, node=self.node_name, namespace=namespace,
                                                       reporter=self.config.reporting_controller,
-                                                      when=self.clock.now()))
+                                                      when=self.clock.now(), device_healthy=device_healthy))
         except errors.KubeError as exc:
-            log.warning("agent_event_write_failed", node=self.node_name, reason=event.reason, error=str(exc))
-            return
+            log.warning("agent_event_write_failed", node=self.node_name, reason=event.reason, error=str(exc),
+                        device_healthy=device_healthy)
+            return False
         self.events_created += 1
+        return True
+
+    async def post_event(self, event: model.CollectorEvent) -> None:
+        key = self._event_key(event)
+        now = self.clock.monotonic()
+        if self._deduped(key, now):
+            self.events_suppressed += 1
+            return
+        if not self._take_token(now):
+            self.events_suppressed += 1
+            log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason)
+            return
+        self._mark_sent(key, now)
+        await self._write_event(event)
+
+    async def sync_devices(self) -> None:
+        """Write the device-healthy Event of each DRA device whose faults have all ended for the hold.
+        Never dropped: one the dedupe window or the rate limit holds back waits for them, a failed write
+        is retried with backoff."""
+        now = self.clock.monotonic()
+        hold = self.config.condition_hold_seconds
+        for device in devicehealth.healthy(self.device_faults, now, hold):
+            self.healthy_pending[device.dra.resource_id] = devicehealth.healthy_event(device, hold)
+            log.info("agent_device_healthy", node=self.node_name, device=device.dra.resource_id,
+                     gpu_uuid=device.gpu_uuid, hold_seconds=hold)
+        if not self.healthy_pending or now < self._healthy_retry_at:
+            return
+        for device_id, event in sorted(self.healthy_pending.items()):
+            key = self._event_key(event)
+            if self._deduped(key, now):
+                continue  # the same word was written within the dedupe window: it goes once that passes
+            if not self._take_token(now):
+                log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason,
+                            device=device_id, will_retry=True)
+                return
+            if not await self._write_event(event, device_healthy=True):
+                delay = self._healthy_backoff.next_delay()
+                self._healthy_retry_at = now + delay
+                log.warning("agent_device_healthy_write_retrying", node=self.node_name, device=device_id,
+                            retry_in_seconds=round(delay, 1))
+                return
+            self._healthy_backoff.reset()
+            self._mark_sent(key, now)
+            del self.healthy_pending[device_id]
 
 
 def _action_word(event: model.CollectorEvent) -> str:
@@ -287,11 +350,12 @@ def node_reference(node: str, namespace: str) -> dict[str, str]:
 
 
 def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime,
-               namespace: str = "kcover-system") -> dict[str, Any]:
+               namespace: str = "kcover-system", device_healthy: bool = False) -> dict[str, Any]:
     """The core/v1 Event about this Node for one observation, its typed fields in the codec's
-    annotations (pure). Values the codec cannot carry are left out and logged. Text is cut to the API
-    server's limits in UTF-8 bytes (`model.fit`)."""
-    encoded = codec.encode_annotations(event)
+    annotations (pure; `device_healthy`: the word that the cleared event's DRA device is healthy again).
+    Values the codec cannot carry are left out and logged. Text is cut to the API server's limits in
+    UTF-8 bytes (`model.fit`)."""
+    encoded = codec.encode_annotations(event, device_healthy=device_healthy)
     if encoded.dropped:
         log.warning("agent_event_fields_dropped", node=node, reason=event.reason,
                     dropped=[f"{key}: {why}" for key, why in encoded.dropped])

@@ -17,7 +17,11 @@ is fresh (its latest of `series.lastObservedTime`, `lastTimestamp`, `eventTime` 
 Events about any other kind are refused. An Event that names a DRA device (`kcover.io/dra-*`) is
 accepted only when a ResourceSlice whose `spec.nodeName` is the node the Event is about (the Node's,
 or the Pod's node) publishes that driver, pool and device (`device_not_on_node` otherwise, logged as
-`recovery_event_device_refused`): an agent speaks for the devices of its own node only. Updates are re-evaluated when the Event's count, series count
+`recovery_event_device_refused`): an agent speaks for the devices of its own node only. An Event
+annotated `kcover.io/device-healthy: "true"` (the agent's word that a device it reported has stayed
+healthy for its hold, `kcover.codec`) is kept and judged by the same rules and published cleared, so
+the policy removes kcover's DeviceTaintRule; one about anything but a Node, and any cleared Event
+naming a device without that annotation, is refused (`device_healthy_untrusted`). Updates are re-evaluated when the Event's count, series count
 or time moved. Refusals are logged with their reason, counted in `kcover_events_rejected{reason}`
 once per Event revision, and handed to `context.refusals` (the controller answers them with a
 rate-limited warning Event in the refused Event's namespace: at most one per namespace and reason per
@@ -192,6 +196,20 @@ def device_verdict(verdict: Verdict, device: model.DraDevice,
     return Verdict(None, "device_not_on_node")
 
 
+def return_verdict(verdict: Verdict, decoded: codec.Decoded) -> Verdict:
+    """An Event that says a DRA device is well again (cleared, naming a device) stays accepted only as the
+    agent's word (`kcover.io/device-healthy`) about a Node: so it passed the Node rules (the agent's
+    namespace, reporter and identity, an agent pod on that node), and `device_verdict` then checks the
+    device is that node's. A Pod's Event, which anyone who may write Events in the pod's namespace can
+    forge, never un-isolates a device (pure)."""
+    target = verdict.target
+    if target is None or not (decoded.device_healthy or (decoded.cleared and decoded.fault.dra is not None)):
+        return verdict
+    if decoded.device_healthy and target.kind is model.TargetKind.NODE:
+        return verdict
+    return Verdict(None, "device_healthy_untrusted")
+
+
 def agent_on_node(pods_on_node: Callable[[str], Sequence[proj.Pod]], labels: dict[str, str],
                   namespace: str, node: str) -> bool:
     """A pod carrying `labels`, in `namespace`, bound to `node` and not terminating (pure but for the lookup)."""
@@ -253,6 +271,8 @@ class EventWatcherDetector:
             verdict = Verdict(None, decoded.reason)
             log.info("recovery_event_undecodable", k8s_event=f"{new.namespace}/{new.name}",
                      annotation=decoded.annotation, detail=decoded.detail)
+        if verdict.target is not None and not isinstance(decoded, codec.Refused):
+            verdict = return_verdict(verdict, decoded)
         if verdict.target is not None and not isinstance(decoded, codec.Refused) and decoded.fault.dra is not None:
             verdict = device_verdict(verdict, decoded.fault.dra, cache.publishes_device)
             if verdict.target is None:

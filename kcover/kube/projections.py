@@ -21,6 +21,8 @@ from typing import Any, NamedTuple
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
 NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
+DEVICE_HEALTHY_ANNOTATION = "kcover.io/device-healthy"
+"""The agent's word that a DRA device is healthy again (`kcover.codec.DEVICE_HEALTHY`): kept like a request."""
 """Events annotated `true` ask for recovery of their involved object."""
 RESTARTING_ANNOTATION = "kcover.io/restarting"
 """Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
@@ -208,7 +210,7 @@ class InvolvedObject(NamedTuple):
 
 
 class KubeEvent(NamedTuple):
-    """A core/v1 Event carrying `kcover.io/need-recovery: "true"`."""
+    """A core/v1 Event carrying `kcover.io/need-recovery: "true"` or `kcover.io/device-healthy: "true"`."""
 
     uid: str
     rv: str
@@ -452,9 +454,12 @@ def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
 
 
 def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
-    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"`."""
+    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"` or
+    `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
     meta = _d(raw.get("metadata"))
-    if _s(_d(meta.get("annotations")).get(NEED_RECOVERY_ANNOTATION)).lower() != "true":
+    annotations = _d(meta.get("annotations"))
+    if _s(annotations.get(NEED_RECOVERY_ANNOTATION)).lower() != "true" \
+            and _s(annotations.get(DEVICE_HEALTHY_ANNOTATION)).lower() != "true":
         return None
     involved = _d(raw.get("involvedObject"))
     series = _d(raw.get("series"))

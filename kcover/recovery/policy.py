@@ -5,7 +5,8 @@ with built-in defaults), and every refusal: namespace allow/deny, opt-in, the wo
 policy, per-workload cooldown and restart budget, per-node cooldown, and the circuit breaker
 (fraction of GPU nodes cordoned by kcover, restarts in flight). A fault on a DRA device (`fault.dra`)
 is answered at device level (`isolate_device`: taint that device, restart its holders, leave the node
-schedulable), with the node-level answer carried as the fallback. It reads the cluster only through
+schedulable), with the node-level answer carried as the fallback; its end removes kcover's rule for
+the device and nothing else (a node kcover cordoned is not un-cordoned on a device's word). It reads the cluster only through
 `ClusterSnapshot` and the ledger only through `History`; it does no I/O and never raises on odd
 events (unknown targets become `Skip`s). Invalid rules raise `errors.ConfigError` from `parse_rules`.
 
@@ -366,8 +367,10 @@ def plan(event: model.CollectorEvent, snapshot: ClusterSnapshot, history: Histor
     dra = event.fault.dra if rs.device_taints.enabled else None
     if event.cleared:
         out: list[actions.Action] = []
-        if dra is not None:  # the device is healthy again: kcover's own rule goes (the executor checks it is)
-            out.append(actions.UntaintDevice(device=dra, node=node_name, cause=event))
+        if event.fault.dra is not None:
+            # the device is healthy again: kcover's own rule goes (the executor checks it is); a device's
+            # health says nothing of its node, so a node kcover cordoned stays cordoned
+            return [actions.UntaintDevice(device=dra, node=node_name, cause=event)] if dra is not None else []
         if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
             out += p.uncordon(node_name)
         return out

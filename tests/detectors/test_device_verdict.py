@@ -2,7 +2,9 @@
 
 A table over `event_watcher.device_verdict` with the cluster cache's own `publishes_device`, read from
 ResourceSlices loaded through the cache's list path. The same check through the API server and the
-controller is tests/integration/agent/test_dra_device_mapping.py.
+controller is tests/integration/agent/test_dra_device_mapping.py. Also the rule on an Event saying a
+device is healthy again (`return_verdict`): only the agent's `kcover.io/device-healthy` word about a
+Node counts, and the cluster cache keeps such Events.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from kcover import model
+from kcover import codec, model
 from kcover.detectors import event_watcher
 from kcover.kube import caching
+from kcover.kube import projections as proj
 
 DRIVER = "gpu.nvidia.com"
 
@@ -64,3 +67,37 @@ def test_an_event_may_name_only_devices_of_the_node_it_is_about(kind: model.Targ
 def test_another_drivers_device_of_the_same_name_is_not_the_one_named() -> None:
     dra = model.DraDevice(driver="gpu.amd.com", pool="a", device="gpu-2")
     assert event_watcher.device_verdict(_verdict(model.TargetKind.NODE, "a"), dra, CACHE.publishes_device).target is None
+
+
+DEV = model.DraDevice(driver=DRIVER, pool="a", device="gpu-2")
+RETURNS = [
+    ("the agent's device-healthy word about its Node", model.TargetKind.NODE, True, True, DEV, True),
+    ("device-healthy about a Pod (a tenant can write those)", model.TargetKind.POD, True, True, DEV, False),
+    ("a cleared Node Event naming a device without the word", model.TargetKind.NODE, False, True, DEV, False),
+    ("a cleared Pod Event naming a device", model.TargetKind.POD, False, True, DEV, False),
+    ("a fault on a device (not a return): not this rule's", model.TargetKind.POD, False, False, DEV, True),
+    ("a cleared Node Event naming no device: not this rule's", model.TargetKind.NODE, False, True, None, True),
+]
+
+
+@pytest.mark.parametrize(("kind", "healthy", "cleared", "dra", "accepted"), [c[1:] for c in RETURNS],
+                         ids=[c[0] for c in RETURNS])
+def test_a_device_returns_to_service_only_on_the_agents_word_about_a_node(
+        kind: model.TargetKind, healthy: bool, cleared: bool, dra: model.DraDevice | None, accepted: bool) -> None:
+    decoded = codec.Decoded(device_healthy=healthy, cleared=cleared, fault=model.Fault(dra=dra))
+    verdict = event_watcher.return_verdict(_verdict(kind, "a"), decoded)
+    assert (verdict.target is not None) is accepted
+    if not accepted:
+        assert verdict.reason == "device_healthy_untrusted"
+
+
+def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
+    def raw(annotations: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": "e", "namespace": "kcover", "uid": "u", "annotations": annotations},
+                "involvedObject": {"kind": "Node", "name": "a"}}
+
+    assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "true"})) is not None
+    assert proj.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
+    assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
+    assert proj.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
+    assert proj.DEVICE_HEALTHY_ANNOTATION == codec.DEVICE_HEALTHY

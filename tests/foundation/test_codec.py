@@ -44,9 +44,10 @@ _events = st.builds(
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
-@given(_events)
-def test_decode_restores_every_typed_field(event: model.CollectorEvent) -> None:
-    encoded = codec.encode_annotations(event)
+@given(_events, st.booleans())
+def test_decode_restores_every_typed_field(event: model.CollectorEvent, device_healthy: bool) -> None:
+    device_healthy = device_healthy and event.cleared and event.fault.dra is not None
+    encoded = codec.encode_annotations(event, device_healthy=device_healthy)
     assert encoded.dropped == ()
     assert all(k.startswith(codec.PREFIX) for k in encoded.annotations)
     assert all(len(v.encode()) <= codec.PODS_MAX_BYTES for v in encoded.annotations.values())
@@ -59,13 +60,14 @@ def test_decode_restores_every_typed_field(event: model.CollectorEvent) -> None:
     assert decoded.window_seconds == event.window_seconds
     assert decoded.detector == event.detector
     assert decoded.need_recovery == codec.needs_recovery(event)
+    assert decoded.device_healthy == device_healthy
     assert decoded.dropped == ()
 
 
 _keys = st.sampled_from([codec.NEED_RECOVERY, codec.RECOMMENDED_ACTION, codec.FAULT_CLEARED, codec.XID,
                          codec.GPU_INDEX, codec.GPU_UUID, codec.DRA_DRIVER, codec.DRA_POOL, codec.DRA_DEVICE,
                          codec.CHECK, codec.CONTAINER, codec.PODS, codec.OCCURRENCES, codec.WINDOW_SECONDS,
-                         codec.DETECTOR]) | st.text(max_size=20)
+                         codec.DETECTOR, codec.DEVICE_HEALTHY]) | st.text(max_size=20)
 _values: st.SearchStrategy[Any] = (st.text() | st.sampled_from(["true", "FALSE", "-1", "1e400", "nan", "inf", "0x1f",
                                                                 "٣", "1_000", " 7", "a/b,,c/d", "cordon-node"])
                                    | st.text(string.digits, min_size=18, max_size=25) | st.integers() | st.none()
@@ -78,7 +80,11 @@ def test_decode_never_raises_on_arbitrary_annotations(annotations: dict[str, Any
     decoded = codec.decode_annotations(annotations)
     assert isinstance(decoded, codec.Decoded | codec.Refused)
     if isinstance(decoded, codec.Refused):
-        assert decoded.reason in {codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS}
+        assert decoded.reason in {codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS,
+                                  codec.REFUSED_DEVICE_HEALTHY}
+
+
+DEVICE = {codec.DRA_DRIVER: "gpu.nvidia.com", codec.DRA_POOL: "n1", codec.DRA_DEVICE: "gpu-2"}
 
 
 @pytest.mark.parametrize(("annotations", "reason"), [
@@ -89,6 +95,12 @@ def test_decode_never_raises_on_arbitrary_annotations(annotations: dict[str, Any
     ({codec.PODS: "ml/a,,ml/b"}, codec.REFUSED_PODS),
     ({codec.PODS: ",".join(f"ml/p{i}" for i in range(codec.PODS_MAX + 1))}, codec.REFUSED_PODS),
     ({codec.PODS: "ml/" + "a" * 40_000}, codec.REFUSED_PODS),
+    ({codec.DEVICE_HEALTHY: "yes", codec.FAULT_CLEARED: "true", **DEVICE}, codec.REFUSED_DEVICE_HEALTHY),
+    ({codec.DEVICE_HEALTHY: "true", **DEVICE}, codec.REFUSED_DEVICE_HEALTHY),  # not cleared
+    ({codec.DEVICE_HEALTHY: "true", codec.FAULT_CLEARED: "false", **DEVICE}, codec.REFUSED_DEVICE_HEALTHY),
+    ({codec.DEVICE_HEALTHY: "true", codec.FAULT_CLEARED: "true"}, codec.REFUSED_DEVICE_HEALTHY),  # no device
+    ({codec.DEVICE_HEALTHY: "true", codec.FAULT_CLEARED: "true", **DEVICE, codec.DRA_POOL: "p" * 254},
+     codec.REFUSED_DEVICE_HEALTHY),  # a device it cannot read
 ])
 def test_values_that_change_what_happens_are_refused(annotations: dict[str, str], reason: str) -> None:
     decoded = codec.decode_annotations({codec.NEED_RECOVERY: "true", **annotations})
@@ -189,3 +201,21 @@ def test_a_malformed_validation_request_is_no_request(annotations: dict[str, str
 def test_an_answer_the_agent_could_not_have_written_is_no_answer(ctype: str, status: str, reason: str,
                                                                  message: str) -> None:
     assert codec.decode_validation_answer(ctype, status, reason, message) is None
+
+
+def test_device_healthy_is_carried_only_by_a_cleared_event_naming_a_device() -> None:
+    dra = model.DraDevice(driver="gpu.nvidia.com", pool="n1", device="gpu-2")
+    target = model.Target(kind=model.TargetKind.NODE, name="n1", node="n1")
+    healthy = model.CollectorEvent(detector="nvml", target=target, severity=model.Severity.INFO,
+                                   reason="GPUDeviceHealthy", fault=model.Fault(dra=dra), cleared=True)
+    encoded = codec.encode_annotations(healthy, device_healthy=True)
+    assert encoded.annotations[codec.DEVICE_HEALTHY] == "true"
+    assert codec.NEED_RECOVERY not in encoded.annotations  # a consumer of need-recovery alone ignores it
+    decoded = codec.decode_annotations(encoded.annotations)
+    assert isinstance(decoded, codec.Decoded)
+    assert (decoded.device_healthy, decoded.cleared, decoded.fault.dra) == (True, True, dra)
+    for event in (healthy.model_copy(update={"cleared": False}), healthy.model_copy(update={"fault": model.NO_FAULT})):
+        encoded = codec.encode_annotations(event, device_healthy=True)
+        assert codec.DEVICE_HEALTHY not in encoded.annotations
+        assert [key for key, _ in encoded.dropped] == [codec.DEVICE_HEALTHY]
+    assert codec.DEVICE_HEALTHY not in codec.encode_annotations(healthy).annotations

@@ -4,8 +4,8 @@ A fault that names a DRA device (`fault.dra`) taints that device and restarts on
 pod the kubelet reported (dra-health), the pods the agent named (PodResources), or else the pods whose
 `allocatedResourcesStatus` names the device. The node is never cordoned while device taints are
 served; the node-level answer rides along as the taint's fallback. An application XID restarts the
-holders and taints nothing; a cleared fault removes the taint; `device_taints.enabled: false` gives
-today's node-level answer.
+holders and taints nothing; a cleared fault removes the taint and nothing else (a node kcover cordoned
+stays so on a device's word); `device_taints.enabled: false` gives today's node-level answer.
 """
 
 from __future__ import annotations
@@ -119,3 +119,29 @@ def test_a_taint_leaves_the_breaker_alone() -> None:
     taint = planned[0]
     assert isinstance(taint, actions.TaintDevice)
     assert [a.code for a in taint.fallback if isinstance(a, actions.Skip)] == [actions.SkipCode.BREAKER_OPEN]
+
+
+def _healthy_word(node: str) -> model.CollectorEvent:
+    """The agent's device-healthy Event for gpu-3 as the event watcher publishes it (a Node target)."""
+    return model.CollectorEvent(
+        detector="event-watcher", severity=model.Severity.INFO, reason="RecoveryRequested", message="healthy",
+        target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+        fault=model.Fault(gpu_uuid="GPU-3", dra=DEV3), cleared=True, observed_at=NOW)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({}, ["untaint gpu.nvidia.com/n1/gpu-3"]),
+    ({"device_taints": {"enabled": False}}, []),
+])
+def test_a_devices_return_undoes_only_the_devices_isolation(overrides: dict[str, Any], expected: list[str]) -> None:
+    """A node kcover cordoned (for something else) stays cordoned when one of its devices is healthy again;
+    the same cleared event naming no device un-cordons it, as before."""
+    cordoned = o.node("n1", uid="node-1", unschedulable=True, annotations={proj.CORDONED_BY: "kcover"})
+    cache = caching.ClusterCache.offline([cordoned])
+    node = cache.node("n1")
+    assert node is not None
+    assert node.cordoned_by_kcover
+    rs = settings.RecoverySettings(uncordon_enabled=True, **overrides)
+    assert summary(policy.plan(_healthy_word("n1"), cache, policy.History(), rs, NOW)) == expected
+    no_device = _healthy_word("n1").model_copy(update={"fault": model.NO_FAULT})
+    assert summary(policy.plan(no_device, cache, policy.History(), rs, NOW)) == ["uncordon n1"]

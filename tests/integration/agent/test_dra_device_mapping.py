@@ -16,6 +16,14 @@ endpoint (labelled with the GPU's UUID) goes the same way. The controller restar
 Trust: an Event shaped exactly as the agent writes it, from the agent's namespace and node, that
 names a device only another node's ResourceSlice publishes is refused (`device_not_on_node`), and
 nothing is tainted or restarted; the same Event naming a device of its own node is acted on.
+
+Return to service: after XID 79 on the GPU of `gpu-2` and kcover's rule for it, the XID does not
+recur for the agent's hold (3 s here); the agent then writes its `kcover.io/device-healthy` Event and
+the controller removes the rule, no sooner than the hold, the node never cordoned. Forged healthy
+words leave a rule in place: one from a tenant namespace (`namespace_not_allowed`), one from the agent's
+namespace and another node's identity naming this node's device (`device_not_on_node`), and one about a
+tenant's Pod on the node (`device_healthy_untrusted`); the agent's own word from the device's node then
+removes it.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -58,7 +67,7 @@ async def _until(probe: Callable[[], Awaitable[bool]], what: str, within: float 
         raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
 
 
-def _settings(ns: str, node: str, *, exporter_url: str = "") -> settings.Settings:
+def _settings(ns: str, node: str, *, exporter_url: str = "", hold: float = 300.0) -> settings.Settings:
     off: dict[str, Any] = {"enabled": False}
     dcgm = {"enabled": True, "config": {"exporter_url": exporter_url, "exporter_interval_seconds": 0.2}} \
         if exporter_url else off
@@ -68,7 +77,7 @@ def _settings(ns: str, node: str, *, exporter_url: str = "") -> settings.Setting
         "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,
                   "renew_deadline_seconds": 3, "retry_period_seconds": 0.5},
         "agent": {"node_name": node, "event_namespace": ns, "min_write_interval_seconds": 0,
-                  "event_dedupe_seconds": 0},
+                  "event_dedupe_seconds": 0, "condition_hold_seconds": hold},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.1}},
                                   "dcgm": dcgm, "metax": off, "script": off, "logscan": off}},
@@ -318,3 +327,138 @@ async def _is(probe: Awaitable[set[str]], wanted: set[str]) -> bool:
 
 async def _listening(nvml: fake.FakeNvml, agent: agent_running.Agent) -> bool:
     return bool(nvml.registered) and len(agent.devices.reflector.store) == 1
+
+
+HOLD = 3.0
+
+
+async def test_a_dra_device_the_agent_reported_returns_to_service_after_the_hold(
+        cluster: Cluster, tmp_path: Path) -> None:
+    ns, kube = cluster.namespace, cluster.client
+    node = f"dra-back-{secrets.token_hex(3)}"
+    nvml = fake.FakeNvml(8)
+    nvml.init()
+    await _node_with_gpus(kube, node, [nvml.device_info(i).uuid for i in range(8)])
+    cfg = _settings(ns, node, hold=HOLD)
+    device = model.DraDevice(driver=DRIVER, pool=node, device="gpu-2")
+    stop = asyncio.Event()
+
+    async def tainted() -> bool:
+        await _never_cordoned(kube, node)
+        return [r["metadata"]["name"] for r in await _rules(kube, node)] == [devicetainting.rule_name(device)]
+
+    async def untainted() -> bool:
+        await _never_cordoned(kube, node)
+        return await _rules(kube, node) == []
+
+    try:
+        with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet:
+            await cluster.harness.run_agent_pod(ns, node)
+            async with cluster.new_client() as agent_kube, cluster.harness.playing(interval=0.1), \
+                    _controller(cluster, cfg, metrics.Metrics()):
+                agent = agent_running.Agent(cfg, client=agent_kube, metrics=metrics.Metrics(), health=None,
+                                            node=node, nvml=nvml, reporter_tick_seconds=0.1,
+                                            pod_lookup=podresources.PodResources(kubelet.socket_path))
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(agent.run(stop), name="agent")
+                    try:
+                        await _until(lambda: _listening(nvml, agent), "the agent to listen and know its DRA devices")
+                        nvml.xid(79, gpu_index=2)
+                        since = time.monotonic()
+                        await _until(tainted, "kcover's DeviceTaintRule for gpu-2")
+                        await _until(untainted, "kcover to remove the rule once the XID has not recurred for the hold")
+                        assert time.monotonic() - since >= HOLD, "the rule went before the hold had passed"
+                        words = [e for e in (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
+                                 if (e["metadata"].get("annotations") or {}).get(codec.DEVICE_HEALTHY) == "true"]
+                        assert [(e["involvedObject"]["name"], e["metadata"]["annotations"][codec.DRA_DEVICE])
+                                for e in words] == [(node, "gpu-2")]
+                        untaint = [e for e in (await kube.request("GET", "/api/v1/events"))["items"]
+                                   if e.get("reason") == "KcoverUntaintedDevice"
+                                   and e["involvedObject"].get("name") == node]
+                        assert len(untaint) == 1
+                        await asyncio.sleep(SETTLE)
+                        await _never_cordoned(kube, node)
+                    finally:
+                        stop.set()
+    finally:
+        for rule in await _rules(kube, node):
+            with contextlib.suppress(Exception):
+                await kube.request("DELETE", f"{RULES}/{rule['metadata']['name']}")
+        with contextlib.suppress(Exception):
+            await kube.request("DELETE", f"/api/v1/nodes/{node}")
+        with contextlib.suppress(Exception):
+            await kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{node}-{DRIVER}")
+
+
+async def _never_cordoned(kube: Any, node: str) -> None:
+    live = await kube.request("GET", f"/api/v1/nodes/{node}")
+    assert not live["spec"].get("unschedulable"), "a device's fault or return cordoned the node"
+    assert not any(t["key"] == "kcover.io/unhealthy" for t in live["spec"].get("taints") or [])
+
+
+async def test_a_forged_device_healthy_word_leaves_the_rule_in_place(cluster: Cluster) -> None:
+    ns, kube = cluster.namespace, cluster.client
+    suffix = secrets.token_hex(3)
+    here, there, tenant = f"dra-here-{suffix}", f"dra-there-{suffix}", f"tenant-{suffix}"
+    for node in (here, there):
+        await _node_with_gpus(kube, node, [f"GPU-{node}-{i}" for i in range(8)])
+    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                           "metadata": {"name": tenant}})
+    await kube.request("POST", f"/api/v1/namespaces/{tenant}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mine", "namespace": tenant},
+        "spec": {"containers": [{"name": "c", "image": "tenant"}]}})
+    cfg = _settings(ns, here)
+    mets = metrics.Metrics()
+    device = model.DraDevice(driver=DRIVER, pool=here, device="gpu-2")
+
+    def word(*, cleared: bool, writer: str, namespace: str) -> dict[str, Any]:
+        """The agent's Event (as `writer`'s agent writes it, in `namespace`) for XID 79 on `device`, or
+        its device-healthy word."""
+        event = model.CollectorEvent(
+            detector="nvml", severity=model.Severity.INFO if cleared else model.Severity.ERROR,
+            reason="GPUDeviceHealthy" if cleared else "XID79", message="gpu-2",
+            target=model.Target(kind=model.TargetKind.DEVICE, node=writer, name=writer, device_id=f"GPU-{here}-2"),
+            fault=model.Fault(xid=None if cleared else 79, gpu_index=2, gpu_uuid=f"GPU-{here}-2", dra=device),
+            recommended=None if cleared else model.Action.CORDON_NODE_AND_RESTART, cleared=cleared)
+        return event_body(event, node=writer, namespace=namespace, reporter="kcover.io/agent",
+                          when=dt.datetime.now(dt.UTC), device_healthy=cleared)
+
+    async def refused(body: dict[str, Any], namespace: str, reason: str) -> None:
+        await kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        await _until(lambda: _rejected(mets, reason), f"the forged healthy word to be refused ({reason})")
+        await asyncio.sleep(SETTLE)
+        assert [r["metadata"]["name"] for r in await _rules(kube, here, there)] == [devicetainting.rule_name(device)]
+
+    try:
+        await cluster.harness.run_agent_pod(ns, here)
+        await cluster.harness.run_agent_pod(ns, there)
+        await cluster.harness.run_pod(tenant, "mine", here)
+        async with cluster.harness.playing(interval=0.1), _controller(cluster, cfg, mets):
+            await kube.request("POST", f"/api/v1/namespaces/{ns}/events",
+                               body=word(cleared=False, writer=here, namespace=ns))
+            await _until(lambda: _has_rules(kube, here), "the agent's report to taint gpu-2")
+            await refused(word(cleared=True, writer=here, namespace=tenant), tenant, "namespace_not_allowed")
+            await refused(word(cleared=True, writer=there, namespace=ns), ns, "device_not_on_node")
+            on_pod = word(cleared=True, writer=here, namespace=tenant)
+            on_pod["involvedObject"] = {"apiVersion": "v1", "kind": "Pod", "namespace": tenant, "name": "mine"}
+            await refused(on_pod, tenant, "device_healthy_untrusted")
+            await kube.request("POST", f"/api/v1/namespaces/{ns}/events",
+                               body=word(cleared=True, writer=here, namespace=ns))
+            await _until(lambda: _no_rules(kube, here, there), "the agent's own word to remove the rule")
+            for node in (here, there):
+                assert not (await kube.request("GET", f"/api/v1/nodes/{node}"))["spec"].get("unschedulable")
+    finally:
+        for rule in await _rules(kube, here, there):
+            with contextlib.suppress(Exception):
+                await kube.request("DELETE", f"{RULES}/{rule['metadata']['name']}")
+        with contextlib.suppress(Exception):
+            await kube.request("DELETE", f"/api/v1/namespaces/{tenant}")
+        for node in (here, there):
+            with contextlib.suppress(Exception):
+                await kube.request("DELETE", f"/api/v1/nodes/{node}")
+            with contextlib.suppress(Exception):
+                await kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{node}-{DRIVER}")
+
+
+async def _no_rules(kube: Any, *nodes: str) -> bool:
+    return not await _rules(kube, *nodes)
