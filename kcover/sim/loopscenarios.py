@@ -270,6 +270,8 @@ PAUSE = sc.Scenario(
 BREAKER_LATCH = sc.Scenario(
     "breaker-latch", "a cordon past max_cordoned_fraction latches the breaker: restarts are refused until "
     "`kcover breaker reset`, then for its cooldown, then kcover acts again", breaker_latch,
+    # a fraction below 1/nodes: the first cordon passes (0 held) and the second is past it at any size the
+    # CLI offers (the simulated cluster's own 0.5 let the second through on more than two nodes)
     overrides={"recovery": {"breaker_latch": True, "breaker_cooldown_seconds": 1.5,
-                            "workload_cooldown_seconds": 0.5}})
+                            "workload_cooldown_seconds": 0.5, "max_cordoned_fraction": 0.01}})
 SCENARIOS: tuple[sc.Scenario, ...] = (RESTART_STALLED, NODE_REPAIRED, PAUSE, BREAKER_LATCH)

@@ -89,3 +89,11 @@ async def test_a_scenario_whose_plugin_is_missing_is_skipped_with_a_message() ->
     assert report.passed
     assert "'no-such-plugin' is not installed" in report.to_json()["skipped"]
     assert report.faults == []
+
+
+@pytest.mark.parametrize("name", ["breaker-latch", "pause", "restart-stalled", "node-repaired"])
+async def test_the_closed_loop_scenarios_pass_at_the_clis_default_size(name: str) -> None:
+    """`kcover sim NAME` as a user runs it (the default 4 nodes): breaker-latch once relied on the small
+    size, where the simulated cluster's cordon fraction happened to refuse the second node."""
+    report = await running.run_scenario(scenarios.SCENARIOS[name], cluster.Size())
+    assert report.passed, f"{name}: {[c.text for c in report.checks if not c.ok]}\n{running.render(report)}"
