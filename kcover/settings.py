@@ -350,6 +350,7 @@ class AgentSettings(_Group):
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock", description="Kubelet PodResources API socket, to map a GPU to its pods.")
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
+    event_retry_seconds: float = Field(120.0, gt=0, description="Seconds the agent keeps retrying, with backoff, an Event asking for recovery whose write failed (the API client's own retries already given up); then it is dropped with an error log. Keep it below the controller's event-watcher `staleness_seconds` (180 s), which ignores older Events.")
     validation: AgentValidationSettings = Field(default_factory=AgentValidationSettings, description="Running the validation the controller asks for before it returns this node to service.")
 
 

@@ -28,10 +28,13 @@ the events' typed fields; their `attributes` are never consulted. The Event anno
 codec's (`kcover.codec`): `kcover.io/need-recovery` on faults whose source recommends a restart or
 a cordon, and every typed field of the fault.
 
-Failures: a failed write is logged and retried on the next tick (condition) or dropped (Event); the
-device-healthy Event is what un-isolates a device, so it is never dropped: a failed write is retried
-with backoff, and one the dedupe window or the rate limit holds back waits for them. It is void if
-the device faults again first. The reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
+Failures: a failed write is logged and retried on the next tick (condition). An Event that asks for
+recovery (`codec.needs_recovery`) is retried with backoff, oldest first, for `agent.event_retry_seconds`
+(at most `MAX_PENDING_EVENTS` of them), since the condition alone recommends a cordon and never the
+restarts; then it is dropped with an error log. Other Events are dropped at once. The device-healthy
+Event is what un-isolates a device, so it is never dropped: a failed write is retried with backoff,
+and one the dedupe window or the rate limit holds back waits for them. It is void if the device faults
+again first. The reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
 """
 
 from __future__ import annotations
@@ -164,6 +167,10 @@ class Reporter:
     """DRA device resource id -> its device-healthy report, until written."""
     _healthy_backoff: backoff.Backoff = field(default_factory=lambda: backoff.Backoff(initial=1.0, maximum=60.0))
     _healthy_retry_at: float = 0.0
+    recovery_pending: list[tuple[float, model.CollectorEvent]] = field(default_factory=list)
+    """Events asking for recovery whose write failed, oldest first: (monotonic time it first failed, event)."""
+    _recovery_backoff: backoff.Backoff = field(default_factory=lambda: backoff.Backoff(initial=0.5, maximum=15.0))
+    _recovery_retry_at: float = 0.0
 
     async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
         await self._load_current()
@@ -183,6 +190,7 @@ class Reporter:
                     await asyncio.gather(batch_task, return_exceptions=True)
                     await self.sync_condition()
                     await self.sync_devices()
+                    await self.retry_events()
         finally:
             stopping.cancel()
             await asyncio.gather(stopping, return_exceptions=True)
@@ -199,6 +207,7 @@ class Reporter:
         for event in events:
             await self.post_event(event)
         await self.sync_devices()
+        await self.retry_events()
 
     # ------------------------------------------------------------------ condition
 
@@ -300,7 +309,39 @@ class Reporter:
             log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason)
             return
         self._mark_sent(key, now)
-        await self._write_event(event)
+        if not await self._write_event(event) and codec.needs_recovery(event):
+            if len(self.recovery_pending) >= MAX_PENDING_EVENTS:
+                _, oldest = self.recovery_pending.pop(0)
+                log.error("agent_event_given_up", node=self.node_name, reason=oldest.reason,
+                          why=f"more than {MAX_PENDING_EVENTS} Events asking for recovery are waiting")
+            self.recovery_pending.append((now, event))
+            if not self._recovery_retry_at:
+                self._recovery_retry_at = now + self._recovery_backoff.next_delay()
+
+    async def retry_events(self) -> None:
+        """Write again the Events asking for recovery whose write failed, oldest first, with backoff; drop
+        (with an error log) those that have waited past `agent.event_retry_seconds`."""
+        now = self.clock.monotonic()
+        if not self.recovery_pending or now < self._recovery_retry_at:
+            return
+        limit = self.config.event_retry_seconds
+        for first, event in [p for p in self.recovery_pending if now - p[0] > limit]:
+            log.error("agent_event_given_up", node=self.node_name, reason=event.reason,
+                      why=f"not written within agent.event_retry_seconds ({limit:g}s)", waited=round(now - first, 1))
+        self.recovery_pending = [p for p in self.recovery_pending if now - p[0] <= limit]
+        while self.recovery_pending:
+            first, event = self.recovery_pending[0]
+            if not await self._write_event(event):
+                delay = self._recovery_backoff.next_delay()
+                self._recovery_retry_at = now + delay
+                log.warning("agent_event_write_retrying", node=self.node_name, reason=event.reason,
+                            retry_in_seconds=round(delay, 1), waited=round(now - first, 1))
+                return
+            self.recovery_pending.pop(0)
+            log.info("agent_event_written_late", node=self.node_name, reason=event.reason,
+                     waited=round(now - first, 1))
+        self._recovery_backoff.reset()
+        self._recovery_retry_at = 0.0
 
     async def sync_devices(self) -> None:
         """Write the device-healthy Event of each DRA device whose faults have all ended for the hold.
@@ -331,6 +372,10 @@ class Reporter:
             self._healthy_backoff.reset()
             self._mark_sent(key, now)
             del self.healthy_pending[device_id]
+
+
+MAX_PENDING_EVENTS = 100
+"""Events asking for recovery kept for a retry at most (the oldest goes first, with an error log)."""
 
 
 def _action_word(event: model.CollectorEvent) -> str:
