@@ -379,6 +379,10 @@ class Recorder:
         self._last_prune = now
         try:
             await self.prune()
+        except errors.NotLeaderError as exc:
+            # the term ended during the pass (a Lease lost to a slow or restarting API server): the next
+            # leader prunes; raising here ended the controller's task group, and the replica with it
+            log.info("recovery_records_prune_stopped", reason=str(exc))
         except errors.KubeError as exc:
             log.warning("recovery_records_prune_failed", error=str(exc))
 

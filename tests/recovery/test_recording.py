@@ -1,7 +1,7 @@
 """The Recovery writer: names, retention, and a Recorder that never blocks and never drops silently.
 
-A fake gateway stands in for the API server (recording only makes plain requests); the metrics are the
-ones /metrics exports. Retention and naming are pure functions, tested with tables.
+A fake gateway stands in for the API server (recording only makes plain requests), and the simulated API
+server where a retention pass meets a leadership change; the metrics are the ones /metrics exports. Retention and naming are pure functions, tested with tables.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pytest
 
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
+from kcover.kube import client as client_
 from kcover.recovery import actions, recording
+from kcover.sim import server as simserver
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -153,3 +155,32 @@ async def test_run_writes_in_its_own_task_and_ends_on_stop() -> None:
     stop.set()
     await asyncio.wait_for(task, 2.0)
     assert [m for m, _, _ in kube.requests[:2]] == ["POST", "PATCH"]
+
+
+async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_writer() -> None:
+    """A term that ends mid-pass (the Lease lost to a slow or restarting API server) stops the pass; the
+    writer's task goes on (a NotLeaderError out of it ended the controller's task group and the replica)."""
+    async with simserver.SimServer() as srv:
+        srv.store.create("namespaces", {"metadata": {"name": "ml"}})
+        for i in range(3):  # one target, three rows: retention_per_target=1 dooms two
+            srv.store.create("recoveries.kcover.io", {
+                "apiVersion": "kcover.io/v1alpha1", "kind": "Recovery",
+                "metadata": {"name": f"r{i}", "namespace": "ml",
+                             "labels": {"app.kubernetes.io/managed-by": "kcover", recording.TARGET_LABEL: "job"}},
+                "spec": {}})
+        answers = iter([True, True])  # the pass's first check and the first delete; then the term is over
+        async with client_.from_configuration(srv.kube_configuration()) as kube:
+            rs = settings.RecoverySettings.model_validate(
+                {"ledger_namespace": "kcover-system", "records": {"retention_per_target": 1,
+                                                                   "prune_interval_seconds": 1}})
+            rec = recording.Recorder(kube, recording.RecordMetrics(metrics.Metrics().registry),
+                                     recovery=lambda: rs, clock=clock_.SystemClock(), identity="ctl-a",
+                                     is_leader=lambda: next(answers, False))
+            stop = asyncio.Event()
+            task = asyncio.create_task(rec.run(stop), name="records")
+            await asyncio.sleep(0.3)
+            assert not task.done(), task.exception() if task.done() else ""
+            stop.set()
+            await asyncio.wait_for(task, 2.0)
+        left = [o["metadata"]["name"] for o in srv.store.iter_objects("recoveries.kcover.io")]
+        assert len(left) == 2, "one deleted while leading, none after"
