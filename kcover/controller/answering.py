@@ -79,6 +79,8 @@ class Answers:
         try:
             await self._kube.request("POST", f"/api/v1/namespaces/{refusal.namespace}/events", body=body,
                                      fence=self.fence)
+        except errors.NotLeaderError:
+            return  # the term ended before the write (its fence): a follower answers nothing
         except errors.KubeError as exc:
             log.warning("refusal_answer_failed", namespace=refusal.namespace, reason=refusal.reason, error=str(exc))
             return
