@@ -98,6 +98,8 @@ class Tally:
     watch_drops: int = 0
     compactions: int = 0
     api_retries: int = 0
+    crashed: int = 0
+    """kcover replicas and agents whose run ended with an error (not killed by the run)."""
     detail: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -366,6 +368,10 @@ class Chaos:
             else:
                 t.lost += 1
                 t.detail.append(f"lost: {fault.kind} on {fault.target} (jobs {', '.join(fault.jobs)})")
+        for name, task in [(r.identity, r.task) for r in c.replicas] + [(n, a.task) for n, a in c.agents.items()]:
+            if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+                t.crashed += 1
+                t.detail.append(f"crashed: {name}: {task.exception()!r}"[:300])
         t.api_retries = int(sum(sum(r.kube.retry_stats.retries.values()) for r in c.replicas)
                             + sum(sum(a.kube.retry_stats.retries.values()) for a in c.agents.values()))
         return t
@@ -388,5 +394,7 @@ async def play(run: scenarios_.Run, options: Options, seed: int) -> Tally:
               "; ".join(tally.detail[:5]))
     run.check(f"no duplicate recovery ({tally.duplicates})", tally.duplicates == 0)
     run.check(f"no pod wrongly touched ({tally.wrongly_touched_pods})", tally.wrongly_touched_pods == 0)
+    run.check(f"no kcover replica or agent crashed ({tally.crashed})", tally.crashed == 0,
+              "; ".join(d for d in tally.detail if d.startswith("crashed"))[:500])
     run.note("chaos", f"tally: {tally.as_dict()}", dt.datetime.now(dt.UTC))
     return tally
