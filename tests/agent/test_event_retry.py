@@ -14,7 +14,9 @@ from typing import Any
 import test_devicehealth as dh
 from test_devicehealth import World, world  # noqa: F401  (the fixture)
 
-from kcover import codec, model
+from kcover import codec, model, settings
+from kcover.agent import reporting
+from kcover.detectors import event_watcher
 
 NODE = dh.NODE
 
@@ -59,7 +61,7 @@ async def test_one_still_refused_after_the_retry_time_is_dropped(world: World) -
     reporter = world.reporter(event_retry_seconds=30)
     _refuse_events(world)
     await reporter.handle([_xid()])
-    for _ in range(8):  # the backoff grows; the API server keeps refusing
+    for _ in range(20):  # the backoff grows (to 15 s at most, jittered); the API server keeps refusing
         world.clock.advance(5.0)
         await reporter.retry_events()
     assert reporter.recovery_pending == []
@@ -78,3 +80,19 @@ async def test_an_event_that_asks_for_nothing_is_not_retried(world: World) -> No
     world.clock.advance(5.0)
     await reporter.retry_events()
     assert await _events(world) == []
+
+
+async def test_the_waiting_events_are_bounded_the_oldest_going_first(world: World) -> None:  # noqa: F811
+    reporter = world.reporter(event_dedupe_seconds=0, max_events_per_minute=10_000)
+    _refuse_events(world)
+    await reporter.handle([_xid(xid) for xid in range(reporting.MAX_PENDING_EVENTS + 2)])
+    waiting = [e.fault.xid for _, e in reporter.recovery_pending]
+    assert waiting == list(range(2, reporting.MAX_PENDING_EVENTS + 2)), "the two oldest were dropped"
+
+
+def test_the_default_retry_time_ends_before_the_controller_calls_an_event_stale() -> None:
+    """docs/detectors.md: retried for 120 s, under the event-watcher's 180 s staleness (a later write would
+    reach a controller that ignores it)."""
+    assert settings.AgentSettings().event_retry_seconds == 120.0
+    assert event_watcher.EventWatcherConfig().staleness_seconds == 180.0
+    assert settings.AgentSettings().event_retry_seconds < event_watcher.EventWatcherConfig().staleness_seconds

@@ -3,41 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import pytest
+from test_resume import NS, Engine, srv  # noqa: F401  (the recording engine and the server fixture)
 
-from kcover import metrics, model, serving, settings
+from kcover import metrics, serving, settings
 from kcover.controller import recovering, running
 from kcover.detectors import registry
 from kcover.kube import caching, leasing
 from kcover.kube import client as client_
 from kcover.sim import server as simserver
-
-NS = "kcover"
-
-
-class Engine:
-    def __init__(self, deps: recovering.EngineDeps) -> None:
-        self.deps = deps
-        self.calls: list[str] = []
-
-    async def resume(self) -> None:
-        self.calls.append(f"resume:{self.deps.epoch()}")
-
-    async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
-        self.calls += [f"handle:{e.target.name}" for e in events]
-
-    def reconfigure(self, recovery: settings.RecoverySettings) -> None:
-        pass
-
-
-@pytest.fixture
-async def srv() -> AsyncIterator[simserver.SimServer]:
-    async with simserver.SimServer() as server:
-        server.store.create("namespaces", {"metadata": {"name": NS}})
-        yield server
 
 
 def _settings(identity: str) -> settings.Settings:
@@ -67,7 +43,7 @@ async def _until(predicate: Callable[[], Any], within: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_the_lease_is_won_during_the_sync_and_the_engine_acts_only_after_it(srv: simserver.SimServer) -> None:
+async def test_the_lease_is_won_during_the_sync_and_the_engine_acts_only_after_it(srv: simserver.SimServer) -> None:  # noqa: F811
     engines: list[Engine] = []
 
     def factory(deps: recovering.EngineDeps) -> Engine:
@@ -99,7 +75,7 @@ async def test_the_lease_is_won_during_the_sync_and_the_engine_acts_only_after_i
     assert lease["spec"].get("holderIdentity", "") == ""  # released on the way out
 
 
-async def test_a_lease_won_before_the_controller_was_built_is_acted_on_once_synced(srv: simserver.SimServer) -> None:
+async def test_a_lease_won_before_the_controller_was_built_is_acted_on_once_synced(srv: simserver.SimServer) -> None:  # noqa: F811
     """`kcover controller` campaigns before it imports and builds the controller: the controller takes the
     running campaign, resumes its term once synced, and leaves the campaign (and the Lease) to its caller."""
     engines: list[Engine] = []

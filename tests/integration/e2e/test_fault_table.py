@@ -269,9 +269,10 @@ async def _condition_bad_then_good(world: World) -> None:
 
 
 async def _admin_cordoned(world: World) -> None:
-    node = await world.node()
-    node["spec"]["unschedulable"] = True  # the admin's cordon, before any fault
-    await world.kube.request("PUT", f"/api/v1/nodes/{world.sick}", body=node)
+    # the admin's cordon, before any fault: `kubectl cordon` is a patch, so the agent's status writes cannot
+    # turn it into a 409 as a read-then-PUT could
+    await world.kube.request("PATCH", f"/api/v1/nodes/{world.sick}", body={"spec": {"unschedulable": True}},
+                             content_type="application/merge-patch+json")
     await world.set_condition("AcceleratedHardwareReady", "False", reason="NvidiaXID79Error")
     await asyncio.sleep(1.0)
     await world.set_condition("AcceleratedHardwareReady", "True", reason="Healthy")
