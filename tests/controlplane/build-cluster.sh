@@ -102,7 +102,8 @@ done
 for cmd in kube-controller-manager kube-scheduler kubectl; do
   [[ -x "$OUT/$cmd" ]] && continue
   step "kubernetes v${K8S_VERSION}: go build k8s.io/kubernetes/cmd/$cmd"
-  "${NICE[@]}" go build -trimpath -tags "providerless" -ldflags "$LDF" -o "$OUT/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
+  "${NICE[@]}" go build -trimpath -tags "providerless" -ldflags "$LDF" -o "$OUT/$cmd.partial" "k8s.io/kubernetes/cmd/$cmd" >&2
+  mv "$OUT/$cmd.partial" "$OUT/$cmd"
   step_done
 done
 

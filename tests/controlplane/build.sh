@@ -58,15 +58,18 @@ STAGING_VERSION="v0.${K8S_VERSION#1.}"   # 1.36.3 -> v0.36.3
 
 WORK="$CACHE_ROOT/build-k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
 OUT="$WORK/out"
-rm -rf "$WORK"
+# A build that stopped part-way keeps what it finished: each binary is built to a temporary name and
+# renamed when complete, so a rerun starts at the first missing one (the Go build cache keeps the rest).
 mkdir -p "$WORK/k8s" "$WORK/etcd" "$OUT"
 
+BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 step_start=0
 step() { step_start=$SECONDS; log "==> $*"; }
 step_done() { log "    done in $((SECONDS - step_start))s"; }
 total_start=$SECONDS
 
 # ---------------------------------------------------------------- etcd
+if [[ ! -x "$OUT/etcd" ]]; then
 step "etcd v${ETCD_VERSION}: resolve modules"
 cd "$WORK/etcd"
 cat > go.mod <<MOD
@@ -90,10 +93,13 @@ step "etcd v${ETCD_VERSION}: go build"
 # go.etcd.io/etcd/server/v3 (server/main.go) is etcd's `package main`.
 "${NICE[@]}" go build -trimpath \
   -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v${ETCD_VERSION}" \
-  -o "$OUT/etcd" go.etcd.io/etcd/server/v3 >&2
+  -o "$OUT/etcd.partial" go.etcd.io/etcd/server/v3 >&2
+mv "$OUT/etcd.partial" "$OUT/etcd"
 step_done
+fi
 
 # ---------------------------------------------------------------- kube-apiserver
+if [[ ! -x "$OUT/kube-apiserver" ]]; then
 step "kubernetes v${K8S_VERSION}: resolve modules"
 cd "$WORK/k8s"
 K8S_GOMOD="$(go mod download -json "k8s.io/kubernetes@v${K8S_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
@@ -118,7 +124,6 @@ log "    pinned ${#STAGING[@]} staging modules to ${STAGING_VERSION}"
 step_done
 
 step "kubernetes v${K8S_VERSION}: go build k8s.io/kubernetes/cmd/kube-apiserver"
-BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 MAJOR="${K8S_VERSION%%.*}"
 MINOR="${K8S_VERSION#*.}"; MINOR="${MINOR%%.*}"
 VPKG=k8s.io/component-base/version
@@ -129,8 +134,10 @@ for p in "$VPKG" "$CPKG"; do
   LDF+=" -X $p.gitCommit=0000000000000000000000000000000000000000 -X $p.gitTreeState=clean -X $p.buildDate=${BUILD_DATE}"
 done
 "${NICE[@]}" go build -trimpath -tags "providerless" -ldflags "$LDF" \
-  -o "$OUT/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2
+  -o "$OUT/kube-apiserver.partial" k8s.io/kubernetes/cmd/kube-apiserver >&2
+mv "$OUT/kube-apiserver.partial" "$OUT/kube-apiserver"
 step_done
+fi
 
 # ---------------------------------------------------------------- install
 cat > "$OUT/versions.env" <<ENV
@@ -140,7 +147,8 @@ STAGING_VERSION=${STAGING_VERSION}
 GO_VERSION=$(go env GOVERSION)
 BUILD_DATE=${BUILD_DATE}
 ENV
-"$OUT/etcd" --version | head -1 >&2
+# No pipe into head here: under pipefail, head closing early sends etcd SIGPIPE and fails the build.
+"$OUT/etcd" --version >&2
 "$OUT/kube-apiserver" --version >&2
 rm -rf "$BIN_DIR"
 mv "$OUT" "$BIN_DIR"
