@@ -103,7 +103,7 @@ def error_from(status: int, body: bytes, headers: Mapping[str, str]) -> errors.K
 class KubeClient:
     """Raw-JSON access to one API server. Create with `connect()` or `from_configuration()`."""
 
-    def __init__(self, api: transport.Transport, *, request_timeout: float = 30.0,
+    def __init__(self, api: transport.Sender, *, request_timeout: float = 30.0,
                  retry: retrying.Policy = retrying.DEFAULT) -> None:
         self._api = api
         self.request_timeout = request_timeout
@@ -126,7 +126,7 @@ class KubeClient:
         await self.close()
 
     async def _send(self, method: str, path: str, *, query: Query | None, body: Any,
-                    content_type: str | None, timeout: float | aiohttp.ClientTimeout | None) -> aiohttp.ClientResponse:
+                    content_type: str | None, timeout: float | aiohttp.ClientTimeout | None) -> transport.Response:
         pairs = [(k, _qs(v)) for k, v in (query.items() if isinstance(query, Mapping) else (query or ()))]
         headers = {"Accept": "application/json", "Content-Type": content_type or JSON}
         self.request_counts[f"{_verb(method, path, dict(pairs))} {resource_of(path)}"] += 1
@@ -180,7 +180,7 @@ class KubeClient:
             return data.decode("utf-8", "replace")
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, *, query: Query, read_timeout: float) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def stream(self, path: str, *, query: Query, read_timeout: float) -> AsyncIterator[transport.Response]:
         """Open a watch; yields the response whose `.content` gives one JSON document per line."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout, sock_read=read_timeout)
         response = await self._send("GET", path, query=query, body=None, content_type=None, timeout=timeout)
