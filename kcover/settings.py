@@ -30,7 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcover import errors
+from kcover import errors, kinds
 
 DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 """Where the chart mounts the ConfigMap."""
@@ -162,11 +162,8 @@ class KubeSettings(_Group):
     retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (full jitter, doubling) when the server gave no Retry-After.")
     retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
-        default_factory=lambda: ["jobs.batch", "pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
-                                 "paddlejobs.kubeflow.org", "xgboostjobs.kubeflow.org", "jaxjobs.kubeflow.org",
-                                 "jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org", "jobs.batch.volcano.sh",
-                                 "leaderworkersets.leaderworkerset.x-k8s.io"],
-        description="Workload kinds the controller cache watches, as `plural.group`: every kind DESIGN.md names. A kind whose CRD is missing is logged once and retried slowly.",
+        default_factory=lambda: list(kinds.DEFAULT_KEYS),
+        description="Workload kinds the controller cache watches, as `plural.group`: by default every kind kcover restarts (docs/architecture.md, \"Workload kinds\"). A kind whose CRD is missing is logged once and retried slowly.",
         json_schema_extra=_RESTART)
     watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` or `kcover.io/device-healthy` are kept.",
                                json_schema_extra=_RESTART)

@@ -23,12 +23,11 @@ import collections
 import enum
 import gc
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from kcover import model
+from kcover import kinds, model
 from kcover import settings as settings_
 from kcover.kube import client as client_
 from kcover.kube import gpus, ownership, watching
@@ -45,41 +44,9 @@ class Kind(enum.StrEnum):
     RESOURCE_SLICE = "ResourceSlice"
 
 
-@dataclass(frozen=True)
-class WorkloadKind:
-    kind: str
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-    @property
-    def path(self) -> str:
-        return f"/apis/{self.group}/{self.version}/{self.plural}"
-
-    @property
-    def key(self) -> str:
-        """`plural.group`, as settings name it: `pytorchjobs.kubeflow.org`, `jobs.batch`."""
-        return f"{self.plural}.{self.group}"
-
-
-WORKLOAD_KINDS: tuple[WorkloadKind, ...] = (
-    WorkloadKind("Job", "batch", "v1", "jobs"),
-    WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
-    WorkloadKind("TFJob", "kubeflow.org", "v1", "tfjobs"),
-    WorkloadKind("MPIJob", "kubeflow.org", "v1", "mpijobs"),
-    WorkloadKind("PaddleJob", "kubeflow.org", "v1", "paddlejobs"),
-    WorkloadKind("XGBoostJob", "kubeflow.org", "v1", "xgboostjobs"),
-    WorkloadKind("JAXJob", "kubeflow.org", "v1", "jaxjobs"),
-    WorkloadKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets"),
-    WorkloadKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-    WorkloadKind("Job", "batch.volcano.sh", "v1alpha1", "jobs"),
-    WorkloadKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-)
-"""Every workload kind DESIGN.md names (storage versions of the CRDs kcover is tested with)."""
+WorkloadKind = kinds.WorkloadKind
+WORKLOAD_KINDS: tuple[WorkloadKind, ...] = kinds.KINDS
+"""Every workload kind kcover restarts (`kinds.KINDS`)."""
 
 
 def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Callable[[Mapping[str, Any]], Any]:
@@ -92,7 +59,7 @@ def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Cal
     return typed
 
 
-DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = tuple(k.key for k in WORKLOAD_KINDS)
+DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = kinds.DEFAULT_KEYS
 
 RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -104,13 +71,7 @@ Callback = Callable[[Kind, Any, Any], None]
 
 def workload_kinds(keys: Iterable[str]) -> tuple[WorkloadKind, ...]:
     """Resolve `plural.group` keys against the known kinds; unknown keys raise ValueError."""
-    known = {k.key: k for k in WORKLOAD_KINDS}
-    out = []
-    for key in keys:
-        if key not in known:
-            raise ValueError(f"unknown workload kind {key!r}; known: {sorted(known)}")
-        out.append(known[key])
-    return tuple(out)
+    return tuple(kinds.by_key(key) for key in keys)
 
 
 class ChangeStream:
@@ -405,11 +366,11 @@ class ClusterCache:
             todo.extend(self._workloads_by_owner.get(uid, ()))
         w = self.workloads.get(workload_uid)
         if w is not None:
-            for label, (group, kind) in proj.MEMBERSHIP_LABELS.items():
-                if kind and (group, kind) == (w.group, w.kind):
-                    for p in self.pods_with_label(w.namespace, label, w.name):
-                        if p.uid not in out and self._in_chain(p, workload_uid):
-                            out[p.uid] = p
+            table = kinds.of(w.group, w.kind)
+            if table is not None:
+                for p in self.pods_with_label(w.namespace, table.membership_label, w.name):
+                    if p.uid not in out and self._in_chain(p, workload_uid):
+                        out[p.uid] = p
         return sorted(out.values(), key=lambda p: (p.namespace, p.name))
 
     def _in_chain(self, pod: proj.Pod, workload_uid: str) -> bool:
@@ -480,7 +441,7 @@ class ClusterCache:
         return sorted(n.name for n in self.nodes.values() if n.cordoned_by_kcover)
 
 
-INDEXED_LABELS = frozenset((*proj.MEMBERSHIP_LABELS, "batch.kubernetes.io/controller-uid", "controller-uid"))
+INDEXED_LABELS = kinds.INDEXED_LABELS
 """Pod labels with an index (namespace, key, value): those a restart selector starts with."""
 
 

@@ -45,7 +45,6 @@ from kcover.kube import projections as proj
 from kcover.recovery import actions
 
 KUBEFLOW_GROUP = ownership.KUBEFLOW_GROUP
-KUBEFLOW_KINDS = ownership.KUBEFLOW_KINDS
 KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"
 KUBEFLOW_OPERATOR_NAME = "training.kubeflow.org/operator-name"
 TRAINER_GROUP = ownership.TRAINER_GROUP
