@@ -1,7 +1,7 @@
 """The controller's cluster cache: kcover's one cluster model, indexed and observable.
 
-Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, and each configured
-workload kind), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
+Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, each configured
+workload kind, and for the controller Namespaces and the controls ConfigMap), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
 by node, by owner uid, by membership label; nodes by name; workloads by uid and by (group, kind,
 namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list),
 and change subscriptions delivered in order, synchronously after the cache was updated. It is the
@@ -42,6 +42,8 @@ class Kind(enum.StrEnum):
     WORKLOAD = "Workload"
     EVENT = "Event"
     RESOURCE_SLICE = "ResourceSlice"
+    NAMESPACE = "Namespace"
+    CONTROLS = "Controls"
 
 
 WorkloadKind = kinds.WorkloadKind
@@ -63,7 +65,7 @@ DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = kinds.DEFAULT_KEYS
 
 RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
-Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice
+Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice | proj.Namespace | proj.ConfigMap
 Change = tuple[Kind, Any, Any]
 """(kind, old, new): old None on add, new None on delete."""
 Callback = Callable[[Kind, Any, Any], None]
@@ -112,8 +114,11 @@ class ClusterCache:
 
     def __init__(self, kube: client_.KubeClient | None, *, workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
                  watch_events: bool = True, options: watching.ReflectorOptions | None = None,
-                 freeze_gc: bool = False, gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> None:
-        """`kube` None: an offline cache, filled only through `load()` (see `offline()`)."""
+                 freeze_gc: bool = False, gpu_rule: gpus.GpuRule = gpus.DEFAULT,
+                 controls: tuple[str, str] | None = None) -> None:
+        """`kube` None: an offline cache, filled only through `load()` (see `offline()`). `controls`:
+        (namespace, name) of the controls ConfigMap to watch (the recovery's pause and reset requests);
+        None watches none (the agent's cache, tools)."""
         self.freeze_gc = freeze_gc
         """After the first full sync, `gc.freeze()` the process: the cyclic GC then never rescans the
         cached objects (they hold no cycles), which at 150,000 pods removes pauses of a second that
@@ -125,6 +130,10 @@ class ClusterCache:
         self.workloads: dict[str, proj.Workload] = {}
         self.events: dict[str, proj.KubeEvent] = {}
         self.resource_slices: dict[str, proj.ResourceSlice] = {}
+        self.namespaces: dict[str, proj.Namespace] = {}
+        """Namespace name -> its projection (pause and opt-in labels and annotations)."""
+        self.controls_map: proj.ConfigMap | None = None
+        self.controls_ref = controls
         self._pod_by_name: dict[tuple[str, str], str] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._pods_by_owner: dict[str, set[str]] = {}
@@ -149,18 +158,25 @@ class ClusterCache:
         for wk in workload_kinds:
             self._reflect(kube, wk.path, _typed(proj.workload, wk), self._on_workload, wk.key, (wk.group, wk.kind),
                           options)
+        if controls is not None:
+            self._reflect(kube, "/api/v1/namespaces", proj.namespace, self._on_namespace, "namespaces",
+                          ("", "Namespace"), options)
+            self._reflect(kube, f"/api/v1/namespaces/{controls[0]}/configmaps", proj.config_map, self._on_controls,
+                          "controls", ("", "ConfigMap"), options, query={"fieldSelector": f"metadata.name={controls[1]}"})
 
     def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],
-                 options: watching.ReflectorOptions | None) -> watching.Reflector[Any]:
+                 options: watching.ReflectorOptions | None,
+                 query: Mapping[str, str] | None = None) -> watching.Reflector[Any]:
         reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
-                                                                options=options)
+                                                                options=options, query=query)
         self.reflectors.append(reflector)
         self._routes[route] = reflector
         return reflector
 
     @classmethod
-    def from_settings(cls, kube: client_.KubeClient, kube_settings: settings_.KubeSettings) -> ClusterCache:
+    def from_settings(cls, kube: client_.KubeClient, kube_settings: settings_.KubeSettings, *,
+                      controls: tuple[str, str] | None = None) -> ClusterCache:
         s = kube_settings
         options = watching.ReflectorOptions(
             page_size=s.page_size, watch_timeout_seconds=s.watch_timeout_seconds,
@@ -170,14 +186,15 @@ class ClusterCache:
             request_timeout_seconds=max(s.request_timeout_seconds, 60.0))
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
                    options=options, freeze_gc=s.gc_freeze_after_sync,
-                   gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers))
+                   gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers), controls=controls)
 
     @classmethod
     def offline(cls, objects: Iterable[Mapping[str, Any]] = (), *,
                 workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
-                gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> ClusterCache:
+                gpu_rule: gpus.GpuRule = gpus.DEFAULT,
+                controls: tuple[str, str] | None = ("kcover-system", "kcover-controls")) -> ClusterCache:
         """A synced cache holding `objects` (raw API dicts), built without I/O: see `load()`."""
-        cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule)
+        cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule, controls=controls)
         cache.load(objects)
         return cache
 
@@ -313,6 +330,19 @@ class ClusterCache:
             self.events[new.uid] = new
         self._notify(Kind.EVENT, old, new)
 
+    def _on_namespace(self, old: proj.Namespace | None, new: proj.Namespace | None) -> None:
+        if old is not None:
+            self.namespaces.pop(old.name, None)
+        if new is not None:
+            self.namespaces[new.name] = new
+        self._notify(Kind.NAMESPACE, old, new)
+
+    def _on_controls(self, old: proj.ConfigMap | None, new: proj.ConfigMap | None) -> None:
+        if (new or old) is not None and ((new or old).namespace, (new or old).name) != self.controls_ref:  # type: ignore[union-attr]
+            return  # an offline load of another ConfigMap (the server-side field selector keeps these out)
+        self.controls_map = new
+        self._notify(Kind.CONTROLS, old, new)
+
     def _on_slice(self, old: proj.ResourceSlice | None, new: proj.ResourceSlice | None) -> None:
         if old is not None:
             del self.resource_slices[old.uid]
@@ -379,6 +409,13 @@ class ClusterCache:
 
     def node(self, name: str) -> proj.Node | None:
         return self.nodes.get(name)
+
+    def namespace(self, name: str) -> proj.Namespace | None:
+        return self.namespaces.get(name)
+
+    def controls(self) -> proj.ConfigMap | None:
+        """The controls ConfigMap (`recovery.controls_name`), or None when it does not exist or is not watched."""
+        return self.controls_map
 
     def workload(self, uid: str) -> proj.Workload | None:
         return self.workloads.get(uid)

@@ -109,11 +109,18 @@ class Pod(NamedTuple):
     """Init containers first (`init=True`), then regular ones."""
     unschedulable: str = ""
     """The scheduler's message while the pod's `PodScheduled` condition is False (reason `Unschedulable`)."""
+    created: str = ""
+    """`metadata.creationTimestamp`: a restart removes only pods created before it was recorded."""
 
     @property
     def deleting(self) -> bool:
         """`deletionTimestamp` is set: the pod is terminating."""
         return bool(self.deletion_timestamp)
+
+    @property
+    def terminal(self) -> bool:
+        """Phase Succeeded or Failed: its controller has counted it; a restart leaves it alone."""
+        return self.phase in ("Succeeded", "Failed")
 
 
 class Taint(NamedTuple):
@@ -169,6 +176,28 @@ class Workload(NamedTuple):
     @property
     def group(self) -> str:
         return group_of(self.api_version)
+
+
+class Namespace(NamedTuple):
+    """A Namespace: its kcover.io/ labels and annotations (pause, opt-in)."""
+
+    uid: str
+    rv: str
+    name: str
+    labels: Pairs
+    """Only labels whose key starts with `kcover.io/`."""
+    annotations: Pairs
+    """Only annotations whose key starts with `kcover.io/`."""
+
+
+class ConfigMap(NamedTuple):
+    """The controls ConfigMap: its kcover.io/ annotations (the global pause, a breaker reset request)."""
+
+    uid: str
+    rv: str
+    namespace: str
+    name: str
+    annotations: Pairs
 
 
 class ResourceSlice(NamedTuple):
@@ -326,6 +355,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
         containers=containers,
         unschedulable=_unschedulable(status),
+        created=_s(meta.get("creationTimestamp")),
     )
 
 
@@ -396,6 +426,20 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         max_restarts=max_restarts,
         finished=finished,
     )
+
+
+def namespace(raw: Mapping[str, Any]) -> Namespace:
+    meta = _d(raw.get("metadata"))
+    return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
+                     labels=_kept(meta.get("labels"), prefix=KCOVER_PREFIX),
+                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+
+
+def config_map(raw: Mapping[str, Any]) -> ConfigMap:
+    meta = _d(raw.get("metadata"))
+    return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
+                     namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
+                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
 
 
 def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
