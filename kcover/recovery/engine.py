@@ -127,9 +127,14 @@ class RecoveryEngine:
                                 device_taints_served=self._devices.known_served)
 
     async def _ready(self) -> bool:
-        """The ledger is loaded (and device taint discovery fresh); False when the ledger is unavailable."""
+        """The ledger is loaded (and device taint discovery fresh); False when the ledger cannot be read."""
         try:
             await self.ledger.ensure_loaded()
+        except errors.NotLeaderError:
+            raise
+        except errors.KubeError as exc:
+            log.warning("recovery_ledger_unreadable", error=str(exc)[:300])
+            return False
         except errors.LedgerUnavailable as exc:
             self.engine_metrics.ledger_available.set(0)
             if not self._unavailable_said:
@@ -163,7 +168,7 @@ class RecoveryEngine:
         self.counts["events"] += len(batch)
         if not await self._ready():
             for event in batch:
-                self._keep(event, "the recovery ledger is not available")
+                self._keep(event, "the recovery ledger cannot be read")
             return
         rs = self._recovery()
         now = self._clock.now()
@@ -172,9 +177,13 @@ class RecoveryEngine:
             planned = planning.plan(event, self._snapshot, self._history(), rs, now, rules_=self._rules)
             self._reserve(planned)
             plans.append((event, planned))
-        async with asyncio.TaskGroup() as tg:
-            for event, planned in plans:
-                tg.create_task(self._carry_out(event, planned), name=f"recovery:{event.id}")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for event, planned in plans:
+                    tg.create_task(self._carry_out(event, planned), name=f"recovery:{event.id}")
+        except BaseExceptionGroup as group:  # the term ended mid-batch: the controller holds the batch again
+            lost = group.subgroup(errors.NotLeaderError)
+            raise (lost.exceptions[0] if lost is not None else group.exceptions[0]) from None
 
     def _reserve(self, planned: Sequence[st.Step]) -> None:
         for step in planned:
@@ -233,6 +242,7 @@ class RecoveryEngine:
     async def tick(self) -> None:
         """The leader's periodic pass; see the module docstring."""
         if not await self._ready():
+            await self._give_up_old(self._clock.now())
             return
         rs = self._recovery()
         now = self._clock.now()
@@ -288,6 +298,13 @@ class RecoveryEngine:
                             t.namespace, t.uid)
 
     async def _retry(self, now: dt.datetime) -> None:
+        await self._give_up_old(now)
+        fresh = [r.event for r in self._retries.values() if r.next_at <= now.timestamp()]
+        if fresh:
+            await self.handle(fresh)
+
+    async def _give_up_old(self, now: dt.datetime) -> None:
+        """The kept faults past `recovery.retry_seconds` end with an Event (written if the API answers)."""
         rs = self._recovery()
         due = [r for r in self._retries.values() if r.next_at <= now.timestamp()]
         for retry in due:
@@ -301,9 +318,6 @@ class RecoveryEngine:
                                             f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
                                             f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
                                             f"first write kept failing ({retry.error})"))
-        fresh = [r.event for r in self._retries.values() if r.next_at <= now.timestamp()]
-        if fresh:
-            await self.handle(fresh)
 
 
 def _when(at: float) -> str:

@@ -350,6 +350,25 @@ class Ledger:
         self.writes = 0
         self.conflicts = 0
 
+    @classmethod
+    def offline(cls, entries: Mapping[str, Entry] | None = None, *, signals: Mapping[str, float] | None = None,
+                name: str = "kcover-ledger", namespace: str = "kcover-system") -> Ledger:
+        """A loaded ledger holding `entries` (key -> entry) and `signals` (`<signal>|<key>` -> time), built
+        without I/O: what the plan reads in table tests, through the product's own model. It cannot write."""
+        book = cls(_Offline(), namespace=namespace, name=name, retention_seconds=lambda: 3600.0)
+        held: dict[str, _Held] = {}
+        for key, entry in (entries or {}).items():
+            mine = {s: at for s, at in (signals or {}).items() if s.rpartition("|")[2] == key}
+            held[key] = _Held(object_name(name, key), "1", entry, mine)
+        for signal, at in (signals or {}).items():
+            key = signal.rpartition("|")[2]
+            if key not in held:
+                held[key] = _Held(object_name(name, key), "1", entry_for(key), {signal: at})
+        book._entries = held
+        book._reindex()
+        book._loaded = True
+        return book
+
     # ------------------------------------------------------------------------------------ reads
 
     @property
@@ -553,6 +572,13 @@ class Ledger:
                 continue  # written meanwhile: no longer expired
             self._replace(key, None)
         del self._doomed[:DELETES_PER_WRITE]
+
+
+class _Offline:
+    """The gateway of an offline ledger: every call is refused (it holds what it was given)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise errors.KcoverError(f"an offline ledger cannot {name}")
 
 
 def _expired(entry: Entry, before: float) -> bool:

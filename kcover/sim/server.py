@@ -161,6 +161,22 @@ class SimServer:
         cfg.api_key_prefix = {"authorization": "Bearer"}
         return cfg
 
+    # --- custom resource definitions ----------------------------------------------------------
+
+    def delete_crd(self, key: str) -> int:
+        """Delete a custom resource's CRD, as kube-apiserver does: every object of it goes, its watches end,
+        and its paths answer 404 until `create_crd`. Returns how many objects went."""
+        gone = [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in self.store.iter_objects(key)]
+        for namespace, name in gone:
+            self.store.delete(key, namespace, name, grace_seconds=0)
+        self.store.close_watchers(key)
+        self.store.registry.unserved.add(key)
+        return len(gone)
+
+    def create_crd(self, key: str) -> None:
+        """Serve a custom resource again (its CRD installed)."""
+        self.store.registry.unserved.discard(key)
+
     # --- kubelet-side helpers -----------------------------------------------------------------
 
     def append_log(self, namespace: str, pod: str, container: str, text: str) -> None:
