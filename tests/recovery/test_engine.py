@@ -270,7 +270,8 @@ async def test_a_reset_request_on_a_breaker_that_is_not_latched_changes_nothing(
         await r.tick()
         assert _breaker(r) == ledger.Breaker()
         assert not r.events("KcoverBreakerReset")
-        assert "UPDATE ledgerentries.kcover.io" not in r.requests and "CREATE ledgerentries.kcover.io" not in r.requests
+        assert "UPDATE ledgerentries.kcover.io" not in r.requests
+        assert "CREATE ledgerentries.kcover.io" not in r.requests
         await r.handle(node_fault("n0"))
         assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True, "no cooldown was started"
 
