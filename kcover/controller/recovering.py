@@ -81,9 +81,12 @@ class LeaderEngine:
         return self.inner.ledger
 
     def _new_term(self) -> None:
+        """A new term (or dry run turned on or off) reads the ledger again: never plan with an earlier term's."""
         epoch = self._epoch()
-        if epoch != self._loaded_epoch or self.gateway.changed():  # a new term, or dry run turned on or off
-            self.inner.ledger.forget()
+        changed = self.gateway.changed()
+        if epoch != self._loaded_epoch or changed:
+            if self._loaded_epoch != -1 or changed:
+                self.inner.ledger.forget()
             self._loaded_epoch = epoch
 
     async def resume(self) -> None:

@@ -67,8 +67,10 @@ def breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) ->
 
 
 def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySettings, now: float,
-            breaker_state: ledger.Breaker, load: Load | None, pod_created: float | None = None) -> Refusal | None:
-    """May the unit be restarted now? `pod_created`: when the faulting pod was created (epoch), if known.
+            breaker_state: ledger.Breaker, load: Load | None, pod_created: float | None = None,
+            pod_terminating: bool = False) -> Refusal | None:
+    """May the unit be restarted now? `pod_created`: when the faulting pod was created (epoch), if known;
+    `pod_terminating`: the faulting pod is being deleted.
     `load` None leaves out the limits on what is in flight (checked when planning, with the reservations):
     the fenced ledger write re-checks what another replica could have changed."""
     latched = breaker(breaker_state, rs, now)
@@ -76,7 +78,7 @@ def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySetting
         return latched
     times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
     # creationTimestamp has whole seconds: a pod stamped a second or more before the restart predates it
-    if times and pod_created is not None and pod_created + 1.0 <= times[-1]:
+    if times and (pod_terminating or (pod_created is not None and pod_created + 1.0 <= times[-1])):
         return Refusal(Code.ALREADY_RESTARTED, f"{what} was restarted at {_when(times[-1])}, after its faulting pod "
                        "was created: that restart removed (or is removing) the pod")
     if times and now - times[-1] < rs.workload_cooldown_seconds:

@@ -90,13 +90,13 @@ class Audit:
         rs = self._recovery()
         about = about_of(step)
         if isinstance(outcome, st.Refused):
-            if not outcome.audit or (isinstance(step, st.Refuse) and not step.audit) or about is None:
-                return None
             if outcome.code is st.Code.INTENT_REFUSED and isinstance(step, st.Resume):
                 ledger_ref = st.ObjectRef("LedgerEntry", "kcover.io/v1alpha1", step.key, rs.ledger_namespace)
                 return st.Emit(ledger_ref, "KcoverIntentRefused", "RestartWorkload",
                                f"dropped the pending restart {step.intent.id} under {step.key} (recorded by "
                                f"{step.intent.leader or 'unknown'}): {outcome.text}; nothing was removed")
+            if not outcome.audit or (isinstance(step, st.Refuse) and not step.audit) or about is None:
+                return None
             return st.Emit(about, "KcoverRecoverySkipped", "Skip",
                            f"{outcome.code.value}: {outcome.text} (fault {_fault(st.cause_of(step))})")
         if isinstance(outcome, st.Held):

@@ -126,8 +126,9 @@ class RecoveryEngine:
                                 cordons_in_flight=frozenset(self._cordoning),
                                 device_taints_served=self._devices.known_served)
 
-    async def _ready(self) -> bool:
-        """The ledger is loaded (and device taint discovery fresh); False when the ledger cannot be read."""
+    async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
+        """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
+        False when the ledger cannot be read."""
         try:
             await self.ledger.ensure_loaded()
         except errors.NotLeaderError:
@@ -147,7 +148,7 @@ class RecoveryEngine:
             log.info("recovery_ledger_available")
             self._unavailable_said = False
         self.engine_metrics.ledger_available.set(1)
-        if self._recovery().device_taints.enabled:
+        if self._recovery().device_taints.enabled and any(e.fault.dra is not None for e in batch):
             await self._devices.served_version()
         return True
 
@@ -166,7 +167,7 @@ class RecoveryEngine:
     async def handle(self, batch: Sequence[model.CollectorEvent]) -> None:
         """Plan every event of the batch (reserving as it goes), then carry the plans out concurrently."""
         self.counts["events"] += len(batch)
-        if not await self._ready():
+        if not await self._ready(batch):
             for event in batch:
                 self._keep(event, "the recovery ledger cannot be read")
             return

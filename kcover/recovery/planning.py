@@ -236,7 +236,7 @@ class _Planner:
         entry = self.history.ledger.unit(unit.key)
         refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
                                     breaker_state=self.history.ledger.breaker(), load=self._load(),
-                                    pod_created=_created(pod) if not sweep else None)
+                                    pod_created=_created(pod) if not sweep else None, pod_terminating=pod.deleting)
         if refused is not None:
             if refused.code in HOLDABLE:
                 held = self._hold_for(restart, refused, entry)

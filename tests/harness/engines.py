@@ -62,6 +62,7 @@ class Rig:
     metrics: metrics.Metrics
     settings: settings.Settings
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _overrides: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def store(self) -> stores.Store:
@@ -100,6 +101,30 @@ class Rig:
         for obj in objects:
             self.store.create(key_of(obj), dict(obj), keep_uid=True)
 
+    @contextlib.asynccontextmanager
+    async def replica(self, identity: str, *, fence: retrying.Fence | None = None, epoch: int = 2,
+                      overrides: Mapping[str, Any] | None = None,
+                      retry: retrying.Policy | None = None) -> AsyncIterator[recovering.LeaderEngine]:
+        """Another replica's recovery over the same server: its own client, cache, ledger and engine."""
+        cfg = settings_of(_merge(dict(self._overrides), overrides or {}))
+        rs = cfg.recovery
+        kube = self.srv.client(retry=retry or retrying.policy_from(cfg.kube))
+        cache = caching.ClusterCache(kube, workload_kinds=caching.workload_kinds(cfg.kube.workload_kinds),
+                                     watch_events=False, options=FAST, controls=(rs.ledger_namespace, rs.controls_name))
+        engine = recovering.build(recovering.EngineDeps(
+            settings=cfg, client=kube, cache=cache, metrics=metrics.Metrics(), clock=self.clock,
+            is_leader=lambda: fence is None or fence.write_seconds_left() > 0, epoch=lambda: epoch,
+            identity=identity, fence=fence))
+        stop = asyncio.Event()
+        task = asyncio.create_task(cache.run(stop), name=f"rig:cache:{identity}")
+        try:
+            await cache.wait_synced()
+            yield engine
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await kube.close()
+
     def pod_uids(self, namespace: str = "ml") -> set[str]:
         return {p["metadata"]["uid"] for p in self.store.iter_objects("pods")
                 if p["metadata"].get("namespace") == namespace and not p["metadata"].get("deletionTimestamp")}
@@ -133,7 +158,7 @@ async def rig(objects: Sequence[Mapping[str, Any]] = (), *, overrides: Mapping[s
         leader = recovering.build(recovering.EngineDeps(
             settings=cfg, client=kube, cache=cache, metrics=mets, clock=clock, is_leader=lambda: True,
             epoch=lambda: 1, identity="kcover-test"))
-        r = Rig(srv, kube, cache, leader, clock, mets, cfg)
+        r = Rig(srv, kube, cache, leader, clock, mets, cfg, _overrides=dict(overrides or {}))
         task = asyncio.create_task(cache.run(r.stop), name="rig:cache")
         try:
             await cache.wait_synced()
