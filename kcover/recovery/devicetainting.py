@@ -151,7 +151,6 @@ class DeviceTaints:
     async def taint(self, device: model.DraDevice, *, node: str, reason: str, cause: str) -> Outcome:
         api_version = await self.served_version()
         if api_version is None:
-            self.metrics.device_taint_fallbacks.inc()
             return Outcome.UNSERVED
         options = self._options()
         body = rule_body(device, node=node, api_version=api_version, key=options.key, effect=options.effect,

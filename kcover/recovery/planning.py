@@ -346,10 +346,9 @@ class _Planner:
         if kind is AK.RESTART_WORKLOAD and self.event.fault.xid is not None:
             return holders or [self.refuse(Code.NO_WORKLOADS, f"no opted-in workload holds device {dra.resource_id} "
                                            f"on Node {node}", st.node_ref(node))]
-        if kind is AK.RESTART_WORKLOAD:
-            return holders
-        if not self.history.device_taints_served:
-            out = self.cordon(node)
+        if not self.history.device_taints_served:  # the node-level answer (said once by the engine)
+            out = [] if kind is AK.RESTART_WORKLOAD else self.cordon(node)
+            out += holders
             if kind is AK.CORDON_NODE_AND_RESTART:
                 out += self.restarts_on_node(node)
             return out

@@ -212,7 +212,7 @@ async def test_a_restart_whose_removals_keep_failing_stays_pending_and_is_retrie
         await r.handle(fault("train-1"))
         assert r.requests["DELETE pods"] >= 3
         assert not restarts(r)
-        [(key, intent)] = pending(r).items()
+        [key] = pending(r)
         assert len(entries(r)[key]["t"]) == 1
         r.srv.faults.reset()  # the API server recovers: the leader's next pass finishes its own restart
         await r.tick()
