@@ -530,7 +530,7 @@ class Ledger:
         name = held.name if held is not None else object_name(self.name, key)
         data = {key: orjson.dumps(entry.encode()).decode()}
         if signals:
-            data[SIGNALS] = orjson.dumps(dict(sorted(signals.items()))).decode()
+            data[SIGNALS] = orjson.dumps({k: round(v, 3) for k, v in sorted(signals.items())}).decode()
         meta: gateway.Meta = {"name": name, "namespace": self.namespace,
                               "labels": {gateway.LEDGER_LABEL: self.name, "app.kubernetes.io/managed-by": "kcover"}}
         body: gateway.DataBody = {"apiVersion": gateway.LEDGER_GROUP_VERSION, "kind": "LedgerEntry", "metadata": meta,

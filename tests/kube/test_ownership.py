@@ -2,7 +2,7 @@
 
 The cluster model is the product's (`ClusterCache.offline` over raw API objects). The detector path is
 the real pod-status detector following that cache and publishing on a real bus; the policy path is
-`policy.plan` over the same cache.
+`planning.plan` over the same cache.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from kcover import metrics, model, settings
 from kcover.detectors import contract, pod_status
 from kcover.kube import caching, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import actions, policy
+from kcover.recovery import planning
+from kcover.recovery import steps as actions
 
 KF = "kubeflow.org/v1"
 def _now() -> dt.datetime:
@@ -74,13 +75,13 @@ async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(wher
     fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
                                  target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
                                                      uid="p0"), observed_at=now)
-    [planned] = policy.plan(fault, cache, policy.History(), settings.RecoverySettings(), now)
+    [planned] = planning.plan(fault, cache, planning.History(), settings.RecoverySettings(), now)
     if opted:
-        assert isinstance(planned, actions.RestartWorkload)
+        assert isinstance(planned, actions.Restart)
         assert planned.workload.uid == "pt-uid"
     else:
-        assert isinstance(planned, actions.Skip)
-        assert planned.code is actions.SkipCode.NOT_OPTED_IN
+        assert isinstance(planned, actions.Refuse)
+        assert planned.code is actions.Code.NOT_OPTED_IN
 
 
 def test_pods_of_workload_means_every_pod_under_it() -> None:
@@ -115,5 +116,5 @@ def test_load_delivers_only_differences_like_a_relist() -> None:
     cache.load([o.node("a"), o.node("b", rv="2", unschedulable=True), o.node("c")])
     assert seen == [(caching.Kind.NODE, "b", "b"), (caching.Kind.NODE, None, "c")]
     assert cache.synced
-    with pytest.raises(ValueError, match="ConfigMap"):
-        cache.load([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}])
+    with pytest.raises(ValueError, match="Secret"):
+        cache.load([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}])
