@@ -4,6 +4,7 @@
     kcover bench --quick              # 1,000 nodes / 10,000 pods, fewer samples: under a minute
     kcover bench --report json
     kcover bench --kubeconfig PATH    # a real cluster: seeds through its API, cleans up after
+    kcover bench --restarts 8,128,1024 [--kubeconfig PATH]   # only: one restart of a large job, per kind
 
 Owns the options, the order of the scenarios and the report. The roles' own figures come first, on a
 cluster that is still empty (`footprint`: start-up to leading, idle RSS, CPU per fault), then latency,
@@ -33,7 +34,8 @@ from typing import Any
 import structlog
 
 from kcover import errors
-from kcover.bench import footprint, latency, rawapi, reporting, scale, seeding, simproc
+from kcover.kube import client as client_
+from kcover.bench import footprint, latency, rawapi, reporting, restarts, scale, seeding, simproc
 
 log = structlog.get_logger()
 
@@ -55,6 +57,8 @@ class Options:
     seed_scale: bool = True
     raw: bool = False
     """Keep the raw samples (seconds) in the report, for plots."""
+    restarts: list[int] = field(default_factory=list)
+    """Pod counts of the restart scenario (`restarts`); set, it is the only scenario run."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
@@ -87,8 +91,27 @@ def _load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+async def run_restarts(options: Options) -> dict[str, Any]:
+    """Only the restart scenario (`restarts`): its report (JSON-able)."""
+    environment: dict[str, Any] = {"cluster": "real (kubeconfig)" if options.kubeconfig else "simulated (child process)",
+                                   "cpus": os.cpu_count(), "python": platform.python_version(),
+                                   "load_average_at_start": _load()}
+    started = time.perf_counter()
+    async with _cluster(options.kubeconfig) as kubeconfig:
+        kube = await client_.connect(kubeconfig)
+        try:
+            rows = await restarts.measure(kube, options.restarts, run_id=uuid.uuid4().hex[:6])
+        finally:
+            await kube.close()
+    environment["load_average_at_end"] = _load()
+    environment["seconds"] = round(time.perf_counter() - started, 1)
+    return {"restarts": restarts.section(rows), "environment": environment}
+
+
 async def run(options: Options) -> dict[str, Any]:
     """Run every scenario and return the report (JSON-able)."""
+    if options.restarts:
+        return await run_restarts(options)
     environment: dict[str, Any] = {"cluster": "real (kubeconfig)" if options.kubeconfig else "simulated (child process)",
                                    "cpus": os.cpu_count(), "python": platform.python_version(),
                                    "load_average_at_start": _load()}
@@ -144,6 +167,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--starts", type=int, help="controller start-ups timed to leading (default 5, quick 3)")
     p.add_argument("--cpu-faults", type=int, help="pod errors the CPU per fault is measured over (default 20, quick 10)")
     p.add_argument("--raw", action="store_true", help="include the raw samples in the JSON report")
+    p.add_argument("--restarts", help="only one restart of a JobSet, a batch Job and a PyTorchJob of each of these "
+                                      "pod counts (e.g. 8,128,1024): time to every pod taken away, requests made")
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -154,6 +179,8 @@ def options_from(args: argparse.Namespace) -> Options:
             overrides[name] = getattr(args, attr)
     if args.sizes:
         overrides["sizes"] = parse_sizes(args.sizes)
+    if getattr(args, "restarts", None):
+        overrides["restarts"] = [int(x) for x in str(args.restarts).split(",") if x.strip()]
     return Options.quick(**overrides) if args.quick else Options(**overrides)
 
 
@@ -165,7 +192,12 @@ def main(args: argparse.Namespace) -> int:
     except (errors.KcoverError, ValueError, OSError) as exc:
         print(f"kcover bench: failed: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(report, indent=2) if args.report == "json" else reporting.markdown(report))
+    if args.report == "json":
+        print(json.dumps(report, indent=2))
+    elif "restarts" in report:
+        print(restarts.markdown(report["restarts"]))
+    else:
+        print(reporting.markdown(report))
     return 0
 
 
