@@ -383,7 +383,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    metrics_ = metrics.Metrics()
+    metrics_ = metrics.Metrics(role=args.command)  # each role exports only its own series
     health = serving.Health(stall_seconds=config.server.loop_stall_seconds)
     server = serving.Server(health, metrics_, host=config.server.host, port=config.server.port)
     await server.start()
