@@ -200,9 +200,9 @@ async def test_xids_and_polls_are_counted_by_code_class_and_result() -> None:
         got = Running(nvml, sub, stop)
         await got.take(3)
         async with asyncio.timeout(3):
-            while not (registry.get_sample_value("kcover_xids_total", {"code": "14", "class": "driver"})
+            while not (registry.get_sample_value("kcover_xids_total", {"code": "14", "class": "driver"})  # noqa: ASYNC110 -- polled: a counter has no event to wait on
                        and registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})):
-                await asyncio.sleep(0.01)  # noqa: ASYNC110 -- polled: the counters have no event to wait on
+                await asyncio.sleep(0.01)
     finally:
         stop.set()
         await asyncio.wait_for(task, 3)

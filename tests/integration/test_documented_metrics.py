@@ -97,9 +97,9 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
                 while not all(health.readiness()[0] for health, _ in roles.values()):  # noqa: ASYNC110 -- polled, as a kubelet probe would
                     await asyncio.sleep(0.05)
                 # the agent's first NVML poll and both watchdogs' first look, as a scrape a while after start sees
-                while not (roles["agent"][1].registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})
+                while not (roles["agent"][1].registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})  # noqa: ASYNC110 -- polled, as a scrape would
                            and all(health.watched for health, _ in roles.values())):
-                    await asyncio.sleep(0.05)  # noqa: ASYNC110 -- polled, as a scrape would
+                    await asyncio.sleep(0.05)
             yield {role: await scrape(server) for role, server in servers.items()}
         finally:
             stop.set()
