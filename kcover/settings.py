@@ -167,7 +167,7 @@ class DetectorsSettings(_Group):
         merged.update(value)
         return merged
     restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
-    plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
+    plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped_total`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
     plugin_burst: int = Field(1000, ge=1, description="Events an isolated detector may publish at once above its rate (the bucket's size): a node-wide burst of one event per pod.")
     plugin_queue_capacity: int = Field(1000, ge=1, description="Events an isolated detector may have waiting for the main loop; past it new ones are dropped and counted.")
     stop_grace_seconds: float = Field(5.0, gt=0, description="Seconds an isolated detector is given to return after it was asked to stop; then it is abandoned (its thread left behind, unable to publish) so shutdown stays bounded.")
