@@ -68,3 +68,23 @@ def test_the_agent_table_is_the_charts_rules(render: Render) -> None:
     docs, chart = documented("**Agent**"), rendered(render({}), "-agent")
     assert docs - chart == set(), f"security.md grants what the chart does not: {sorted(docs - chart)}"
     assert chart - docs == set(), f"the chart grants what security.md does not say: {sorted(chart - docs)}"
+
+
+def test_the_docs_namespace_is_where_the_chart_puts_kcovers_own_objects(render: Render) -> None:
+    """The docs' `kubectl -n NS` for kcover's objects use the install namespace (tests/docs); the chart puts the
+    agent's Node Events, the Lease and the ledger in the release namespace, so installed as the docs say, there."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "docs"))
+    from test_docs_true import install_namespace  # type: ignore[import-not-found]
+    from test_render import container, resolved_env
+
+    namespace = install_namespace()
+    objs = render({}, namespace=namespace)
+    agent = resolved_env(container(find(objs, "DaemonSet", "-agent")), pod="a", namespace=namespace, node="n")
+    controller = resolved_env(container(find(objs, "Deployment", "-controller")), pod="c", namespace=namespace,
+                              node="")
+    assert agent["KCOVER_AGENT__EVENT_NAMESPACE"] == namespace
+    assert controller["KCOVER_LEASE__NAMESPACE"] == controller["KCOVER_RECOVERY__LEDGER_NAMESPACE"] == namespace
+    role = find(objs, "Role", "-agent")
+    assert role["metadata"]["namespace"] == namespace  # where the agent may create its Events
