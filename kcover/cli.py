@@ -141,11 +141,13 @@ def _running_detectors(url: str, output: str) -> int:
     return 1 if any(s.get("state") == "failed" for s in states.values()) else 0
 
 
-ONE_SHOT_TIMEOUT_SECONDS = 5.0
+ONE_SHOT_TIMEOUT_SECONDS = 3.0
 """Default `--timeout` of the commands that read or write the cluster once (`status`, `breaker reset`): how long
 they wait for the API server to answer at all (connecting and retrying included), so a dead or unreachable
-server is reported within seconds. Their reads after that have `kube.request_timeout_seconds` each, as the
-roles' do: listing the Nodes of a large cluster may take longer than a server takes to answer."""
+server is reported within seconds: a live API server answers `GET /version` in milliseconds, and one that is
+restarting is not back within a few seconds of retries anyway (run the command again). Their reads after
+that have `kube.request_timeout_seconds` each, as the roles' do: listing the Nodes of a large cluster may take
+longer than a server takes to answer."""
 
 T = TypeVar("T")
 
