@@ -2,8 +2,9 @@
 
 Owns one list of problems for validated settings: the recovery rules (`recovery.rules.parse_rules`),
 every enabled detector's config against its own model (`detectors.registry.Registry.check_entries`,
-as the supervisor's `wanted()` does) and the XID policy file `agent.xid_policy_file`
-(`nvml.xid_policy.load`). `kcover config check`, the start of a role and every hot reload use it, so
+as the supervisor's `wanted()` does), the limits between a setting and a detector's config
+(`agent.event_retry_seconds` below the event watcher's staleness) and the XID policy file
+`agent.xid_policy_file` (`nvml.xid_policy.load`). `kcover config check`, the start of a role and every hot reload use it, so
 a file that passes the check is one the roles accept, and a reload applies nothing unless all of it is
 valid. It also names the files besides the settings file whose content is configuration
 (`watched_files`), for the reloader to poll. The settings schema itself is `settings.layer()`'s.
@@ -24,6 +25,7 @@ from kcover.nvml import xid_policy
 from kcover.recovery import rules as rules_
 
 XID_POLICY_SETTING = "agent.xid_policy_file"
+EVENT_WATCHER = "event-watcher"
 
 
 def rule_problems(rules: Sequence[Any]) -> list[str]:
@@ -49,11 +51,32 @@ def xid_policy_problems(path: str) -> list[str]:
     return []
 
 
+def event_retry_problems(event_retry_seconds: float, entries: Mapping[str, settings.DetectorEntry],
+                         detectors: registry.Registry) -> list[str]:
+    """`agent.event_retry_seconds` must stay below the event watcher's `staleness_seconds`: an Event the agent
+    writes later than that after the fault is one the controller ignores as stale. Not judged while the event
+    watcher is off or its config is invalid (`check_entries` reports that)."""
+    entry = entries.get(EVENT_WATCHER)
+    if entry is None or not entry.enabled:
+        return []
+    try:
+        config = detectors.validate_config(EVENT_WATCHER, entry.config)
+    except (errors.ConfigError, errors.PluginError):
+        return []
+    staleness = getattr(config, "staleness_seconds", None)
+    if not isinstance(staleness, int | float) or event_retry_seconds < staleness:
+        return []
+    return [f"agent.event_retry_seconds: must be below detectors.entries.{EVENT_WATCHER}.config.staleness_seconds "
+            f"({staleness:g}): the controller ignores an Event the agent writes later than that "
+            f"(got {event_retry_seconds:g})"]
+
+
 def problems(cfg: settings.Settings, detectors: registry.Registry, *, role: contract.Role | None = None) -> list[str]:
     """Every problem of validated settings. `role` None checks all; the controller skips the agent's XID file,
     which only agent pods mount."""
     found = rule_problems(cfg.recovery.rules)
     found += detectors.check_entries(cfg.detectors.entries)
+    found += event_retry_problems(cfg.agent.event_retry_seconds, cfg.detectors.entries, detectors)
     if role in (None, contract.Role.AGENT):
         found += xid_policy_problems(cfg.agent.xid_policy_file)
     return found

@@ -19,9 +19,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import yaml
@@ -141,39 +141,77 @@ def _running_detectors(url: str, output: str) -> int:
     return 1 if any(s.get("state") == "failed" for s in states.values()) else 0
 
 
+ONE_SHOT_TIMEOUT_SECONDS = 3.0
+"""Default `--timeout` of the commands that read or write the cluster once (`status`, `breaker reset`): how long
+they wait for the API server to answer at all (connecting and retrying included), so a dead or unreachable
+server is reported within seconds: a live API server answers `GET /version` in milliseconds, and one that is
+restarting is not back within a few seconds of retries anyway (run the command again). Their reads after
+that have `kube.request_timeout_seconds` each, as the roles' do: listing the Nodes of a large cluster may take
+longer than a server takes to answer."""
+
+T = TypeVar("T")
+
+
+def one_shot(cfg: settings.Settings, timeout: float, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run `work(kube)` against the cluster `cfg.kube` names, once the API server answered `GET /version`
+    within `timeout` seconds. Raises `errors.KubeError` naming the server that did not answer."""
+    from kcover.kube import client as client_  # imported by the command that runs it (roles stay lean)
+    from kcover.kube import retrying
+
+    async def run() -> T:
+        kube = await client_.connect(cfg.kube.kubeconfig, request_timeout=cfg.kube.request_timeout_seconds,
+                                     retry=retrying.policy_from(cfg.kube))
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await kube.request("GET", "/version", timeout=timeout, deadline=timeout)
+            except TimeoutError as exc:
+                raise errors.KubeError(f"the API server {kube.host} did not answer within {timeout:g}s "
+                                       f"(--timeout)") from exc
+            except errors.KubeError as exc:
+                if isinstance(exc.__cause__, TimeoutError):  # connected, and no answer came in time
+                    raise errors.KubeError(f"the API server {kube.host} did not answer within {timeout:g}s "
+                                           f"(--timeout)") from exc
+                if exc.status:
+                    raise errors.KubeError(f"the API server {kube.host} refused: {exc}", status=exc.status,
+                                           reason=exc.reason) from exc
+                raise errors.KubeError(f"cannot reach the API server {kube.host} within {timeout:g}s "
+                                       f"(--timeout): {exc}") from exc
+            return await work(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(run())
+
+
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
     """`kcover breaker reset`: ask the leader to close the latched breaker; on a closed one, change nothing."""
-    from kcover.kube import client as client_  # imported by the command that runs it (roles stay lean)
-    from kcover.kube import gateway
+    from kcover.kube import gateway  # imported by the command that runs it (roles stay lean)
     from kcover.recovery import controls, ledger
 
     cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
     rs = cfg.recovery
     where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
 
-    async def reset() -> str:
-        kube = await client_.connect(cfg.kube.kubeconfig)
-        try:
-            gw = gateway.Http(kube)
-            book = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,
-                                 retention_seconds=lambda: rs.restart_window_seconds)
+    async def reset(kube: Any) -> str:
+        gw = gateway.Http(kube)
+        book = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,
+                             retention_seconds=lambda: rs.restart_window_seconds)
+        await book.load()
+        breaker = book.breaker()
+        if not breaker.latched:
+            return "closed"
+        await controls.request_reset(gw, namespace=rs.ledger_namespace, name=rs.controls_name,
+                                     now=clock_.utcnow())
+        for _ in range(int(max(1.0, args.wait) / 0.5)):
+            await asyncio.sleep(0.5)
             await book.load()
-            breaker = book.breaker()
-            if not breaker.latched:
-                return "closed"
-            await controls.request_reset(gw, namespace=rs.ledger_namespace, name=rs.controls_name,
-                                         now=clock_.utcnow())
-            for _ in range(int(max(1.0, args.wait) / 0.5)):
-                await asyncio.sleep(0.5)
-                await book.load()
-                if not book.breaker().latched:
-                    return "reset"
-            return "requested"
-        finally:
-            await kube.close()
+            if not book.breaker().latched:
+                return "reset"
+        return "requested"
 
     try:
-        outcome = asyncio.run(reset())
+        outcome = one_shot(cfg, args.timeout, reset)
     except errors.KcoverError as exc:
         print(f"kcover breaker reset: {exc}", file=sys.stderr)
         return 1
@@ -192,19 +230,14 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """`kcover status`: leader, breaker, cordons, recent recoveries, budgets; exit 1 when a person is needed."""
     from kcover import status
-    from kcover.kube import client as client_
 
     cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
 
-    async def read() -> status.Report:
-        kube = await client_.connect(cfg.kube.kubeconfig)
-        try:
-            return await status.gather(kube, cfg, now=clock_.utcnow())
-        finally:
-            await kube.close()
+    async def read(kube: Any) -> status.Report:
+        return await status.gather(kube, cfg, now=clock_.utcnow())
 
     try:
-        report = asyncio.run(read())
+        report = one_shot(cfg, args.timeout, read)
     except errors.KcoverError as exc:
         print(f"kcover status: {exc}", file=sys.stderr)
         return 3
@@ -244,12 +277,19 @@ def check_file_data(data: Mapping[str, Any], file_name: str, detectors: registry
     rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
     if isinstance(rules, list):
         found += checking.rule_problems(rules)
+    entries: dict[str, settings.DetectorEntry] | None = None
     try:
         entries = settings.DetectorsSettings.model_validate(data.get("detectors") or {}).entries
     except ValidationError:
         pass  # already reported above, field by field
     else:
         found += detectors.check_entries(entries)
+    try:
+        agent_settings = settings.AgentSettings.model_validate(data.get("agent") or {})
+    except ValidationError:
+        agent_settings = None
+    if entries is not None and agent_settings is not None:
+        found += checking.event_retry_problems(agent_settings.event_retry_seconds, entries, detectors)
     agent = data.get("agent")
     if isinstance(agent, Mapping) and isinstance(agent.get("xid_policy_file"), str):
         found += checking.xid_policy_problems(agent["xid_policy_file"])
@@ -278,17 +318,21 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     flat = _flatten(layered.settings.model_dump(mode="json"))
+    restart = settings.restart_required_paths()
     rows = []
     for path, value in flat.items():
         source = next((s for p, s in layered.provenance.items() if path == p or path.startswith(p + ".")),
                       "default")
-        rows.append({"setting": path, "value": value, "source": source})
+        rows.append({"setting": path, "value": value, "source": source, "restart_required": path in restart})
     if args.output == "json":
         print(json.dumps(rows, indent=2))
     else:
         width = max(len(r["setting"]) for r in rows)
         for r in rows:
-            print(f"{r['setting'].ljust(width)}  {json.dumps(r['value'])}  ({r['source']})")
+            mark = "  [restart required]" if r["restart_required"] else ""
+            print(f"{r['setting'].ljust(width)}  {json.dumps(r['value'])}  ({r['source']}){mark}")
+        print("\n[restart required]: a change applies when the process restarts; every other setting applies "
+              "live when the file changes")
     return 0
 
 
@@ -341,7 +385,7 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    metrics_ = metrics.Metrics()
+    metrics_ = metrics.Metrics(role=args.command)  # each role exports only its own series
     health = serving.Health(stall_seconds=config.server.loop_stall_seconds)
     server = serving.Server(health, metrics_, host=config.server.host, port=config.server.port)
     await server.start()
@@ -388,13 +432,21 @@ def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, *, long_running: bool = False) -> None:
+    """The settings options; `long_running` (a role) re-reads its file when it changes, a one-shot command once."""
     p.add_argument("--config", default=settings.DEFAULT_CONFIG_PATH,
-                   help=f"YAML settings file, re-read when it changes (default {settings.DEFAULT_CONFIG_PATH})")
+                   help=f"YAML settings file{', re-read when it changes' if long_running else ''} "
+                        f"(default {settings.DEFAULT_CONFIG_PATH})")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override one setting, e.g. --set recovery.workload_cooldown_seconds=120 (repeatable)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["auto", "json", "console"])
+
+
+def _add_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=ONE_SHOT_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="give up when the API server has not answered within this many seconds, connecting and "
+                        f"retrying included (default {ONE_SHOT_TIMEOUT_SECONDS:g})")
 
 
 TOOLS = {"sim": "kcover.sim.running", "bench": "kcover.bench.running"}
@@ -414,7 +466,7 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
 
     for name, (help_text, _, add_args) in roles.items():
         p = sub.add_parser(name, help=help_text)
-        _add_common(p)
+        _add_common(p, long_running=True)
         p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
         p.add_argument("--port", type=int, help="health and metrics port")
         add_args(p)
@@ -452,18 +504,46 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     b.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
     b.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the leader to close it (default 15; "
                                                            "exit 1 when it did not)")
+    _add_timeout(b)
 
     p = sub.add_parser("status", help="what kcover is doing: leader, breaker, cordons, recoveries of the last 24 h, "
                                       "budgets; exit 1 when something needs a person, 3 when the cluster cannot be read")
     _add_common(p)
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+    _add_timeout(p)
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
     sub.add_parser("version", help="print the version")
     return parser
 
 
+PIPE_CLOSED_EXIT = 128 + signal.SIGPIPE
+"""Exit code when the reader of stdout went away (`kcover status | head`): the code of a process that SIGPIPE
+ended, as `git log | head` reports, without a traceback."""
+
+
+def _pipe_closed(exc: BaseException) -> bool:
+    """The reader of stdout went away: a BrokenPipeError, alone or as everything a task group raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_pipe_closed(e) for e in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; quiet when stdout is a pipe its reader closed (see `PIPE_CLOSED_EXIT`)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the guard: what is still buffered meets a closed pipe here, not at exit
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if not _pipe_closed(exc):
+            raise
+        # stdout cannot be flushed any more: point it at /dev/null so the interpreter's exit flush is quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED_EXIT
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(wiring.ROLES, command=given[0] if given and given[0] in TOOLS else "")
     args = parser.parse_args(given)
@@ -479,10 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_detectors(args)
     if args.command == "config":
         return cmd_config_check(args) if args.config_command == "check" else cmd_config_show(args)
-    if args.command == "breaker":
-        return cmd_breaker_reset(args)
-    if args.command == "status":
-        return cmd_status(args)
+    if args.command in ("breaker", "status"):
+        # one-shot: what went wrong is the command's own message; the client's retry log lines only repeat it
+        logs.configure(settings.LoggingSettings(level=args.log_level or "error"))
+        return cmd_breaker_reset(args) if args.command == "breaker" else cmd_status(args)
     _, role, _ = wiring.ROLES[args.command]
     return _run_role(args, role)
 

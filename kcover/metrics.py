@@ -1,19 +1,88 @@
-"""The process's Prometheus registry and the metrics more than one layer updates.
+"""The process's Prometheus registry and the metrics more than one layer updates, split by role.
 
 Owns one `CollectorRegistry` per process (never prometheus_client's global one), so tests and the
-simulated cluster can run several kcover processes in one interpreter. Components register their own
-metrics on `Metrics.registry`.
+simulated cluster can run several kcover processes in one interpreter, and what the registry exports:
+
+* Each role exports only its own series. `Metrics(role=...)` registers the metrics both roles update
+  (configuration reloads, detectors), `kcover_build_info` and the process metrics (`process_*`,
+  `python_*`), then only the controller's (leadership, breaker, actions, refused Events, device taints)
+  or only the agent's (XIDs seen, NVML and DCGM polls, the age of the last good health check). The
+  other role's metric objects still exist, unregistered, so shared code may update them; they never
+  reach /metrics. `role=None` (tests, the bench) registers both.
+* Labelled counters are pre-initialised at 0 for the label values known up front (`ACTIONS` x
+  `ACTION_RESULTS`, the poll results), so a rule such as `increase(kcover_actions_total{...}[15m]) > 0`
+  fires on the first increment: a series born at 1 has no increase. Values known only at run time are
+  pre-initialised by whoever learns them (the supervisor per detector, the NVML detector per XID class,
+  the event watcher per refusal reason). XIDs by code are not: the shipped policy names some 170 codes,
+  which on every agent of a large fleet would be hundreds of thousands of series at 0; the per-class
+  counter is the one to alert on.
+* `exposition()` is the registry as /metrics renders it: without the `<counter>_created` samples,
+  which double the series count and which nothing kcover ships queries.
+
+Components register their own further metrics on `Metrics.registry`. Nothing here raises into a scrape.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.registry import Collector
+
+import kcover
+
+CONTROLLER = "controller"
+AGENT = "agent"
+ROLES = (CONTROLLER, AGENT)
+
+ACTIONS = ("restart_workload", "cordon_node", "uncordon_node", "taint_device", "untaint_device", "report")
+"""`kcover_actions_total{action}` values (`recovery.actions.action_name`)."""
+ACTION_RESULTS = ("done", "dry_run", "failed")
+"""`kcover_actions_total{result}` values every action can end in, pre-initialised; refusals add their own
+(the refusal's code) when they first happen."""
+POLL_RESULTS = ("ok", "failed")
+DCGM_MODES = ("diag", "health", "exporter")
+DROP_REASONS = ("rate_limited", "queue_full", "closed")
+"""`kcover_detector_dropped_total{reason}` values (`detectors.isolating`)."""
+
+_CREATED = ("_created", "_gcreated")
+_TIMESTAMPED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, role: str | None = None,
+                 process: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        """`role`: "controller", "agent", or None for both. `process`: export the process and Python
+        metrics (`process_*`, `python_*`), as a scrape of the real process wants."""
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES} or None, not {role!r}")
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.role = role
         r = self.registry
+        ctl = r if role in (None, CONTROLLER) else None
+        agt = r if role in (None, AGENT) else None
+
+        # ------------------------------------------------------------------ both roles
+        self.build = Info("kcover_build", "The running kcover: version, Python and role.", registry=r)
+        self.build.info({"version": kcover.__version__, "python": platform.python_version(),
+                         "role": role or "any"})
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
         self.config_reloads = Counter("kcover_config_reloads", "Configuration files applied after a change.",
                                       registry=r)
         self.config_reload_failures = Counter("kcover_config_reload_failures",
@@ -29,20 +98,109 @@ class Metrics:
                                         "(rate_limited, queue_full, closed).", ["detector", "reason"], registry=r)
         self.detector_restarts = Counter("kcover_detector_restarts", "Detector restarts after a failure.",
                                          ["detector"], registry=r)
+
+        # ------------------------------------------------------------------ the controller
         self.events_rejected = Counter("kcover_events_rejected", "Annotated Events refused, by reason.",
-                                       ["reason"], registry=r)
+                                       ["reason"], registry=ctl)
         self.actions = Counter("kcover_actions", "Recovery actions by kind and result.", ["action", "result"],
-                               registry=r)
+                               registry=ctl)
+        for action in ACTIONS:
+            for result in ACTION_RESULTS:
+                self.actions.labels(action=action, result=result)
         self.fault_to_action = Histogram("kcover_fault_to_action_seconds",
                                          "Seconds from a fault's observation to the action that answered it.",
                                          buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-                                         registry=r)
+                                         registry=ctl)
         self.breaker_open = Gauge("kcover_breaker_open", "1 while the recovery circuit breaker is open.",
-                                  registry=r)
-        self.is_leader = Gauge("kcover_leader", "1 while this replica holds the Lease.", registry=r)
+                                  registry=ctl)
+        self.is_leader = Gauge("kcover_leader", "1 while this replica holds the Lease.", registry=ctl)
         self.device_taints_served = Gauge("kcover_device_taints_served", "1 when the API server serves "
                                           "DeviceTaintRules (device-level isolation under DRA), 0 when kcover "
-                                          "falls back to the node, -1 before the first check.", registry=r)
+                                          "falls back to the node, -1 before the first check.", registry=ctl)
         self.device_taints_served.set(-1)
         self.device_taint_fallbacks = Counter("kcover_device_taint_fallbacks", "Device faults answered at node "
-                                              "level because the API server serves no DeviceTaintRules.", registry=r)
+                                              "level because the API server serves no DeviceTaintRules.",
+                                              registry=ctl)
+
+        # ------------------------------------------------------------------ the agent
+        self.xids = Counter("kcover_xids", "XID errors the NVML detector saw on this node's GPUs, by XID code and "
+                            "the XID policy's class (ignored ones included); a code's series starts at its first "
+                            "occurrence (kcover_xid_classes_total starts at 0).", ["code", "class"], registry=agt)
+        self.xid_classes = Counter("kcover_xid_classes", "XID errors the NVML detector saw on this node's GPUs, by the "
+                                   "XID policy's class, every class from 0.", ["class"], registry=agt)
+        self.nvml_polls = Counter("kcover_nvml_polls", "NVML health polls of all of this node's GPUs, by result "
+                                  "(ok: every GPU answered; failed: an NVML call failed and the detector restarts).",
+                                  ["result"], registry=agt)
+        self.dcgm_polls = Counter("kcover_dcgm_polls", "DCGM checks by mode (diag, health, exporter) and result (ok: "
+                                  "an answer was read; failed: timed out, no output, unreadable).",
+                                  ["mode", "result"], registry=agt)
+        for result in POLL_RESULTS:
+            self.nvml_polls.labels(result=result)
+            for mode in DCGM_MODES:
+                self.dcgm_polls.labels(mode=mode, result=result)
+        self.health_checks = HealthChecks(clock)
+        """The age of each detector's last successful health check (`kcover_health_check_age_seconds`)."""
+        if agt is not None:
+            agt.register(self.health_checks)
+
+    def exposition(self) -> Collector:
+        """What /metrics renders: the registry without `_created` samples."""
+        return _WithoutCreated(self.registry)
+
+    def detector_started(self, name: str, *, isolated: bool) -> None:
+        """Pre-initialise a detector's counters, so its first restart or drop is an increase."""
+        self.detector_restarts.labels(detector=name)
+        if isolated:
+            for reason in DROP_REASONS:
+                self.detector_dropped.labels(detector=name, reason=reason)
+
+
+class HealthChecks(Collector):
+    """`kcover_health_check_age_seconds{detector}`: seconds since a detector's last successful health check
+    (an NVML poll of every GPU, a DCGM answer read), counted from the detector's start until its first one.
+    A detector that never started (unavailable on this node) has no series."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()  # a scrape runs on the loop, an isolated detector may report from its thread
+
+    def started(self, detector: str) -> None:
+        with self._lock:
+            self._last.setdefault(detector, self._clock())
+
+    def succeeded(self, detector: str) -> None:
+        with self._lock:
+            self._last[detector] = self._clock()
+
+    def age(self, detector: str) -> float | None:
+        with self._lock:
+            last = self._last.get(detector)
+        return None if last is None else max(0.0, self._clock() - last)
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("kcover_health_check_age_seconds", "Seconds since the detector's last "
+                                   "successful health check (since it started, before the first).",
+                                   labels=["detector"])
+        now = self._clock()
+        with self._lock:
+            items = sorted(self._last.items())
+        for detector, last in items:
+            family.add_metric([detector], max(0.0, now - last))
+        yield family
+
+
+class _WithoutCreated(Collector):
+    """A registry's families without the `_created` (and `_gcreated`) timestamp samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            if family.type not in _TIMESTAMPED:
+                yield family
+                continue
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [s for s in family.samples if not s.name.endswith(_CREATED)]
+            yield kept

@@ -46,7 +46,15 @@ class Health:
         self._longest = 0.0
         self.stalls = 0
         self.lag_seconds = 0.0
-        """The heartbeat's age when the watchdog last looked (exported as `kcover_event_loop_lag_seconds`)."""
+        """How late the event loop is, when the watchdog last looked (exported as `kcover_event_loop_lag_seconds`):
+        how far past its due time the next heartbeat is, or how late the last one came, whichever is more. Near
+        zero on an idle loop: the heartbeat's own interval is not lag."""
+        self._due = float("inf")
+        """Monotonic time by which the next heartbeat is due (the last one plus `interval`)."""
+        self._late = 0.0
+        """How late the last heartbeat woke after its due time."""
+        self.watched = 0
+        """The watchdog's looks so far (each one refreshes `lag_seconds`)."""
         self._loop_thread: int | None = None
         self.detectors: Callable[[], Mapping[str, Mapping[str, str | bool | int]]] | None = None
         """The process's detectors and their runtime state (`Supervisor.describe`), served at /detectors."""
@@ -80,13 +88,30 @@ class Health:
             return False, f"event loop stalled for {self._longest:.1f}s (ended {now - self._stalled_until + self.stall_seconds:.1f}s ago)"
         return True, f"loop tick {age:.2f}s ago"
 
+    @property
+    def interval(self) -> float:
+        """Seconds between heartbeats (and between the watchdog's looks)."""
+        return min(1.0, self.stall_seconds / 4)
+
+    def beat(self, now: float | None = None) -> None:
+        """A heartbeat, on the loop: the next one is due `interval` later."""
+        now = self._clock() if now is None else now
+        self._beat = now
+        self._due = now + self.interval
+
+    def woke(self, now: float | None = None) -> None:
+        """The heartbeat's wait ended (on the loop): note how late after its due time."""
+        now = self._clock() if now is None else now
+        self._late = max(0.0, now - self._due)
+
     def watch(self, now: float | None = None) -> None:
         """One look by the watchdog (outside the loop): note and log a stall longer than `stall_seconds`."""
         now = self._clock() if now is None else now
         if self._beat is None:
             return
         age = now - self._beat
-        self.lag_seconds = age
+        self.lag_seconds = max(self._late, now - self._due, 0.0)
+        self.watched += 1
         if age <= self.stall_seconds:
             return
         if now >= self._stalled_until:  # a new stall
@@ -106,24 +131,23 @@ class Health:
 
     async def heartbeat(self, stop: asyncio.Event) -> None:
         """Tick on the loop and run the watchdog thread until `stop`."""
-        interval = min(1.0, self.stall_seconds / 4)
         self._loop_thread = threading.get_ident()
         done = threading.Event()
         watchdog = threading.Thread(target=self._watchdog, args=(done,), name="kcover-watchdog", daemon=True)
-        self._beat = self._clock()
+        self.beat()
         watchdog.start()
         try:
             while not stop.is_set():
-                self._beat = self._clock()
+                self.beat()
                 try:
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), self.interval)
                 except TimeoutError:
-                    pass
+                    self.woke()
         finally:
             done.set()
 
     def _watchdog(self, done: threading.Event) -> None:
-        while not done.wait(min(1.0, self.stall_seconds / 4)):
+        while not done.wait(self.interval):
             self.watch()
 
 
@@ -134,8 +158,9 @@ class HealthCollector(Collector):
         self._health = health
 
     def collect(self) -> Iterable[Metric]:
-        yield GaugeMetricFamily("kcover_event_loop_lag_seconds", "Age of the event loop's heartbeat when the "
-                                "watchdog thread last looked.", value=self._health.lag_seconds)
+        yield GaugeMetricFamily("kcover_event_loop_lag_seconds", "Seconds the event loop is late: how far past its "
+                                "due time its heartbeat was when the watchdog thread last looked (near zero when "
+                                "idle).", value=self._health.lag_seconds)
         yield CounterMetricFamily("kcover_event_loop_stalls", "Times the event loop did not tick for longer than "
                                   "server.loop_stall_seconds.", value=self._health.stalls)
 
@@ -157,7 +182,7 @@ def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
         return web.json_response({"detectors": states})
 
     async def metrics_view(_: web.Request) -> web.Response:
-        payload = generate_latest(metrics.registry)
+        payload = generate_latest(metrics.exposition())
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()

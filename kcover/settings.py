@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -50,6 +50,15 @@ def _error(kind: str, message: str, field: str, value: Any) -> InitErrorDetails:
     return {"type": PydanticCustomError(kind, message), "loc": (field,), "input": value}
 
 
+class Relation(NamedTuple):
+    """A field that contradicts another one of its group (`_Group.relations`)."""
+
+    field: str
+    problem: str
+    others: tuple[str, ...] = ()
+    """The group's other fields the judgement read: it is not made while one of them is itself invalid."""
+
+
 def _reraised(exc: ValidationError) -> list[InitErrorDetails]:
     """A ValidationError's lines as details to raise again together with others (type and message kept)."""
     return [{"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
@@ -63,8 +72,8 @@ class _Group(BaseModel):
     """Settings this group no longer has -> what to do instead. A file still naming one is refused with that
     text, at the field, rather than the generic "extra inputs are not permitted"."""
 
-    def relations(self) -> list[tuple[str, str]]:
-        """(field, problem) for each field that contradicts another one; checked after the fields."""
+    def relations(self) -> list[Relation]:
+        """Each field that contradicts another one; checked after the fields."""
         return []
 
     @model_validator(mode="wrap")
@@ -72,17 +81,32 @@ class _Group(BaseModel):
     def _check_group(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
         gone = [k for k in data if k in cls.removed] if isinstance(data, Mapping) else []
         details = [_error(REMOVED, f"removed setting: {cls.removed[k]}", k, data[k]) for k in gone]
+        kept = {k: v for k, v in data.items() if k not in gone} if gone else data
         try:
-            group = handler({k: v for k, v in data.items() if k not in gone} if gone else data)
+            group = handler(kept)
         except ValidationError as exc:
-            if not details:
-                raise
             details += _reraised(exc)
+            details += cls._relations_beside(kept, exc, handler)
         else:
-            details += [_error(RELATION, problem, name, getattr(group, name)) for name, problem in group.relations()]
+            details += [_error(RELATION, r.problem, r.field, getattr(group, r.field)) for r in group.relations()]
             if not details:
                 return group
         raise ValidationError.from_exception_data(cls.__name__, details)
+
+    @classmethod
+    def _relations_beside(cls, data: Any, exc: ValidationError,
+                          handler: ModelWrapValidatorHandler[Any]) -> list[InitErrorDetails]:
+        """The relations among the fields that did validate, so that one run reports them with the field errors
+        (a relation that reads an invalid field is left for the next run)."""
+        bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        if not isinstance(data, Mapping) or not bad:
+            return []
+        try:
+            group = handler({k: v for k, v in data.items() if k not in bad})
+        except ValidationError:
+            return []  # an error outside the fields (a nested group's own): nothing more to judge
+        return [_error(RELATION, r.problem, r.field, getattr(group, r.field)) for r in group.relations()
+                if r.field not in bad and not bad & set(r.others)]
 
 
 class LogFormat(enum.StrEnum):
@@ -143,7 +167,7 @@ class DetectorsSettings(_Group):
         merged.update(value)
         return merged
     restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
-    plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
+    plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped_total`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
     plugin_burst: int = Field(1000, ge=1, description="Events an isolated detector may publish at once above its rate (the bucket's size): a node-wide burst of one event per pod.")
     plugin_queue_capacity: int = Field(1000, ge=1, description="Events an isolated detector may have waiting for the main loop; past it new ones are dropped and counted.")
     stop_grace_seconds: float = Field(5.0, gt=0, description="Seconds an isolated detector is given to return after it was asked to stop; then it is abandoned (its thread left behind, unable to publish) so shutdown stays bounded.")
@@ -313,16 +337,16 @@ class LeaseSettings(_Group):
     renew_deadline_seconds: float = Field(10.0, gt=0, description="Seconds the leader keeps trying to renew before it steps down: client-go's default.")
     retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default. Must be below `renew_deadline_seconds`, which must be below `lease_duration_seconds`, so a leader renews before its Lease can expire.")
 
-    def relations(self) -> list[tuple[str, str]]:
+    def relations(self) -> list[Relation]:
         out = []
         if self.renew_deadline_seconds >= self.lease_duration_seconds:
-            out.append(("renew_deadline_seconds", f"must be below lease.lease_duration_seconds "
-                        f"({self.lease_duration_seconds:g}): a leader must give up before its Lease expires, or "
-                        f"two replicas may lead at once"))
+            out.append(Relation("renew_deadline_seconds", f"must be below lease.lease_duration_seconds "
+                                f"({self.lease_duration_seconds:g}): a leader must give up before its Lease expires, "
+                                f"or two replicas may lead at once", ("lease_duration_seconds",)))
         if self.retry_period_seconds >= self.renew_deadline_seconds:
-            out.append(("retry_period_seconds", f"must be below lease.renew_deadline_seconds "
-                        f"({self.renew_deadline_seconds:g}): otherwise the leader gets at most one renewal attempt "
-                        f"before it steps down"))
+            out.append(Relation("retry_period_seconds", f"must be below lease.renew_deadline_seconds "
+                                f"({self.renew_deadline_seconds:g}): otherwise the leader gets at most one renewal "
+                                f"attempt before it steps down", ("renew_deadline_seconds",)))
         return out
 
 
@@ -470,22 +494,26 @@ def layer(*, file_data: Mapping[str, Any] | None = None, file_name: str = "",
         layers.append(("cli", dotted_layer(cli)))
     merged: dict[str, Any] = {}
     provenance: dict[str, str] = {}
+    problems: list[str] = []
     for source, data in layers:
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
             # relations are judged on the merged values: a later layer may set the other field
-            lines = format_validation(exc, source, skip=frozenset({RELATION}))
-            if lines:
-                raise errors.ConfigError("invalid configuration", lines) from exc
+            problems += format_validation(exc, source, skip=frozenset({RELATION}))
         merged = _merge(merged, data)
         for leaf in _leaves(data):
             provenance[leaf] = source
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as exc:
-        raise errors.ConfigError("invalid configuration",
-                                 format_validation(exc, "merged", sources=provenance)) from exc
+        # every layer's field errors, then what only the merged values show (relations), each line once
+        lines = format_validation(exc, "merged", sources=provenance)
+        fields = {line.split(": ")[1] for line in problems}
+        problems += [line for line in lines if line not in problems and line.split(": ")[1] not in fields]
+        raise errors.ConfigError("invalid configuration", problems) from exc
+    if problems:  # a layer's bad value that a later layer overrode is still refused
+        raise errors.ConfigError("invalid configuration", problems)
     return Layered(settings, provenance)
 
 

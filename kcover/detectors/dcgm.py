@@ -313,8 +313,16 @@ class DcgmDetector:
         self.policy = policy if isinstance(policy, xid_policy.XidPolicy) else xid_policy.load()
         self._active: dict[str, dict[str, Finding]] = {}
 
+    def _polled(self, mode: str, ok: bool) -> None:
+        """Count a check (`kcover_dcgm_polls_total`); a good one is the detector's last successful health check."""
+        metrics = self.context.metrics
+        metrics.dcgm_polls.labels(mode=mode, result="ok" if ok else "failed").inc()
+        if ok:
+            metrics.health_checks.succeeded(self.name)
+
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
         if self.config.exporter_url:
+            self.context.metrics.health_checks.started(self.name)
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
                 await self._every(stop, self.config.exporter_interval_seconds,
                                   lambda: self._exporter(bus, session))
@@ -323,6 +331,7 @@ class DcgmDetector:
             await self.runner.run([self.config.dcgmi_path, "--version"], timeout_seconds=10)
         except FileNotFoundError as exc:
             raise errors.DetectorUnavailableError(f"{self.config.dcgmi_path} not found: {exc}") from exc
+        self.context.metrics.health_checks.started(self.name)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._every(stop, self.config.diag_interval_seconds, lambda: self._diag(bus)),
                               name=f"{self.name}:diag")
@@ -355,18 +364,22 @@ class DcgmDetector:
     async def _diag(self, bus: bus_.Bus) -> None:
         out = await self._command([self.config.dcgmi_path, "diag", "-r", str(self.config.diag_level), "-j"],
                                   self.config.diag_timeout_seconds)
+        self._polled("diag", out is not None)
         if out is not None:
             await self._reconcile(bus, "diag", _parse_any_diag(out))
 
     async def _health(self, bus: bus_.Bus) -> None:
         out = await self._command([self.config.dcgmi_path, "health", "-c", "-j"], self.config.health_timeout_seconds)
         if out is None:
+            self._polled("health", False)
             return
         try:
             findings = parse_health_json(out)
         except ValueError as exc:
             log.warning("dcgm_health_unparsed", detector=self.name, error=str(exc))
+            self._polled("health", False)
             return
+        self._polled("health", True)
         await self._reconcile(bus, "health", findings)
 
     async def _exporter(self, bus: bus_.Bus, session: aiohttp.ClientSession) -> None:
@@ -376,7 +389,9 @@ class DcgmDetector:
                 text = await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("dcgm_exporter_read_failed", detector=self.name, url=self.config.exporter_url, error=str(exc))
+            self._polled("exporter", False)
             return
+        self._polled("exporter", True)
         await self._reconcile(bus, "exporter", parse_exporter(text, self.policy))
 
     async def _reconcile(self, bus: bus_.Bus, source: str, findings: list[Finding]) -> None:

@@ -88,6 +88,15 @@ class EventWatcherConfig(BaseModel):
         return value
 
 
+REFUSALS = ("no_timestamp", "future_timestamp", "stale", "namespace_mismatch", "pod_not_found", "uid_mismatch",
+            "namespace_not_allowed", "untrusted_reporter", "identity_mismatch", "no_agent_on_node", "node_not_found",
+            "unsupported_kind", "device_not_on_node", "device_healthy_untrusted",
+            codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS,
+            codec.REFUSED_DEVICE_HEALTHY)
+"""Every reason a Verdict or the codec refuses an Event for: `kcover_events_rejected{reason}` starts at 0 for
+each, so an alert on its increase fires on the first forgery."""
+
+
 class Verdict(NamedTuple):
     target: model.Target | None
     """Set when accepted."""
@@ -235,6 +244,8 @@ class EventWatcherDetector:
         self.name = name
         self.config = config
         self._context = context
+        for reason in REFUSALS:
+            context.metrics.events_rejected.labels(reason=reason)
         handled = following.kept_state(context, name, dict, dict)
         self.handled: dict[str, tuple[int, int, str, str, str]] = handled
         """Event uid -> the revision last judged."""

@@ -131,6 +131,8 @@ class NvmlDetector:
         self._history: dict[tuple[str, int], collections.deque[float]] = {}
         self._active: dict[tuple[int, str], _Fault] = {}
         self._poll_now = asyncio.Event()
+        for xid_class in xid_policy.XidClass:
+            context.metrics.xid_classes.labels(xid_class.value)
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
         nvml = self.nvml
@@ -149,6 +151,7 @@ class NvmlDetector:
                                     backend.EventType.XID_CRITICAL | backend.EventType.DOUBLE_BIT_ECC)
             log.info("nvml_detector_started", detector=self.name, gpus=len(self._devices),
                      mig_instances=sum(len(v) for v in self._mig.values()))
+            self.context.metrics.health_checks.started(self.name)
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._events(bus, stop), name=f"{self.name}:events")
                 group.create_task(self._health(bus, stop), name=f"{self.name}:health")
@@ -181,6 +184,8 @@ class NvmlDetector:
             history.popleft()
         decision = self.policy.decide(event.data, list(history), now)
         history.append(now)
+        self.context.metrics.xids.labels(str(decision.xid), decision.xid_class.value).inc()
+        self.context.metrics.xid_classes.labels(decision.xid_class.value).inc()
         if decision.action is xid_policy.Action.IGNORE:
             log.info("nvml_xid_ignored", detector=self.name, xid=decision.xid, gpu_uuid=event.gpu_uuid)
             return
@@ -200,9 +205,16 @@ class NvmlDetector:
     async def _health(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._poll_now.clear()
+            metrics = self.context.metrics
             for device in self._devices:
-                faults = await asyncio.to_thread(health_faults, self.nvml, device.index)
+                try:
+                    faults = await asyncio.to_thread(health_faults, self.nvml, device.index)
+                except errors.NvmlError:
+                    metrics.nvml_polls.labels(result="failed").inc()
+                    raise  # the supervisor restarts the detector
                 await self._reconcile(bus, device, faults)
+            metrics.nvml_polls.labels(result="ok").inc()
+            metrics.health_checks.succeeded(self.name)
             await _first_of(stop, self._poll_now, self.config.health_interval_seconds)
 
     async def _reconcile(self, bus: bus_.Bus, device: backend.DeviceInfo, faults: list[_Fault]) -> None:

@@ -122,6 +122,7 @@ class Supervisor:
             structlog.contextvars.bind_contextvars(node=self._context.node_name)
         up = self._metrics.detector_up.labels(detector=name)
         available = self._metrics.detector_available.labels(detector=name)
+        self._metrics.detector_started(name, isolated=running.isolated)
         available.set(1)
         unavailable_logged = False
         while not running.stop.is_set():

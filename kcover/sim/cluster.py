@@ -209,7 +209,7 @@ class SimCluster:
 
     def start_replica(self, identity: str) -> Replica:
         kube = client_.from_configuration(self.srv.kube_configuration())
-        mets = metrics.Metrics()
+        mets = metrics.Metrics(role=metrics.CONTROLLER, process=False)
         cfg = controller_settings(identity, self.log_dir, self.overrides)
         ctl = controller_running.Controller(cfg, client=kube, metrics=mets, health=serving.Health())
         replica = Replica(identity, kube, mets, ctl)
@@ -222,7 +222,8 @@ class SimCluster:
         nvml = fake.FakeNvml(self.size.gpus_per_node, uuid_prefix=self.gpu_uuids[node][0].rsplit("-", 1)[0])
         kube = client_.from_configuration(self.srv.kube_configuration())
         diag = dcgmi.FakeDcgmi(nvml)
-        agent = agent_running.Agent(agent_settings(node, self.agent_overrides), client=kube, metrics=metrics.Metrics(),
+        agent = agent_running.Agent(agent_settings(node, self.agent_overrides), client=kube,
+                                    metrics=metrics.Metrics(role=metrics.AGENT, process=False),
                                     health=None, node=node, nvml=nvml, reporter_tick_seconds=0.1, dcgmi=diag)
         entry = NodeAgent(node, nvml, kube, agent, diag)
         entry.task = self._spawn(agent.run(entry.stop), f"sim:agent:{node}")

@@ -82,6 +82,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                   "runtimeClassName": ""},
         "controller": {"nodeSelector": {"kubernetes.io/os": "linux"}, "replicas": 3},
     },
+    "names-and-extras": {
+        "nameOverride": "gpu-guard", "fullnameOverride": "fleet-kcover", "commonLabels": {"team": "ml-infra"},
+        "controller": {"podLabels": {"tier": "control"}, "podAnnotations": {"prometheus.io/scrape": True},
+                       "extraVolumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+                       "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": True}]},
+        "agent": {"nodeSelector": {"gpu": True}, "priorityClassName": "gpu-agents",
+                  "extraVolumes": [{"name": "dcgm", "hostPath": {"path": "/usr/bin/dcgmi", "type": "File"}}],
+                  "extraVolumeMounts": [{"name": "dcgm", "mountPath": "/usr/local/bin/dcgmi", "readOnly": True}]},
+    },
+    "logs-retention": {"controller": {"logs": {"emptyDirSizeLimit": "2Gi"}},
+                       "config": {"recovery": {"save_logs": {"retention_bytes": 1_500_000_000}}}},
 }
 
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from chartkit import CHART, KUBE_VERSION, NAMESPACE, SCENARIOS, Render, find, run_helm
 
-from kcover import settings
-from kcover.detectors import registry
+from kcover import checking, settings
+from kcover.detectors import contract, registry
 from kcover.nvml import xid_policy
 
 CONFIG_DIR = os.path.dirname(settings.DEFAULT_CONFIG_PATH)
@@ -71,17 +71,23 @@ def test_values_schema_refuses_bad_values(helm_bin: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_config_and_environment_validate_with_kcover_settings(render: Render, scenario: str) -> None:
+def test_config_and_environment_validate_with_kcover_settings(render: Render, scenario: str, tmp_path: Path) -> None:
     objs = render(SCENARIOS[scenario])
     config, policy = rendered_config(objs)
     reg = registry.discover()
+    mounted = tmp_path / "xid-policy.yaml"  # the ConfigMap's file, where the pod mounts it
+    mounted.write_text(find(objs, "ConfigMap", "-config")["data"]["xid-policy.yaml"])
     for kind, suffix, role in (("Deployment", "-controller", "controller"), ("DaemonSet", "-agent", "agent")):
         c = container(find(objs, kind, suffix))
         env = resolved_env(c, pod=f"kcover-{role}-abc", namespace=NAMESPACE, node="gpu-1")
+        if "KCOVER_AGENT__XID_POLICY_FILE" in env:
+            assert env["KCOVER_AGENT__XID_POLICY_FILE"] == f"{CONFIG_DIR}/xid-policy.yaml"
+            env["KCOVER_AGENT__XID_POLICY_FILE"] = str(mounted)
         layered = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env)
         s = layered.settings
         assert s.server.port == int(c["ports"][0]["containerPort"])
-        assert reg.check_entries({n: e for n, e in s.detectors.entries.items() if n in reg.names()}) == []
+        # what the role itself checks before it starts, with the plugins of plugins/ installed (as in the images)
+        assert checking.problems(s, reg, role=contract.Role(role)) == []
         if role == "controller":
             assert s.lease.namespace == NAMESPACE
             assert s.recovery.ledger_namespace == NAMESPACE
@@ -170,6 +176,8 @@ def test_agent_daemonset(render: Render, scenario: str) -> None:
         assert spec["nodeSelector"] == {"gpu.example.com/class": "h100"}
         assert spec["affinity"]["nodeAffinity"]
         assert "runtimeClassName" not in spec
+    elif scenario == "names-and-extras":
+        assert spec["nodeSelector"] == {"gpu": "true", "nvidia.com/gpu.present": "true"}
     else:
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert spec["runtimeClassName"] == "nvidia"
@@ -188,7 +196,10 @@ def test_agent_daemonset(render: Render, scenario: str) -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     preflight = {"/var/lib/kcover/preflight"} if scenario == "preflight" else set()
-    assert host_paths == {socket_dir, *preflight}  # nothing else of the host (preflight: its reports, read-only)
+    extra = {v["hostPath"]["path"] for v in SCENARIOS[scenario].get("agent", {}).get("extraVolumes", [])
+             if "hostPath" in v}
+    # nothing else of the host (preflight: its reports, read-only; what extraVolumes asks for)
+    assert host_paths == {socket_dir, *preflight, *extra}
     assert all(mounts[path]["readOnly"] is True for path in preflight)
     assert mounts[socket_dir]["readOnly"] is True
     assert "subPath" not in mounts[CONFIG_DIR]

@@ -200,3 +200,19 @@ async def test_exporter_mode_reads_metrics_over_http() -> None:
                                      device_id="GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c")
     assert ev.fault.pods == ("default/cuda-75454ffb9f-8ljq7",)
     assert ev.fault.gpu_uuid == "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"
+
+
+async def test_dcgm_checks_are_counted_by_mode_and_result() -> None:
+    """`kcover_dcgm_polls_total{mode,result}` from 0, and the age of the last check that was read."""
+    passing = _read("dcgmi-diag", "dcgm-124-r2-pass-dcgm4.4.2-a10g-table.txt")
+    runner = ScriptedRunner({"diag": [passing], "health": ["TIMEOUT", "not json", json.dumps({"body": {}})]})
+    detector = _detector(runner, diag_interval_seconds=10)
+    registry = detector.context.metrics.registry
+    assert registry.get_sample_value("kcover_dcgm_polls_total", {"mode": "health", "result": "failed"}) == 0
+    await _collect(detector, 0.5)
+    assert registry.get_sample_value("kcover_dcgm_polls_total", {"mode": "diag", "result": "ok"}) == 1
+    assert registry.get_sample_value("kcover_dcgm_polls_total", {"mode": "health", "result": "failed"}) == 2
+    assert (registry.get_sample_value("kcover_dcgm_polls_total", {"mode": "health", "result": "ok"}) or 0) >= 1
+    age = detector.context.metrics.health_checks.age("dcgm")
+    assert age is not None
+    assert age < 1

@@ -176,3 +176,43 @@ async def test_stop_is_prompt_and_shuts_nvml_down() -> None:
     await asyncio.wait_for(task, 2)
     assert time.monotonic() - started < 0.7
     assert nvml.shutdown_calls == 1
+
+
+async def test_xids_and_polls_are_counted_by_code_class_and_result() -> None:
+    """`kcover_xids_total{code,class}` (ignored XIDs too), `kcover_xid_classes_total{class}` from 0 for every
+    class, `kcover_nvml_polls_total{result}` and the age of the last good poll."""
+    nvml = fake.FakeNvml(2)
+    detector = _detector(nvml)
+    registry = detector.context.metrics.registry
+    for xid_class in ("application", "hardware", "driver", "nvlink", "unknown"):
+        assert registry.get_sample_value("kcover_xid_classes_total", {"class": xid_class}) == 0
+    assert detector.context.metrics.health_checks.age("nvml") is None  # not started: no age
+    bus = bus_.Bus(dedupe_window_seconds=0)
+    sub = bus.subscribe("test")
+    stop = asyncio.Event()
+    task = asyncio.create_task(detector.run(bus, stop), name="nvml-detector")
+    try:
+        await _until_registered(nvml)
+        nvml.xid(79, gpu_index=1)
+        nvml.xid(79, gpu_index=0)
+        nvml.xid(13)
+        nvml.xid(14)  # ignored by the policy: counted, not published
+        got = Running(nvml, sub, stop)
+        await got.take(3)
+        async with asyncio.timeout(3):
+            while not (registry.get_sample_value("kcover_xids_total", {"code": "14", "class": "driver"})  # noqa: ASYNC110 -- polled: a counter has no event to wait on
+                       and registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})):
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 3)
+    assert registry.get_sample_value("kcover_xids_total", {"code": "79", "class": "hardware"}) == 2
+    assert registry.get_sample_value("kcover_xids_total", {"code": "13", "class": "application"}) == 1
+    assert registry.get_sample_value("kcover_xid_classes_total", {"class": "hardware"}) == 2
+    assert registry.get_sample_value("kcover_xid_classes_total", {"class": "application"}) == 1
+    assert registry.get_sample_value("kcover_xids_total", {"code": "14", "class": "driver"}) == 1  # ignored, counted
+    assert (registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"}) or 0) >= 1
+    assert registry.get_sample_value("kcover_nvml_polls_total", {"result": "failed"}) == 0
+    age = detector.context.metrics.health_checks.age("nvml")
+    assert age is not None
+    assert age < 3

@@ -85,7 +85,8 @@ class _WatcherRig:
 
     def rejected(self) -> dict[str, float]:
         family = next(iter(self.metrics.events_rejected.collect()))
-        return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+        # every reason starts at 0 (pre-initialised): the ones refused are those counted
+        return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total") and s.value}
 
 
 @dataclass

@@ -61,3 +61,23 @@ def test_a_check_that_raises_reports_not_ready() -> None:
     ok, results = health.readiness()
     assert not ok
     assert results["x"] == "failing: check raised RuntimeError: boom"
+
+
+def test_loop_lag_is_how_late_the_heartbeat_is_not_its_interval() -> None:
+    """The heartbeat ticks every `interval` (1 s here): a watchdog looking just before the next tick sees a
+    heartbeat almost 1 s old on an idle loop, which is no lag; lag is how far past its due time a beat is."""
+    health = serving.Health(stall_seconds=4.0, clock=lambda: 0.0)
+    assert health.interval == 1.0
+    health.beat(now=10.0)
+    health.watch(now=10.99)  # idle: the next beat is due at 11.0
+    assert health.lag_seconds == 0.0
+    health.woke(now=11.3)  # the loop ran the heartbeat 0.3 s late
+    health.beat(now=11.3)
+    health.watch(now=11.5)
+    assert round(health.lag_seconds, 6) == 0.3
+    health.watch(now=14.0)  # no beat since 11.3: 1.7 s past the one due at 12.3
+    assert round(health.lag_seconds, 6) == 1.7
+    assert health.liveness(now=14.0)[0]  # under stall_seconds: alive, and late
+    health.watch(now=16.0)
+    assert not health.liveness(now=16.0)[0]
+    assert health.stalls == 1

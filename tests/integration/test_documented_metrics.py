@@ -28,7 +28,7 @@ simserver = pytest.importorskip("kcover.sim.server")
 DOCS = Path(__file__).parents[2] / "docs"
 NAME = re.compile(r"\bkcover_[a-z0-9_]+")
 NODE = "gpu-node-1"
-SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_info")
 
 
 def documented() -> dict[str, set[str]]:
@@ -79,7 +79,7 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
             "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50}}, "dcgm": {"enabled": False}}},
         }).settings
         roles: dict[str, tuple[serving.Health, metrics.Metrics]] = {
-            "controller": (serving.Health(), metrics.Metrics()), "agent": (serving.Health(), metrics.Metrics())}
+            role: (serving.Health(), metrics.Metrics(role=role)) for role in (metrics.CONTROLLER, metrics.AGENT)}
         controller = controller_running.Controller(controller_cfg, client=kubes[0], metrics=roles["controller"][1],
                                                    health=roles["controller"][0])
         agent = agent_running.Agent(agent_cfg, client=kubes[1], metrics=roles["agent"][1], health=roles["agent"][0],
@@ -90,9 +90,15 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
             for server in servers.values():
                 await server.start()
             tasks = [asyncio.create_task(controller.run(stop), name="controller"),
-                     asyncio.create_task(agent.run(stop), name="agent")]
+                     asyncio.create_task(agent.run(stop), name="agent"),
+                     *(asyncio.create_task(health.heartbeat(stop), name=f"heartbeat:{role}")
+                       for role, (health, _) in roles.items())]
             async with asyncio.timeout(15):
                 while not all(health.readiness()[0] for health, _ in roles.values()):  # noqa: ASYNC110 -- polled, as a kubelet probe would
+                    await asyncio.sleep(0.05)
+                # the agent's first NVML poll and both watchdogs' first look, as a scrape a while after start sees
+                while not (roles["agent"][1].registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})  # noqa: ASYNC110 -- polled, as a scrape would
+                           and all(health.watched for health, _ in roles.values())):
                     await asyncio.sleep(0.05)
             yield {role: await scrape(server) for role, server in servers.items()}
         finally:
@@ -104,12 +110,27 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
                 await kube.close()
 
 
+def queryable(text: str) -> set[str]:
+    """Names a PromQL query can use: every sample name, a declared counter's `_total` name, and the family name
+    of a histogram or summary (docs name those for all their series). A counter's family name is not one:
+    Prometheus stores `x_total`."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(sample.name for sample in family.samples)
+        if family.type in ("histogram", "summary"):
+            names.add(family.name)
+        if family.type == "counter":  # declared, with no labelled series yet
+            names.add(family.name + "_total")
+    return names
+
+
 async def test_every_metric_the_docs_name_is_exported(scrapes: dict[str, str]) -> None:
     names = documented()
     assert "kcover_bus_dropped_total" in names, "the runbook's metrics were not found: is the regex right?"
-    on_metrics = exported(scrapes["controller"]) | exported(scrapes["agent"])
-    missing = {name: sorted(docs) for name, docs in names.items() if not present(name, on_metrics)}
-    assert not missing, f"named in the docs but on neither role's /metrics: {missing}"
+    on_metrics = queryable(scrapes["controller"]) | queryable(scrapes["agent"])
+    missing = {name: sorted(docs) for name, docs in names.items()
+               if not (name in on_metrics or (name.endswith("_") and any(n.startswith(name) for n in on_metrics)))}
+    assert not missing, f"named in the docs but no series of either role's /metrics is called so: {missing}"
 
 
 async def test_both_roles_export_their_bus(scrapes: dict[str, str]) -> None:
@@ -117,3 +138,81 @@ async def test_both_roles_export_their_bus(scrapes: dict[str, str]) -> None:
         names = exported(text)
         for name in ("kcover_bus_published_total", "kcover_bus_dropped_total", "kcover_bus_queue_depth"):
             assert present(name, names), f"{role}: {name}"
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """(sample name, labels) -> value of a scrape."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    return samples(text).get((name, frozenset(labels.items())))
+
+
+CONTROLLER_ONLY = ("kcover_leader", "kcover_breaker_open", "kcover_fault_to_action_seconds_bucket", "kcover_actions_total",
+                   "kcover_events_rejected_total", "kcover_device_taints_served", "kcover_gpu_nodes",
+                   "kcover_recovery_stalled_total")
+AGENT_ONLY = ("kcover_nvml_polls_total", "kcover_dcgm_polls_total", "kcover_xid_classes_total",
+              "kcover_health_check_age_seconds")
+
+
+async def test_each_role_exports_only_its_own_series(scrapes: dict[str, str]) -> None:
+    controller, agent = exported(scrapes["controller"]), exported(scrapes["agent"])
+    for name in CONTROLLER_ONLY:
+        assert present(name, controller), name
+        assert not present(name, agent), f"an agent exports the controller's {name}"
+    for name in AGENT_ONLY:
+        assert present(name, agent), name
+        assert not present(name, controller), f"the controller exports the agent's {name}"
+
+
+async def test_both_roles_export_build_info_and_process_metrics_and_no_created_series(scrapes: dict[str, str]) -> None:
+    import kcover
+
+    for role, text in scrapes.items():
+        builds = [(dict(labels), v) for (name, labels), v in samples(text).items() if name == "kcover_build_info"]
+        assert len(builds) == 1, role
+        assert builds[0][0]["role"] == role
+        assert builds[0][0]["version"] == kcover.__version__
+        names = exported(text)
+        for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                     "process_start_time_seconds", "python_info", "python_gc_collections_total"):
+            assert name in names, f"{role}: {name}"
+        created = sorted(n for n in names if n.endswith("_created"))
+        assert created == [], f"{role} exports _created series: {created}"
+
+
+async def test_labelled_counters_start_at_zero_for_their_known_values(scrapes: dict[str, str]) -> None:
+    """A series born at 1 has no increase: an alert on `increase(...) > 0` would miss the first failure."""
+    c, a = scrapes["controller"], scrapes["agent"]
+    assert value(c, "kcover_actions_total", action="restart_workload", result="failed") == 0
+    assert value(c, "kcover_actions_total", action="cordon_node", result="done") == 0
+    assert value(c, "kcover_events_rejected_total", reason="untrusted_reporter") == 0
+    assert value(c, "kcover_events_rejected_total", reason="bad_pods") == 0
+    assert value(c, "kcover_recovery_stalled_total", cause="Unschedulable") == 0
+    assert value(c, "kcover_recovery_records_failed_total", reason="api_error") == 0
+    for detector in ("pod-status", "event-watcher", "node-condition"):
+        assert value(c, "kcover_detector_restarts_total", detector=detector) == 0, detector
+    assert value(a, "kcover_detector_restarts_total", detector="nvml") == 0
+    assert value(a, "kcover_xid_classes_total", **{"class": "hardware"}) == 0
+    assert value(a, "kcover_nvml_polls_total", result="failed") == 0
+    assert value(a, "kcover_dcgm_polls_total", mode="health", result="failed") == 0
+
+
+async def test_the_agent_reports_its_health_checks(scrapes: dict[str, str]) -> None:
+    a = scrapes["agent"]
+    assert (value(a, "kcover_nvml_polls_total", result="ok") or 0) >= 1
+    age = value(a, "kcover_health_check_age_seconds", detector="nvml")
+    assert age is not None
+    assert 0 <= age < 15  # polled since the agent started, a moment ago
+    # dcgm is disabled here: a detector that never ran has no age (it would read as ever older)
+    assert value(a, "kcover_health_check_age_seconds", detector="dcgm") is None
+
+
+async def test_the_idle_event_loop_lag_reads_near_zero(scrapes: dict[str, str]) -> None:
+    """Both loops idle: the heartbeat's interval (1 s) is not lag; a lag near it is what a wrong measure reads."""
+    for role, text in scrapes.items():
+        lag = value(text, "kcover_event_loop_lag_seconds")
+        assert lag is not None, role
+        assert lag < 0.5, f"{role}: an idle loop reads {lag:.3f}s of lag"

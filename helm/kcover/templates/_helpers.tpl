@@ -1,13 +1,20 @@
-{{/* Names */}}
+{{/* Names: nameOverride replaces the chart's name (the app.kubernetes.io/name label and the default
+prefix of every object), fullnameOverride the prefix itself. Truncated to 50 so that "-controller-metrics"
+still fits the 63 characters of a Service name. */}}
 {{- define "kcover.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "kcover.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "kcover.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -34,13 +41,101 @@
 {{- end -}}
 {{- end -}}
 
-{{/* Labels */}}
+{{/* Labels: the chart's own, then commonLabels (on every object and pod). The chart's cannot be overridden:
+selectors, the event watcher's trust in agent pods and the ServiceMonitor depend on them. */}}
 {{- define "kcover.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: {{ include "kcover.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{- range $key, $_ := . }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") }}
+{{- fail (printf "commonLabels.%s: the chart sets the app.kubernetes.io/* and helm.sh/chart labels itself (selectors depend on them); use another key" $key) }}
+{{- end }}
+{{- end }}
+{{ include "kcover.stringMap" . }}
+{{- end }}
+{{- end -}}
+
+{{/* A map of labels, annotations or a nodeSelector with every value a string: `--set agent.nodeSelector.gpu=true`
+gives the boolean true, which Kubernetes refuses in a map of strings. Null values (a key dropped with
+`--set x.key=null`) are left out. */}}
+{{- define "kcover.stringMap" -}}
+{{- $out := dict -}}
+{{- range $key, $value := . }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $_ := set $out $key (toString $value) -}}
+{{- end }}
+{{- end -}}
+{{- if $out }}{{ toYaml $out }}{{ end -}}
+{{- end -}}
+
+{{/* A pod's labels: the chart's, then `podLabels` (which may not override the chart's). */}}
+{{- define "kcover.podLabels" -}}
+{{- range $key, $_ := .podLabels }}
+{{- if hasPrefix "app.kubernetes.io/" $key }}
+{{- fail (printf "%s.podLabels.%s: the chart sets the app.kubernetes.io/* labels itself (selectors depend on them); use another key" $.role $key) }}
+{{- end }}
+{{- end }}
+{{- with .podLabels }}
+{{ include "kcover.stringMap" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Extra volumes beside the chart's own, refused when a name is one the chart uses. */}}
+{{- define "kcover.extraVolumes" -}}
+{{- $own := .own -}}
+{{- range .volumes }}
+{{- if has .name $own }}
+{{- fail (printf "%s.extraVolumes: %q is a volume of the chart (%s); choose another name" $.role .name (join ", " $own)) }}
+{{- end }}
+{{- end }}
+{{- with .volumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("1Gi", "500M", "1.5Gi", "1073741824") in bytes. */}}
+{{- define "kcover.bytes" -}}
+{{- $q := toString .quantity -}}
+{{- $num := regexFind "^[0-9]+([.][0-9]+)?" $q -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- $mult := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- if or (not $num) (not (hasKey $mult $suffix)) -}}
+{{- fail (printf "%s: %q is not a size (a Kubernetes quantity such as 5Gi or 500Mi)" .what $q) -}}
+{{- end -}}
+{{- mulf (float64 $num) (index $mult $suffix) | int64 -}}
+{{- end -}}
+
+{{/*
+The saved-logs volume and the retention, reconciled: the controller keeps at most
+config.recovery.save_logs.retention_bytes in the volume, so a volume smaller than that fills up and the
+kubelet evicts the pod (an emptyDir past its sizeLimit) or writes fail (a full PVC). Unset, the retention is
+80% of the volume (the rest: one save in progress, up to save_logs.max_bytes_per_container per container,
+before retention prunes); set, it must fit the volume. Prints the retention in bytes, or nothing when logs
+are not saved.
+*/}}
+{{- define "kcover.logsRetention" -}}
+{{- $rec := (.Values.config | default dict).recovery | default dict -}}
+{{- $save := $rec.save_logs | default dict -}}
+{{- if not (and (hasKey $save "enabled") (not $save.enabled)) -}}
+{{- $p := .Values.controller.logs.persistence -}}
+{{- $what := ternary "controller.logs.persistence.size" "controller.logs.emptyDirSizeLimit" $p.enabled -}}
+{{- $size := ternary $p.size .Values.controller.logs.emptyDirSizeLimit $p.enabled -}}
+{{- $volume := include "kcover.bytes" (dict "quantity" $size "what" $what) | int64 -}}
+{{- if hasKey $save "retention_bytes" -}}
+{{- if not (or (kindIs "int64" $save.retention_bytes) (kindIs "int" $save.retention_bytes) (kindIs "float64" $save.retention_bytes)) -}}
+{{- fail (printf "config.recovery.save_logs.retention_bytes must be a number of bytes, not %q (a quantity such as 5Gi belongs in controller.logs.*)" (toString $save.retention_bytes)) -}}
+{{- end -}}
+{{- if gt (int64 $save.retention_bytes) $volume -}}
+{{- fail (printf "config.recovery.save_logs.retention_bytes (%d) is larger than the saved-logs volume (%s: %s, %d bytes): the controller would fill it and be evicted mid-recovery. Raise %s or lower the retention (or leave it unset: 80%% of the volume)" (int64 $save.retention_bytes) $what $size $volume $what) -}}
+{{- end -}}
+{{- else -}}
+{{- div (mul $volume 4) 5 -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "kcover.selectorLabels" -}}
@@ -70,7 +165,8 @@ app.kubernetes.io/component: agent
 
 {{/*
 kcover's config.yaml: .Values.config, with .Values.detectors merged into detectors.entries,
-dryRun into recovery.dry_run and agent.dcgmExporterUrl into the dcgm detector's exporter_url.
+dryRun into recovery.dry_run, agent.dcgmExporterUrl into the dcgm detector's exporter_url, and (with
+nameOverride) the agent pods' labels into the event watcher's agent_pod_labels.
 Namespaces, names, ports and paths the chart depends on are set by environment variables instead
 (they win over the file), so a config edit cannot move them away from what RBAC and probes expect.
 */}}
@@ -112,6 +208,21 @@ Namespaces, names, ports and paths the chart depends on are set by environment v
 {{- if hasKey $rec "rules" }}{{ $rules = index $rec "rules" }}{{ end -}}
 {{- $_ := set $rec "rules" (append $rules (dict "detector" "preflight" "target" "Node" "action" "cordon-node-and-restart")) -}}
 {{- $_ := set $cfg "recovery" $rec -}}
+{{- end -}}
+{{- end -}}
+{{- $name := include "kcover.name" . -}}
+{{- if ne $name "kcover" -}}
+{{- /* the event watcher trusts a Node Event only beside an agent pod carrying the chart's labels */ -}}
+{{- $given := dict -}}
+{{- range (list (index $wanted "event-watcher" | default dict) (index ((index $cfg "detectors" | default dict).entries | default dict) "event-watcher" | default dict)) -}}
+{{- if hasKey (.config | default dict) "agent_pod_labels" }}{{ $_ := set $given "set" true }}{{ end -}}
+{{- end -}}
+{{- if not $given.set -}}
+{{- $watcher := index $wanted "event-watcher" | default dict -}}
+{{- $watcherCfg := $watcher.config | default dict -}}
+{{- $_ := set $watcherCfg "agent_pod_labels" (dict "app.kubernetes.io/name" $name "app.kubernetes.io/component" "agent") -}}
+{{- $_ := set $watcher "config" $watcherCfg -}}
+{{- $_ := set $wanted "event-watcher" $watcher -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.agent.dcgmExporterUrl -}}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Build a pinned promtool (Prometheus's rule checker and unit-test runner) from its Go module
+# (github.com/prometheus/prometheus/cmd/promtool) for kcover's alert-rule tests, using the installed Go
+# toolchain and the Go module proxy. No prebuilt binary is downloaded.
+#
+# Output: ${KCOVER_CACHE:-$HOME/.cache/kcover}/promtool-<ver>/promtool
+# The last line printed on stdout is always the path of the promtool binary.
+#
+# Env overrides:
+#   KCOVER_PROMTOOL_BIN      use this promtool binary if it is executable (no build)
+#   KCOVER_PROMTOOL_VERSION  Go module version of github.com/prometheus/prometheus (default pinned below)
+#   KCOVER_CACHE             cache root
+set -euo pipefail
+
+# Pinned: the newest version the Go module proxy served when this was written (v0.316.0 is Prometheus 3.x,
+# whose Go module versions are v0.<minor><patch>).
+PROMTOOL_VERSION="${KCOVER_PROMTOOL_VERSION:-0.316.0}"
+
+log() { echo "[build-promtool.sh] $*" >&2; }
+
+if [[ -n "${KCOVER_PROMTOOL_BIN:-}" ]]; then
+  if [[ -x "$KCOVER_PROMTOOL_BIN" ]]; then
+    log "using KCOVER_PROMTOOL_BIN"
+    echo "$KCOVER_PROMTOOL_BIN"
+    exit 0
+  fi
+  log "KCOVER_PROMTOOL_BIN=$KCOVER_PROMTOOL_BIN is not executable; building instead"
+fi
+
+BIN_DIR="${KCOVER_CACHE:-$HOME/.cache/kcover}/promtool-${PROMTOOL_VERSION}"
+PROMTOOL="$BIN_DIR/promtool"
+
+if [[ -x "$PROMTOOL" ]]; then
+  log "reused $PROMTOOL"
+  echo "$PROMTOOL"
+  exit 0
+fi
+
+command -v go >/dev/null || { log "go is not installed"; exit 1; }
+mkdir -p "$BIN_DIR"
+
+# Serialise concurrent builds (parallel test workers).
+exec 9>"$BIN_DIR/.build.lock"
+if command -v flock >/dev/null; then
+  flock 9
+  if [[ -x "$PROMTOOL" ]]; then
+    log "reused $PROMTOOL (built by a concurrent run)"
+    echo "$PROMTOOL"
+    exit 0
+  fi
+fi
+
+start=$SECONDS
+log "==> go install github.com/prometheus/prometheus/cmd/promtool@v${PROMTOOL_VERSION}"
+# Build into a staging dir, then move: a half-written binary is never picked up.
+STAGE="$BIN_DIR/.stage"
+rm -rf "$STAGE"
+mkdir -p "$STAGE"
+GOBIN="$STAGE" CGO_ENABLED=0 GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod \
+  nice -n 10 go install -trimpath -ldflags "-s -w" \
+  "github.com/prometheus/prometheus/cmd/promtool@v${PROMTOOL_VERSION}" >&2
+mv "$STAGE/promtool" "$PROMTOOL"
+rm -rf "$STAGE"
+"$PROMTOOL" --version >&2 || true
+log "built in $((SECONDS - start))s"
+echo "$PROMTOOL"
