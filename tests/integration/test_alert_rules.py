@@ -12,7 +12,7 @@ The rules are evaluated as the chart renders them (helm/kcover/files/prometheus-
 annotations left out (templates for people; the expressions, `for` and labels are what is tested). Series
 get the target labels a ServiceMonitor scrape adds (job from the Service name, namespace, pod), and `up`
 for each target, which Prometheus records itself. promtool comes from tests/controlplane/build-promtool.sh
-(built from its Go module) or KCOVER_PROMTOOL_BIN; without it the test is skipped, except with CI=true,
+(Debian's package, or built from its Go module) or KCOVER_PROMTOOL_BIN; without it the test is skipped, except with CI=true,
 where it is built and a failure fails the run.
 """
 
