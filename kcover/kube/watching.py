@@ -88,6 +88,8 @@ class Reflector(Generic[T]):
         """True while the collection answers 404."""
         self.lists = 0
         self.watches = 0
+        self.list_seconds = 0.0
+        """How long the last complete list took, from its first page asked to the store replaced."""
 
     # ------------------------------------------------------------------------------------- run loop
 
@@ -160,6 +162,7 @@ class Reflector(Generic[T]):
     # ----------------------------------------------------------------------------------------- list
 
     async def _list(self) -> None:
+        started = asyncio.get_running_loop().time()
         items: dict[str, T] = {}
         query: dict[str, str | int] = {**self._query, "limit": self.options.page_size}
         list_rv = ""
@@ -190,6 +193,7 @@ class Reflector(Generic[T]):
             self.missing = False
         self.resource_version = list_rv
         self._replace(items)
+        self.list_seconds = asyncio.get_running_loop().time() - started
         self.synced.set()
         log.debug("list_synced", reflector=self.name, objects=len(items), resource_version=list_rv)
 

@@ -168,10 +168,15 @@ class ClusterStack:
     ``kubeconfig_path``, ``request()``), ``kubeconfig_path`` (admin), ``bin_dir``, ``startup_seconds``
     and ``timings`` (seconds per step)."""
 
-    def __init__(self, *, cp_bin: Path, cluster_bin: Path, node_monitor_grace_seconds: int = 8) -> None:
+    def __init__(self, *, cp_bin: Path, cluster_bin: Path, node_monitor_grace_seconds: int = 8,
+                 watch_cache: bool = False, kcm_args: tuple[str, ...] = ()) -> None:
+        """`watch_cache`: the API server caches pods and ConfigMaps too, as a production one does (see
+        server.py); `kcm_args`: more kube-controller-manager flags."""
         self.cp_bin = cp_bin
         self.bin_dir = cluster_bin
         self.grace = node_monitor_grace_seconds
+        self.watch_cache = watch_cache
+        self.kcm_args = tuple(kcm_args)
         self.cp: Any = None
         self.kubeconfig_path = ""
         self.startup_seconds = 0.0
@@ -183,7 +188,7 @@ class ClusterStack:
     def start(self) -> ClusterStack:
         t0 = time.monotonic()
         try:
-            self.cp = _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds())
+            self.cp = _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds(), watch_cache=self.watch_cache)
             self.cp.start()
             self.timings["etcd+apiserver+crds"] = time.monotonic() - t0
             self.kubeconfig_path = self.cp.kubeconfig_path
@@ -259,7 +264,7 @@ class ClusterStack:
             f"--root-ca-file={self.cp.ca_path}", "--use-service-account-credentials=true",
             "--leader-elect=false", "--controllers=*",
             f"--node-monitor-grace-period={self.grace}s", "--node-monitor-period=1s",
-            "--concurrent-job-syncs=5", *self._dra_gates(), "--v=1"])
+            "--concurrent-job-syncs=5", *self._dra_gates(), *self.kcm_args, "--v=1"])
 
     def _dra_gates(self) -> list[str]:
         """DeviceTaintRules (KEP-5055, beta and off by default in 1.36) for the scheduler, which keeps tainted
