@@ -3,8 +3,8 @@
 Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, and each configured
 workload kind), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
 by node, by owner uid, by membership label; nodes by name; workloads by uid and by (group, kind,
-namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list),
-and change subscriptions delivered in order, synchronously after the cache was updated. It is the
+namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list,
+and none has kept failing since: `Reflector.synced`), and change subscriptions delivered in order, synchronously after the cache was updated. It is the
 `policy.ClusterSnapshot` the recovery policy and executors read; owner resolution and opt-in are
 `ownership`'s, "is this a GPU node" is `gpus`'.
 
@@ -13,6 +13,7 @@ own list path (`Reflector.load`): tests and benchmarks read the product's model,
 
 It does not write to the API and keeps no raw objects. Reflectors retry on their own (see
 `watching.py`); a kind whose CRD or API group is missing is logged once and counts as synced (empty).
+An object that cannot be decoded is left out and counted in the client's `skips` (`skips`).
 A subscriber that raises is logged and skipped; it never stops the cache or other subscribers.
 """
 
@@ -31,7 +32,7 @@ import structlog
 from kcover import model
 from kcover import settings as settings_
 from kcover.kube import client as client_
-from kcover.kube import gpus, ownership, watching
+from kcover.kube import decoding, gpus, ownership, watching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -172,6 +173,7 @@ class ClusterCache:
         self._workloads_by_owner: dict[str, set[str]] = {}
         self._slices_by_node: dict[str, dict[str, str]] = {}
         """Node name -> ResourceSlice uid -> driver."""
+        self._skips = kube.skips if kube is not None else decoding.Skips()
         self.reflectors: list[watching.Reflector[Any]] = []
         self._routes: dict[tuple[str, str], watching.Reflector[Any]] = {}
         """(group, kind) -> the reflector of that collection, for `load()`."""
@@ -193,7 +195,7 @@ class ClusterCache:
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],
                  options: watching.ReflectorOptions | None) -> watching.Reflector[Any]:
         reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
-                                                                options=options)
+                                                                options=options, kind=route[1])
         self.reflectors.append(reflector)
         self._routes[route] = reflector
         return reflector
@@ -206,7 +208,7 @@ class ClusterCache:
             inactivity_timeout_seconds=s.inactivity_timeout_seconds,
             backoff_initial_seconds=s.backoff_initial_seconds, backoff_max_seconds=s.backoff_max_seconds,
             missing_retry_seconds=s.missing_kind_retry_seconds,
-            request_timeout_seconds=max(s.request_timeout_seconds, 60.0))
+            request_timeout_seconds=max(s.request_timeout_seconds, 60.0), stall_seconds=s.stall_seconds)
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
                    options=options, freeze_gc=s.gc_freeze_after_sync,
                    gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers))
@@ -219,6 +221,11 @@ class ClusterCache:
         cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule)
         cache.load(objects)
         return cache
+
+    @property
+    def skips(self) -> decoding.Skips:
+        """Objects the cache's client left out because they could not be decoded (empty offline)."""
+        return self._skips
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every collection's contents with `objects`, as a re-list would (`Reflector.load`):
@@ -250,22 +257,28 @@ class ClusterCache:
 
     @property
     def synced(self) -> bool:
+        """Every reflector is in step now (listed, and not failing for longer than its `stall_seconds`)."""
         return all(r.synced.is_set() for r in self.reflectors)
 
+    def stalled(self) -> list[watching.Reflector[Any]]:
+        """The reflectors that listed once and have kept failing since for longer than `stall_seconds`."""
+        return [r for r in self.reflectors if r.listed.is_set() and not r.synced.is_set()]
+
     async def wait_synced(self, stop: asyncio.Event | None = None) -> bool:
-        """Wait until every reflector listed once; False if `stop` was set first."""
+        """Wait until every reflector listed once; False if `stop` was set first. (It does not wait for a
+        reflector that stalled since: what is cached stays usable while it retries.)"""
         for reflector in self.reflectors:
             if stop is None:
-                await reflector.synced.wait()
+                await reflector.listed.wait()
                 continue
-            waiter = asyncio.ensure_future(reflector.synced.wait())
+            waiter = asyncio.ensure_future(reflector.listed.wait())
             stopper = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
                 stopper.cancel()
-            if not reflector.synced.is_set():
+            if not reflector.listed.is_set():
                 return False
         return True
 

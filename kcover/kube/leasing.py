@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
 import structlog
 
 from kcover import errors, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
+from kcover.kube import decoding
 
 log = structlog.get_logger()
 
@@ -232,13 +232,13 @@ class LeaderElector:
                 async with self._client.stream(lease_path(self.settings.namespace), query={**query, **since},
                                                read_timeout=330) as response:
                     async for line in response.content:
-                        event = orjson.loads(line)
+                        event = decoding.loads(line)
                         kind, obj = event.get("type"), event.get("object") or {}
                         if kind == "ERROR":
                             break
                         if kind == "DELETED" or (kind == "MODIFIED" and not Record.from_lease(obj).holder):
                             released.set()
-            except (errors.KubeError, aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            except (errors.KubeError, aiohttp.ClientError, TimeoutError) as exc:
                 log.debug("lease_watch_failed", lease=self.settings.name, error=str(exc) or type(exc).__name__)
             await _wait(stop, self.settings.retry_period_seconds)
 

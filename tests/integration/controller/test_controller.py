@@ -289,6 +289,35 @@ async def test_a_failed_optional_plugin_leaves_an_event_on_the_lease_and_the_rep
             await asyncio.wait_for(task, 10)
 
 
+@pytest.mark.sim_only("injects API faults")
+async def test_readiness_says_when_a_cache_stops_syncing_and_again_when_it_syncs(cluster: Cluster) -> None:
+    """A reflector that keeps failing (every list and watch of pods answered 500) turns /readyz to not
+    ready after `kube.stall_seconds`, naming the collection; ready again once it lists."""
+    cfg = _settings("a", cluster.namespace)
+    cfg = cfg.model_copy(update={"kube": cfg.kube.model_copy(update={
+        "stall_seconds": 0.6, "retry_deadline_seconds": 0.0, "backoff_initial_seconds": 0.05,
+        "backoff_max_seconds": 0.1})})
+    health = serving.Health()
+    async with cluster.new_client() as kube:
+        ctl = running.Controller(cfg, client=kube, metrics=metrics_.Metrics(), health=health,
+                                 detector_registry=registry.discover(), engine_factory=RecordingEngine)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop))
+        try:
+            await _until(lambda: health.readiness()[0], 10.0)
+            faults = cluster.sim.faults
+            faults.resources = frozenset({"pods"})
+            faults.error_rate = 1.0
+            faults.drop_watches("pods")
+            await _until(lambda: not health.readiness()[0], 10.0)
+            assert "pods" in health.readiness()[1]["cache"]
+            faults.reset()
+            await _until(lambda: health.readiness()[0], 10.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 async def _seed_job(kube: client_.KubeClient, ML: str) -> dict[str, Any]:
