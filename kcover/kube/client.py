@@ -123,6 +123,11 @@ class KubeClient:
     async def close(self) -> None:
         await self._api.close()
 
+    def fork(self) -> KubeClient:
+        """A client of the same server and credentials with connections of its own and no retries, for use
+        on another event loop (a thread that must not wait for this client's loop)."""
+        return KubeClient(self._api.fork(), request_timeout=self.request_timeout, retry=retrying.NO_RETRY)
+
     async def __aenter__(self) -> KubeClient:
         return self
 

@@ -88,6 +88,11 @@ class Transport:
         self._session: aiohttp.ClientSession | None = None
         self._proxy: dict[str, Any] = {}
 
+    def fork(self) -> Transport:
+        """The same server and credentials over a session of its own, for another event loop (a thread)."""
+        return Transport(self.host, ssl_context=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
+                         token=self._token, headers=self.headers, server_hostname=self._server_hostname, pool_size=2)
+
     @property
     def session(self) -> aiohttp.ClientSession:
         """Created on first use, inside the running loop.
