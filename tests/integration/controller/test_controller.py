@@ -8,6 +8,7 @@ reload applies tunables live. Real time with short lease timings: looptime canno
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -287,6 +288,43 @@ async def test_a_failed_optional_plugin_leaves_an_event_on_the_lease_and_the_rep
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
+
+
+async def test_an_optional_plugin_that_cannot_be_imported_leaves_the_replica_starting_and_ready(
+        cluster: Cluster) -> None:
+    """Enabled, a plugin whose import raises runs as failed (a `KcoverDetectorFailed` Event, the import error
+    in /readyz's text) and the replica starts, leads and is ready; marked `required: true`, it is refused
+    at start, as a required detector that cannot run is."""
+    broken = importlib.metadata.EntryPoint(name="broken", value="kcover_no_such_plugin_module:Detector",
+                                           group=registry.GROUP)
+    cfg = _settings("a", cluster.namespace)
+    entries = cfg.detectors.model_dump()["entries"]
+    with_broken = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
+        {"entries": {**entries, "broken": {"enabled": True}}})})
+    health = serving.Health()
+    async with cluster.new_client() as kube:
+        ctl = running.Controller(with_broken, client=kube, metrics=metrics_.Metrics(), health=health,
+                                 detector_registry=registry.Registry(entry_points=[broken]),
+                                 engine_factory=RecordingEngine)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop))
+        try:
+            await _until(lambda: ctl.is_leader() and ctl.supervisor.health().get("broken") == "failed", 10.0)
+            await _until(lambda: health.readiness()[0], 5.0)
+            assert "ModuleNotFoundError" in health.readiness()[1]["detectors"]
+            listed = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/events")
+            failed = [e for e in listed.get("items") or [] if e.get("reason") == "KcoverDetectorFailed"]
+            assert [e["involvedObject"]["kind"] for e in failed] == ["Lease"]
+            assert "optional detector broken failed" in failed[0]["message"]
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        required = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
+            {"entries": {**entries, "broken": {"enabled": True, "required": True}}})})
+        with pytest.raises(errors.ConfigError, match="detectors.entries.broken: detector 'broken'"):
+            running.Controller(required, client=kube, metrics=metrics_.Metrics(), health=serving.Health(),
+                               detector_registry=registry.Registry(entry_points=[broken]),
+                               engine_factory=RecordingEngine)
 
 
 @pytest.mark.sim_only("injects API faults")
