@@ -199,14 +199,19 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     except errors.ConfigError as exc:
         data = None
         problems = [str(exc).splitlines()[0], *exc.errors]
+    warned: list[str] = []
     if data is not None:
         problems = check_file_data(data, args.file, registry.discover())
+        rules = (data.get("recovery") or {}).get("rules") if isinstance(data.get("recovery"), Mapping) else None
+        warned = checking.rule_warnings(rules) if isinstance(rules, list) else []
+    for line in warned:
+        print(f"{args.file}: warning: {line}", file=sys.stderr)
     if problems:
         print(f"{args.file}: invalid", file=sys.stderr)
         for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"{args.file}: valid")
+    print(f"{args.file}: valid" + (f" ({len(warned)} warning{'s' if len(warned) > 1 else ''})" if warned else ""))
     return 0
 
 
@@ -222,7 +227,7 @@ def check_file_data(data: Mapping[str, Any], file_name: str, detectors: registry
     recovery = data.get("recovery") if isinstance(data.get("recovery"), Mapping) else {}
     rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
     if isinstance(rules, list):
-        found += checking.rule_problems(rules)
+        found += checking.rule_problems(rules, detectors)
     try:
         entries = settings.DetectorsSettings.model_validate(data.get("detectors") or {}).entries
     except ValidationError:
@@ -379,6 +384,8 @@ def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
         return 1
     logs.configure(layered.settings.logging)
     log.info("kcover_starting", command=args.command, version=kcover.__version__, config=args.config)
+    for line in checking.warnings(layered.settings):
+        log.warning("config_warning", warning=line)
     return asyncio.run(serve(layered, args, role, detectors=detectors))
 
 
