@@ -321,7 +321,7 @@ async def test_an_optional_plugin_that_cannot_be_imported_leaves_the_replica_sta
             await asyncio.wait_for(task, 10)
         required = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
             {"entries": {**entries, "broken": {"enabled": True, "required": True}}})})
-        with pytest.raises(errors.ConfigError, match="detectors.entries.broken: detector 'broken'"):
+        with pytest.raises(errors.ConfigError, match=r"detectors\.entries\.broken: detector 'broken'"):
             running.Controller(required, client=kube, metrics=metrics_.Metrics(), health=serving.Health(),
                                detector_registry=registry.Registry(entry_points=[broken]),
                                engine_factory=RecordingEngine)
