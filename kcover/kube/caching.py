@@ -484,6 +484,10 @@ class ClusterCache:
     def is_gpu_node(self, node: proj.Node) -> bool:
         return self.gpu_rule.is_gpu_node(node, self.slice_drivers(node.name))
 
+    def holds_gpus(self, pod: proj.Pod) -> bool:
+        """`gpus.GpuRule.holds_gpus`: the pod asks for GPUs (device-plugin resources or DRA claims)."""
+        return self.gpu_rule.holds_gpus(pod)
+
     def gpu_node_count(self) -> int:
         """Cached nodes that are GPU nodes by `gpus.GpuRule` (capacity or DRA ResourceSlices)."""
         return sum(1 for n in self.nodes.values() if self.is_gpu_node(n))
