@@ -264,6 +264,17 @@ class ClusterCache:
         """The reflectors that listed once and have kept failing since for longer than `stall_seconds`."""
         return [r for r in self.reflectors if r.listed.is_set() and not r.synced.is_set()]
 
+    def readiness(self) -> tuple[bool, str]:
+        """The `/readyz` check of the cache: ready when every reflector is in step; the text names those
+        still waiting for their first list and those that stopped syncing, with how long and why."""
+        waiting = [r.name for r in self.reflectors if not r.listed.is_set()]
+        now = asyncio.get_running_loop().time() if self.reflectors and self.stalled() else 0.0
+        stalled = [f"{r.name} (failing for {now - (r.failing_since or now):.0f} s: {r.last_error})"
+                   for r in self.stalled()]
+        parts = ([f"waiting for {', '.join(waiting)}"] if waiting else []) + (
+            [f"stopped syncing: {'; '.join(stalled)}"] if stalled else [])
+        return not parts, "; ".join(parts) or "synced"
+
     async def wait_synced(self, stop: asyncio.Event | None = None) -> bool:
         """Wait until every reflector listed once; False if `stop` was set first. (It does not wait for a
         reflector that stalled since: what is cached stays usable while it retries.)"""

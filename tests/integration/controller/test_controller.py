@@ -349,6 +349,10 @@ async def test_readiness_says_when_a_cache_stops_syncing_and_again_when_it_syncs
             faults.drop_watches("pods")
             await _until(lambda: not health.readiness()[0], 10.0)
             assert "pods" in health.readiness()[1]["cache"]
+            ready, text = ctl.cache.readiness()
+            assert not ready
+            assert text.startswith("stopped syncing: pods (failing for "), text
+            assert "500" in text, text
             faults.reset()
             await _until(lambda: health.readiness()[0], 10.0)
         finally:
