@@ -233,10 +233,10 @@ def _container_end(data: bytes, start: int) -> int | None:
     """The index just past the array or object that opens at `start`; None if it never closes."""
     depth = 0
     for match in _TOKEN.finditer(data, start):
-        token = match.group()
-        if token[0] == 0x22:  # a string: brackets inside it do not count
+        c = data[match.start()]
+        if c == 0x22:  # a string: brackets inside it do not count
             continue
-        depth += 1 if token in (b"[", b"{") else -1
+        depth += 1 if c == 0x5B or c == 0x7B else -1  # '[' '{'
         if depth == 0:
             return match.end()
     return None
