@@ -1,6 +1,6 @@
 """The whole configuration checked at once: everything a role would refuse, found before anything runs or applies.
 
-Owns one list of problems for validated settings: the recovery rules (`recovery.policy.parse_rules`,
+Owns one list of problems for validated settings: the recovery rules (`recovery.rules.parse_rules`,
 and the detector each names: a pattern that matches no installed detector is a rule that can never
 apply), every enabled detector's config against its own model (`detectors.registry.Registry.check_entries`,
 as the supervisor's `wanted()` does) and the XID policy file `agent.xid_policy_file`
@@ -24,7 +24,7 @@ from typing import Any
 from kcover import errors, settings
 from kcover.detectors import contract, registry
 from kcover.nvml import xid_policy
-from kcover.recovery import policy
+from kcover.recovery import rules as rules_
 
 XID_POLICY_SETTING = "agent.xid_policy_file"
 INTERNAL_DETECTORS = frozenset({"kcover-validation"})
@@ -40,7 +40,7 @@ def rule_problems(rules: Sequence[Any], detectors: registry.Registry | None = No
         return [f"recovery.rules[{i}]: must be a mapping, not {type(rule).__name__}"
                 for i, rule in enumerate(rules) if not isinstance(rule, Mapping)]
     try:
-        policy.parse_rules(rules)
+        rules_.parse_rules(rules)
     except errors.ConfigError as exc:
         return list(exc.errors) or [f"recovery.rules: {exc}"]
     if detectors is None:

@@ -142,29 +142,50 @@ def _running_detectors(url: str, output: str) -> int:
 
 
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
-    """`kcover breaker reset`: close the latched breaker on the controls ConfigMap the settings name."""
+    """`kcover breaker reset`: ask the leader to close the latched breaker; on a closed one, change nothing."""
     from kcover.kube import client as client_  # imported by the command that runs it (roles stay lean)
-    from kcover.recovery import controls
+    from kcover.kube import gateway
+    from kcover.recovery import controls, ledger
 
     cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
     rs = cfg.recovery
+    where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
 
-    async def reset() -> bool:
+    async def reset() -> str:
         kube = await client_.connect(cfg.kube.kubeconfig)
         try:
-            return await controls.reset(kube, namespace=rs.ledger_namespace, name=rs.controls_name,
-                                        now=clock_.utcnow())
+            gw = gateway.Http(kube)
+            book = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,
+                                 retention_seconds=lambda: rs.restart_window_seconds)
+            await book.load()
+            breaker = book.breaker()
+            if not breaker.latched:
+                return "closed"
+            await controls.request_reset(gw, namespace=rs.ledger_namespace, name=rs.controls_name,
+                                         now=clock_.utcnow())
+            for _ in range(int(max(1.0, args.wait) / 0.5)):
+                await asyncio.sleep(0.5)
+                await book.load()
+                if not book.breaker().latched:
+                    return "reset"
+            return "requested"
         finally:
             await kube.close()
 
     try:
-        was_open = asyncio.run(reset())
+        outcome = asyncio.run(reset())
     except errors.KcoverError as exc:
         print(f"kcover breaker reset: {exc}", file=sys.stderr)
         return 1
-    where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
-    print(f"breaker reset ({where}); kcover acts again after {rs.breaker_cooldown_seconds:g}s" if was_open
-          else f"the breaker was not latched ({where}); the cooldown starts now")
+    if outcome == "closed":
+        print("the breaker is not latched: nothing to reset, nothing was changed")
+    elif outcome == "reset":
+        print(f"breaker reset by the leader; kcover acts again after {rs.breaker_cooldown_seconds:g}s "
+              "(recovery.breaker_cooldown_seconds), and plans the restarts it held meanwhile")
+    else:
+        print(f"reset requested on {where} ({controls.BREAKER_RESET}); the leader had not acted on it within "
+              f"{args.wait:g}s: is a controller leading? `kcover status` shows the breaker")
+        return 1
     return 0
 
 
@@ -448,9 +469,13 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
 
     p = sub.add_parser("breaker", help="the latched circuit breaker (recovery.breaker_latch)")
     bsub = p.add_subparsers(dest="breaker_command", required=True, metavar="SUBCOMMAND")
-    b = bsub.add_parser("reset", help="close a latched breaker; kcover acts again after recovery.breaker_cooldown_seconds")
+    b = bsub.add_parser("reset", help="ask the leader to close a latched breaker (kcover acts again after "
+                                      "recovery.breaker_cooldown_seconds); on a breaker that is not latched, change "
+                                      "nothing and say so")
     _add_common(b)
     b.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+    b.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the leader to close it (default 15; "
+                                                           "exit 1 when it did not)")
 
     p = sub.add_parser("status", help="what kcover is doing: leader, breaker, cordons, recoveries of the last 24 h, "
                                       "budgets; exit 1 when something needs a person, 3 when the cluster cannot be read")

@@ -56,6 +56,11 @@ class TooManyRequestsError(KubeError):
     """429, plain text or Status; `retry_after` in seconds when the server said."""
 
 
+class LedgerUnavailable(KcoverError):
+    """The recovery ledger cannot be read or written: its LedgerEntry kind is not served (the CRD is missing).
+    kcover refuses to act without its ledger (it would forget cooldowns, budgets and intents)."""
+
+
 class NotLeaderError(KcoverError):
     """A write was attempted by a replica that does not hold the Lease."""
 

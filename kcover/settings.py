@@ -30,7 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcover import errors
+from kcover import errors, kinds
 
 DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 """Where the chart mounts the ConfigMap."""
@@ -162,11 +162,8 @@ class KubeSettings(_Group):
     retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (full jitter, doubling) when the server gave no Retry-After.")
     retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
-        default_factory=lambda: ["jobs.batch", "pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
-                                 "paddlejobs.kubeflow.org", "xgboostjobs.kubeflow.org", "jaxjobs.kubeflow.org",
-                                 "jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org", "jobs.batch.volcano.sh",
-                                 "leaderworkersets.leaderworkerset.x-k8s.io"],
-        description="Workload kinds the controller cache watches, as `plural.group`: every kind DESIGN.md names. A kind whose CRD is missing is logged once and retried slowly.",
+        default_factory=lambda: list(kinds.DEFAULT_KEYS),
+        description="Workload kinds the controller cache watches, as `plural.group`: by default every kind kcover restarts (docs/architecture.md, \"Workload kinds\"). A kind whose CRD is missing is logged once and retried slowly.",
         json_schema_extra=_RESTART)
     watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` or `kcover.io/device-healthy` are kept.",
                                json_schema_extra=_RESTART)
@@ -222,13 +219,6 @@ class EscalationSettings(_Group):
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
 
 
-class LedgerLayout(enum.StrEnum):
-    """How the recovery ledger is stored (`kcover.recovery.sharding`)."""
-
-    PER_UNIT = "per-unit"
-    SINGLE = "single"
-
-
 class RecordsSettings(_Group):
     enabled: bool = Field(True, description="Write a `Recovery` resource (kcover.io/v1alpha1) for every action and every audited refusal, in the workload's namespace (a node's in `ledger_namespace`), so `kubectl get recoveries -A` shows what kcover did after its Events expired. Written after the action, by a task of its own: never on the recovery's critical path.")
     retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a Recovery is kept: one week, long enough to read what happened over a weekend.")
@@ -273,25 +263,26 @@ class NodeJudgement(enum.StrEnum):
 
 
 class RecoverySettings(_Group):
-    dry_run: bool = Field(False, description="Plan and record every action (Event, metrics) but write nothing.")
+    dry_run: bool = Field(False, description="Plan and decide as for real, write the Events (with reasons of their own, `KcoverDryRun...`) and Recovery resources, and change nothing else: no pod, node, device taint or ledger entry is written (the ledger is kept in memory, so cooldowns and budgets hold as they would). A change applies to the next action: the ledger is read again from the cluster.")
     workload_cooldown_seconds: float = Field(60.0, ge=0, description="Seconds after a restart during which the same workload is not restarted again; longer than the default 30 s termination grace so the old pods are gone.")
     max_restarts_per_window: int = Field(5, ge=1, description="Restarts of one workload allowed per window before kcover stops and says why.")
     restart_window_seconds: float = Field(3600.0, gt=0, description="Seconds: the budget window (one hour).")
     node_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds between two cordons of the same node.")
     max_cordoned_fraction: float = Field(0.10, ge=0, le=1, description="Fraction of GPU nodes kcover may hold cordoned; past it the breaker opens.")
-    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the ledger write to the end of the DeleteCollection, cordons and other actions not counted); a restart planned past it is refused with `BreakerOpen`. A change applies to the next restart planned.")
+    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the plan to the last pod taken away; cordons and other actions not counted); a restart planned past it is held with `BreakerOpen`. A change applies to the next restart planned.")
     taint_key: str = Field("kcover.io/unhealthy", description="Key of the taint kcover puts on nodes it cordons.")
     taint_no_execute: bool = Field(False, description="Also add a NoExecute taint (evicts pods that do not tolerate it).")
     uncordon_enabled: bool = Field(False, description="Un-cordon a node kcover cordoned itself (never one an admin cordoned) when the fault's source reports it cleared: the node-condition detector does once the condition has stayed good for its `recovered_hold_seconds`. Off by default: returning a node to service is left to a person until the hold is trusted.")
     namespaces_allow: list[str] = Field(default_factory=list, description="Only these namespaces are acted on; empty means all.")
     namespaces_deny: list[str] = Field(default_factory=lambda: ["kube-system"], description="Namespaces never acted on.")
-    ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger ConfigMap and kcover's Lease.", json_schema_extra=_RESTART)
-    ledger_name: str = Field("kcover-ledger", description="Name of the ledger recording cooldowns, budgets and restart intents: the prefix of its LedgerEntry objects (per-unit layout), or its ConfigMap (single layout, and the ledger of earlier versions, taken over by the per-unit layout).", json_schema_extra=_RESTART)
-    ledger_layout: LedgerLayout = Field(LedgerLayout.PER_UNIT, description="`per-unit`: one small LedgerEntry object per restart unit and per node, so no object nears the 1 MiB limit and a restart's fencing write costs the same at any scale (a ConfigMap ledger of an earlier version is taken over on the first write). `single`: the whole ledger in one ConfigMap, whose writes grow with the workloads restarted within the window and which forgets the oldest past about 6,000 of them.", json_schema_extra=_RESTART)
+    ledger_namespace: str = Field("kcover-system", description="Namespace of the ledger's LedgerEntry objects, the controls ConfigMap and kcover's Lease (the chart sets the release namespace).", json_schema_extra=_RESTART)
+    ledger_name: str = Field("kcover-ledger", description="Name of the ledger recording cooldowns, budgets, restart intents, held restarts and the breaker: the prefix and the `kcover.io/ledger` label of its LedgerEntry objects (one per restart unit, per node and for the breaker).", json_schema_extra=_RESTART)
+    retry_seconds: float = Field(300.0, gt=0, description="Seconds kcover keeps handling again, with backoff (1 s doubling to 30 s), a fault whose first write failed before anything was recorded (an API outage on the ledger write, the LedgerEntry kind not served); past it the fault ends with a `KcoverRecoveryFailed` Event and `kcover_faults_given_up_total`. Five minutes outlasts an API server restart.")
+    hold_seconds: float = Field(1800.0, gt=0, description="Seconds after its fault a restart refused for a blocker that lifts (a pause, a cooldown, the budget window, the breaker) stays held and is planned again when the blocker lifts, unless the workload recovered by itself; past it the hold is given up with a `KcoverRecoveryFailed` Event. A budget that frees only later is not held: a job that used its budget within half an hour is a crash loop, left to a person (`BudgetExhausted`). Half an hour covers a short maintenance pause and a breaker reset.")
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
     node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
-    delete_concurrency: int = Field(16, ge=1, description="Pod DELETEs in flight at once when a restart deletes pods one by one with uid preconditions (kinds whose pods carry no uid label: Kubeflow v1, Volcano, LeaderWorkerSet): a 1,000-pod job is deleted in about 60 round trips, without a burst the API server's priority and fairness would throttle.")
+    delete_concurrency: int = Field(16, ge=1, description="Pod removals (evictions or uid-preconditioned deletes, as the workload kind says) of one restart in flight at once: a 1,000-pod job is taken away in about 60 round trips deep, without a burst the API server's priority and fairness would throttle.")
     verify: VerifySettings = Field(default_factory=VerifySettings, description="Verification after every restart: following the workload until it runs again, MTTR, Stalled recoveries.")
     escalation: EscalationSettings = Field(default_factory=EscalationSettings, description="The escalation ladder: a fault that keeps coming back on one node, and what follows a cordon (drain, remediation request, a person).")
     return_validation: ReturnValidationSettings = Field(default_factory=ReturnValidationSettings, description="The health check a node kcover cordoned must pass before kcover returns it to service.")
@@ -303,6 +294,8 @@ class RecoverySettings(_Group):
     device_taints: DeviceTaintSettings = Field(default_factory=DeviceTaintSettings, description="Device-level isolation under DRA (KEP-5055 DeviceTaintRules): taint the faulty device, not the node.")
 
     removed: ClassVar[Mapping[str, str]] = {
+        "ledger_layout": "the ledger is always one LedgerEntry object per restart unit, per node and for the breaker "
+                         "(the `single` ConfigMap layout and its take-over are gone). Delete the line.",
         "event_cooldown_seconds": "it only lengthened how long the ledger kept entries; a repeated fault is held "
                                   "back by recovery.workload_cooldown_seconds and recovery.node_cooldown_seconds. "
                                   "Delete the line.",

@@ -19,9 +19,9 @@ from typing import Any
 from kcover import errors, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
-from kcover.kube import gpus, leasing
+from kcover.kube import gateway, gpus, leasing
 from kcover.kube import projections as proj
-from kcover.recovery import controls, ledger, recording, sharding
+from kcover.recovery import ledger, recording
 
 WINDOW_SECONDS = 24 * 3600
 """Recoveries shown: those of the last 24 hours."""
@@ -163,10 +163,10 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
                         transitions=record.transitions)
     report = Report(lease=f"{cfg.lease.namespace}/{cfg.lease.name}", leader=leader,
                     max_cordoned_fraction=rs.max_cordoned_fraction)
-    controls_cm = await _optional(kube, f"/api/v1/namespaces/{rs.ledger_namespace}/configmaps/{rs.controls_name}")
-    annotations = ((controls_cm or {}).get("metadata") or {}).get("annotations") or {}
-    report.breaker_latched = annotations.get(controls.BREAKER) == controls.OPEN
-    report.breaker_reason = str(annotations.get(controls.BREAKER_REASON) or "")
+    book = await _ledger(kube, rs)
+    if book is not None:
+        report.breaker_latched = book.breaker().latched
+        report.breaker_reason = book.breaker().reason
     rule = gpus.GpuRule.of(cfg.kube.gpu_resources, cfg.kube.gpu_dra_drivers)
     nodes = (await kube.request("GET", "/api/v1/nodes")).get("items") or []
     for raw in nodes:
@@ -177,8 +177,19 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
             report.cordoned.append(Cordon(str(meta.get("name")), str(marks.get(proj.CORDON_REASON) or ""),
                                           str(marks.get(proj.CORDONED_AT) or "")))
     report.recoveries, report.recoveries_available = await _recoveries(kube, now)
-    report.out_of_budget = await _out_of_budget(kube, rs, now)
+    report.out_of_budget = _out_of_budget(book, rs, now) if book is not None else []
     return report
+
+
+async def _ledger(kube: kube_client.KubeClient, rs: settings.RecoverySettings) -> ledger.Ledger | None:
+    """The recovery ledger as the cluster holds it (read only), or None where its kind is not served."""
+    book = ledger.Ledger(gateway.Http(kube), namespace=rs.ledger_namespace, name=rs.ledger_name,
+                         retention_seconds=lambda: rs.restart_window_seconds)
+    try:
+        await book.load()
+    except errors.LedgerUnavailable:
+        return None
+    return book
 
 
 async def _recoveries(kube: kube_client.KubeClient, now: dt.datetime) -> tuple[list[Row], bool]:
@@ -208,27 +219,17 @@ async def _recoveries(kube: kube_client.KubeClient, now: dt.datetime) -> tuple[l
     return rows, True
 
 
-async def _out_of_budget(kube: kube_client.KubeClient, rs: settings.RecoverySettings,
-                         now: dt.datetime) -> list[OutOfBudget]:
-    cm = await _optional(kube, f"/api/v1/namespaces/{rs.ledger_namespace}/configmaps/{rs.ledger_name}")
-    parts = [{str(k): str(v) for k, v in ((cm or {}).get("data") or {}).items()}]
-    query = {"labelSelector": f"{sharding.LEDGER_LABEL}={rs.ledger_name}", "limit": "500"}
-    while True:  # the per-unit ledger's objects (none with the single layout, or without the CRD)
-        page = await _optional(kube, f"/apis/{sharding.API_VERSION}/namespaces/{rs.ledger_namespace}/"
-                                     f"{sharding.PLURAL}", query)
-        parts += [{str(k): str(v) for k, v in (item.get("data") or {}).items()} for item in (page or {}).get("items") or []]
-        token = ((page or {}).get("metadata") or {}).get("continue")
-        if not token:
-            break
-        query = {**query, "continue": token}
-    state = ledger.State.decode(sharding.join(parts))
+def _out_of_budget(book: ledger.Ledger, rs: settings.RecoverySettings, now: dt.datetime) -> list[OutOfBudget]:
     out = []
     horizon = now.timestamp() - rs.restart_window_seconds
-    for key, times in state.restarts.items():
-        recent = sorted(t for t in times if t >= horizon)
+    for key in book.entry_keys():
+        unit = book.unit(key)
+        if unit is None:
+            continue
+        recent = sorted(t for t in unit.restarts if t >= horizon)
         if len(recent) >= rs.max_restarts_per_window:
             frees = dt.datetime.fromtimestamp(recent[-rs.max_restarts_per_window] + rs.restart_window_seconds, dt.UTC)
-            out.append(OutOfBudget(key, state.notes.get(key) or key, len(recent), clock_.rfc3339(frees)))
+            out.append(OutOfBudget(key, unit.note or key, len(recent), clock_.rfc3339(frees)))
     return out
 
 

@@ -32,7 +32,7 @@ from kcover.detectors import contract, dcgm, registry, supervising
 from kcover.kube import client as client_
 from kcover.kube import decoding, retrying
 from kcover.nvml import xid_policy
-from kcover.recovery import actions, auditing
+from kcover.recovery import auditing, steps
 
 log = structlog.get_logger()
 
@@ -111,7 +111,7 @@ class Agent:
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on this agent's Node (no need-recovery annotation: nothing acts on it)."""
         namespace = self.config.agent.event_namespace
-        body = auditing.event_body(actions.ObjectRef("Node", "v1", self.node), reason="KcoverDetectorFailed",
+        body = auditing.event_body(steps.ObjectRef("Node", "v1", self.node), reason="KcoverDetectorFailed",
                                    action="RunDetector", warning=True,
                                    message=f"{'required' if required else 'optional'} detector {name} failed on "
                                            f"node {self.node} ({detail}); restarting it with backoff",

@@ -1,4 +1,4 @@
-"""Clocks: the `Clock` protocol and the system clock.
+"""Clocks: the `Clock` protocol, the system clock, and a loop-driven clock for virtual time.
 
 Owns wall time (for timestamps written to the API) and monotonic time (for intervals).
 Tests pass a clock tied to the event loop so virtual time (looptime) moves both.
@@ -33,6 +33,23 @@ class SystemClock:
             return asyncio.get_running_loop().time()
         except RuntimeError:
             return time.monotonic()
+
+
+class LoopClock:
+    """Wall time that moves with the running loop's clock: `start` when built, plus loop seconds since.
+
+    Under virtual time (looptime) both `now()` and `monotonic()` fast-forward together, so timestamps
+    written to the API, cooldowns and durations agree with the waits. Build it inside the running loop."""
+
+    def __init__(self, start: dt.datetime | None = None) -> None:
+        self._start = start or dt.datetime.now(dt.UTC)
+        self._t0 = asyncio.get_running_loop().time()
+
+    def now(self) -> dt.datetime:
+        return self._start + dt.timedelta(seconds=asyncio.get_running_loop().time() - self._t0)
+
+    def monotonic(self) -> float:
+        return asyncio.get_running_loop().time()
 
 
 def utcnow() -> dt.datetime:

@@ -26,7 +26,7 @@ import collections
 import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +57,9 @@ class TimedClient(client_.KubeClient):
 
     async def request(self, method: str, path: str, *, query: client_.Query | None = None, body: Any = None,
                       content_type: str | None = None, timeout: float | None = None, deadline: float | None = None,
-                      fence: retrying.Fence | None = None, retry: bool = True,
-                      before_retry: Callable[[], Awaitable[Any]] | None = None) -> Any:
+                      fence: retrying.Fence | None = None, retry: bool = True) -> Any:
         result = await super().request(method, path, query=query, body=body, content_type=content_type,
-                                       timeout=timeout, deadline=deadline, fence=fence, retry=retry,
-                                       before_retry=before_retry)
+                                       timeout=timeout, deadline=deadline, fence=fence, retry=retry)
         if method != "GET":
             selector = str(dict(query or {}).get("labelSelector", "")) if isinstance(query, Mapping) else ""
             self.writes.append((time.perf_counter(), method, path, selector))

@@ -24,7 +24,7 @@ from kcover.aio import clock as clock_
 from kcover.detectors import contract
 from kcover.kube import client as client_
 from kcover.kube import retrying
-from kcover.recovery import actions, auditing, executing
+from kcover.recovery import auditing, steps
 
 log = structlog.get_logger()
 
@@ -70,9 +70,9 @@ class Answers:
                 await self.answer(getter.result())
 
     async def answer(self, refusal: contract.Refusal) -> None:
-        about = actions.ObjectRef(refusal.kind, refusal.api_version, refusal.name, refusal.namespace, refusal.uid)
+        about = steps.ObjectRef(refusal.kind, refusal.api_version, refusal.name, refusal.namespace, refusal.uid)
         body = auditing.event_body(about, reason=REASON, action="Refuse", message=refusal.text, warning=True,
-                                   now=self._clock.now(), controller=executing.REPORTING_CONTROLLER,
+                                   now=self._clock.now(), controller=auditing.REPORTING_CONTROLLER,
                                    instance=self._identity)
         if not self._is_leader():
             return

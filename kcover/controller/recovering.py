@@ -1,30 +1,47 @@
-"""The controller's recovery engine, assembled: snapshot, ledger, executor, log sink.
+"""The controller's recovery, assembled: gateway, ledger, coordinator with its hooks, engine.
 
-Owns the default `EngineFactory` of `running.Controller`: it builds `recovery.engine.RecoveryEngine`
-over the cluster cache, the ledger ConfigMap and the executor, hands the executor a log-saving hook
-(`recovery.logsaving.save`), and re-reads the ledger at the start of every leadership epoch so a new
-leader never plans with what it remembered from an earlier term. `resume()` (called by the controller
-when a term starts, and periodically while it leads) waits for the cache, reloads the ledger and has the executor finish restarts an
-earlier leader recorded but did not carry out. It decides nothing itself.
+Owns the default `EngineFactory` of `running.Controller`: `build()` composes the gateway (HTTP with the
+leader's fence, behind the dry-run gateway, which records instead of writing while `recovery.dry_run` is
+on: dry run is that substitution, never a branch in recovery), the ledger, the executors, the hooks in their order
+(counting, records, verification, the node ladder, the breaker latch, and the audit's Events last) and the
+engine, plus the log-saving hook (`recovery.logsaving.save`). `LeaderEngine` is what the controller
+drives: `handle(batch)` while leading, `resume()` at the start of a term and then periodically (the
+engine's `tick`), `background(stop)` for the Recovery writer, `reconfigure()` on reload. The ledger is
+read again at the start of every leadership term, so a new leader never plans with what it remembered
+from an earlier one. It decides nothing itself.
 
-How it fails: as the engine does (errors per event are logged and counted there). A log save that
-fails raises from the hook, and the executor applies `save_logs.proceed_on_failure`.
+How it fails: as the engine does (errors per event are logged and counted there).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kcover import errors, model, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import fleet
-from kcover.kube import caching, retrying
+from kcover.kube import caching, gateway, retrying
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
-from kcover.recovery import actions, engine, ledger, logsaving, overseeing
+from kcover.recovery import (
+    auditing,
+    coordinating,
+    devicetainting,
+    dryrun,
+    engine,
+    escalating,
+    ledger,
+    logsaving,
+    recording,
+    restarting,
+    returning,
+    verifying,
+)
+from kcover.recovery import steps as st
 
 
 @dataclass(frozen=True)
@@ -37,56 +54,57 @@ class EngineDeps:
     metrics: metrics_.Metrics
     clock: clock_.Clock
     is_leader: Callable[[], bool]
-    """The fence: executors check it right before each write and raise `errors.NotLeaderError`."""
     epoch: Callable[[], int]
     """The leadership epoch (`LeaderElector.leadership_epoch`); it changes on every acquisition."""
     identity: str
     fence: retrying.Fence | None = None
-    """Bounds each write attempt to the leader's term (the `LeaderElector`); None without leader election."""
+    """Bounds each write to the leader's term (the `LeaderElector`); None without leader election."""
 
 
 class LeaderEngine:
-    """`RecoveryEngine` plus a ledger reload whenever leadership (its epoch) changed since the last batch."""
+    """The engine as the controller drives it; see the module docstring."""
 
-    def __init__(self, inner: engine.RecoveryEngine, ledger_: ledger.Ledger, epoch: Callable[[], int],
-                 live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None,
-                 overseer: overseeing.Overseer | None = None) -> None:
+    def __init__(self, inner: engine.RecoveryEngine, gw: dryrun.DryRun, recorder: recording.Recorder,
+                 epoch: Callable[[], int], live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.inner = inner
-        self.overseer = overseer
+        self.gateway = gw
+        self.recorder = recorder
         self.faults: fleet.FaultMetrics | None = None
         """`kcover_faults_total`, counted for every event handed to the engine (the leader's)."""
-        """Verification, escalation and controls around the executor; its `tick()` runs on every resume pass."""
-        self.ledger = ledger_
         self._epoch = epoch
         self._live = live
         self._synced = synced
         self._loaded_epoch = -1
 
-    async def _reload(self) -> None:
+    @property
+    def ledger(self) -> ledger.Ledger:
+        return self.inner.ledger
+
+    def _new_term(self) -> None:
+        """A new term (or dry run turned on or off) reads the ledger again: never plan with an earlier term's."""
         epoch = self._epoch()
-        if epoch != self._loaded_epoch:
-            await self.ledger.load()
+        changed = self.gateway.changed()
+        if epoch != self._loaded_epoch or changed:
+            if self._loaded_epoch != -1 or changed:
+                self.inner.ledger.forget()
             self._loaded_epoch = epoch
 
     async def resume(self) -> None:
-        """Start of a term: once the cache is synced, finish what an earlier leader recorded but did not do."""
+        """The leader's periodic pass (and the first of a term): once the cache is synced."""
         if self._synced is not None and not await self._synced():
             return
-        await self._reload()
-        await self.inner.resume()
-        if self.overseer is not None:
-            await self.overseer.tick()
+        self._new_term()
+        await self.inner.tick()
 
     async def background(self, stop: asyncio.Event) -> None:
-        """Work beside the engine, off its critical path: writing the Recovery resources the overseer notes."""
-        if self.overseer is not None:
-            await self.overseer.recorder.run(stop)
+        """Work beside the engine, off its critical path: writing the Recovery resources."""
+        await self.recorder.run(stop)
 
     async def handle(self, events: Sequence[model.CollectorEvent]) -> None:
         if self.faults is not None:
             for event in events:
                 self.faults.count(event)
-        await self._reload()
+        self._new_term()
         await self.inner.handle(events)
 
     def reconfigure(self, recovery: settings.RecoverySettings) -> None:
@@ -97,40 +115,80 @@ class LeaderEngine:
 def build(deps: EngineDeps) -> LeaderEngine:
     """The default engine factory for `running.Controller`."""
     live = _Live(deps.settings.recovery)
-    snap = deps.cache  # the cache is the policy's snapshot: one cluster model
-    ledger_ = ledger.Ledger(deps.client, namespace=live.recovery.ledger_namespace,
-                            name=live.recovery.ledger_name, is_leader=deps.is_leader,
-                            retention_seconds=live.retention_seconds, fence=deps.fence,
-                            layout=live.recovery.ledger_layout.value)
+    rs = live.recovery
+    gw = dryrun.DryRun(gateway.Http(deps.client, fence=deps.fence), active=lambda: live.recovery.dry_run)
+    ledger_ = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,
+                            retention_seconds=live.retention_seconds)
     sink = logsaving.LogSaveMetrics(deps.metrics.registry)
 
-    async def save_logs(workload: actions.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:
+    async def save_logs(workload: st.WorkloadRef, pods: Sequence[proj.Pod]) -> str | None:
+        if gw.dry:
+            return None  # a dry run copies nothing
         result = await logsaving.save(deps.client, workload, [logsaving.from_cache(p) for p in pods],
-                                      settings=live.recovery.save_logs,
-                                      now=deps.clock.now(), metrics=sink)
+                                      settings=live.recovery.save_logs, now=deps.clock.now(), metrics=sink)
         if result.error is not None:
             raise errors.KcoverError(f"saving logs failed: {result.error} (partial copy: {result.path})")
         return result.path
 
-    executor = overseeing.Overseer(deps.client, snap, ledger_, cache=deps.cache, recovery=live.recovery,
-                                   metrics_=deps.metrics, clock=deps.clock, identity=deps.identity,
-                                   is_leader=deps.is_leader, save_logs=save_logs, epoch=deps.epoch,
-                                   fence=deps.fence)
-    inner = engine.RecoveryEngine(None, snap, ledger_, executor, recovery=live.recovery, clock=deps.clock,
-                                  is_leader=deps.is_leader)
-    leader = LeaderEngine(inner, ledger_, deps.epoch, live, synced=deps.cache.wait_synced, overseer=executor)
+    recovery = live.get
+    restarter = restarting.Restarter(gw, ledger_, deps.cache, recovery=recovery, clock=deps.clock,
+                                     identity=deps.identity, epoch=deps.epoch, save_logs=save_logs)
+    devices = devicetainting.DeviceTaints(deps.client, gw, options=lambda: live.recovery.device_taints,
+                                          metrics_=deps.metrics, clock=deps.clock)
+    verify_metrics = verifying.VerifyMetrics(deps.metrics.registry)
+    recorder = recording.Recorder(gw, recording.RecordMetrics(deps.metrics.registry), recovery=recovery,
+                                  clock=deps.clock, identity=deps.identity, is_leader=deps.is_leader)
+    verifier = verifying.Verifier(deps.cache, verify_metrics, settings_=lambda: live.recovery.verify,
+                                  on_end=_on_verified(recorder))
+    coordinator = coordinating.Coordinator(
+        gw, ledger_, restarter=restarter, devices=devices,
+        validations=returning.Validations(gw, deps.cache, recovery=recovery, clock=deps.clock),
+        drainer=escalating.Drainer(gw), recovery=recovery, clock=deps.clock, identity=deps.identity)
+    coordinator.hooks = [
+        coordinating.Counting(deps.metrics, deps.clock, escalation=verify_metrics.steps),
+        recording.Records(recorder, verifying=lambda: live.recovery.verify.enabled),
+        verifying.Verify(verifier, recovery=recovery, now=lambda: deps.clock.now().timestamp()),
+        escalating.Ladder(deps.cache, recovery=recovery),
+        coordinating.Breaker(recovery=recovery, latched=lambda: ledger_.breaker().latched),
+        auditing.Audit(recovery=recovery),
+    ]
+    inner = engine.RecoveryEngine(deps.cache, ledger_, coordinator, recovery=recovery, clock=deps.clock,
+                                  metrics_=deps.metrics, devices=devices, verifier=verifier)
+    leader = LeaderEngine(inner, gw, recorder, deps.epoch, live, synced=deps.cache.wait_synced)
     leader.faults = fleet.FaultMetrics(deps.metrics.registry)
     return leader
 
 
+def _on_verified(recorder: recording.Recorder) -> Callable[[verifying.Record], None]:
+    def on_end(record: verifying.Record) -> None:
+        if record.outcome is verifying.Outcome.STALLED:
+            cause = record.cause.value if record.cause is not None else ""
+            recorder.phase(record.key, recording.Phase.STALLED, at=record.at, cause=cause, message=record.detail)
+        else:
+            finished = record.outcome is verifying.Outcome.FINISHED
+            recorder.phase(record.key, recording.Phase.RECOVERED, at=record.at, mttr_seconds=record.mttr_seconds,
+                           cause="Finished" if finished else "",
+                           message="the workload finished after its restart" if finished else
+                           "every pod Running again with a new uid")
+    return on_end
+
+
 class _Live:
-    """The live recovery settings, shared by the hooks above and replaced on reload."""
+    """The live recovery settings, shared by the parts above and replaced on reload."""
 
     def __init__(self, recovery: settings.RecoverySettings) -> None:
         self.recovery = recovery
 
+    def get(self) -> settings.RecoverySettings:
+        return self.recovery
+
     def retention_seconds(self) -> float:
         """How long the ledger keeps an entry: as long as any check still reads it (budget window, cooldowns)."""
         r = self.recovery
-        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds)
+        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds, r.hold_seconds)
 
+
+def describe(leader: LeaderEngine) -> Mapping[str, Any]:
+    """For diagnostics: what the engine holds in flight."""
+    return {"restarts_in_flight": leader.inner.in_flight_restarts, "held": len(leader.ledger.held()),
+            "pending": len(leader.ledger.pending()), "dry_run": leader.gateway.dry}

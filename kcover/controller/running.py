@@ -34,7 +34,7 @@ from kcover.controller import answering, fleet, recovering
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import caching, leasing, podlogs, retrying
 from kcover.kube import client as client_
-from kcover.recovery import actions, auditing, executing
+from kcover.recovery import auditing, steps
 
 log = structlog.get_logger()
 
@@ -85,7 +85,8 @@ class Controller:
                             block_timeout_seconds=cfg.bus.block_timeout_seconds, clock=self.clock.monotonic)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
-        self.cache = cache or caching.ClusterCache.from_settings(client, cfg.kube)
+        self.cache = cache or caching.ClusterCache.from_settings(
+            client, cfg.kube, controls=(cfg.recovery.ledger_namespace, cfg.recovery.controls_name))
         metrics.registry.register(fleet.FleetCollector(self.cache, condition_type=cfg.agent.condition_type))
         self.answers = answering.Answers(client, clock=self.clock, identity=self.identity, is_leader=self.is_leader)
         """Warning Events answering refused signals (a forged Event), written by the leader."""
@@ -132,11 +133,11 @@ class Controller:
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
         lease = self.settings.lease
-        body = auditing.event_body(actions.ObjectRef("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
+        body = auditing.event_body(steps.ObjectRef("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
                                    reason="KcoverDetectorFailed", action="RunDetector", warning=True,
                                    message=f"{'required' if required else 'optional'} detector {name} failed on "
                                            f"{self.identity} ({detail}); restarting it with backoff",
-                                   now=self.clock.now(), controller=executing.REPORTING_CONTROLLER,
+                                   now=self.clock.now(), controller=auditing.REPORTING_CONTROLLER,
                                    instance=self.identity)
         await self.client.request("POST", f"/api/v1/namespaces/{lease.namespace}/events", body=body)
 

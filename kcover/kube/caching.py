@@ -1,7 +1,7 @@
 """The controller's cluster cache: kcover's one cluster model, indexed and observable.
 
-Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, and each configured
-workload kind), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
+Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, each configured
+workload kind, and for the controller Namespaces and the controls ConfigMap), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
 by node, by owner uid, by membership label; nodes by name; workloads by uid and by (group, kind,
 namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list,
 and none has kept failing since: `Reflector.synced`), and change subscriptions delivered in order, synchronously after the cache was updated. It is the
@@ -24,12 +24,11 @@ import collections
 import enum
 import gc
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from kcover import model
+from kcover import kinds, model
 from kcover import settings as settings_
 from kcover.kube import client as client_
 from kcover.kube import decoding, gpus, ownership, watching
@@ -44,43 +43,13 @@ class Kind(enum.StrEnum):
     WORKLOAD = "Workload"
     EVENT = "Event"
     RESOURCE_SLICE = "ResourceSlice"
+    NAMESPACE = "Namespace"
+    CONTROLS = "Controls"
 
 
-@dataclass(frozen=True)
-class WorkloadKind:
-    kind: str
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-    @property
-    def path(self) -> str:
-        return f"/apis/{self.group}/{self.version}/{self.plural}"
-
-    @property
-    def key(self) -> str:
-        """`plural.group`, as settings name it: `pytorchjobs.kubeflow.org`, `jobs.batch`."""
-        return f"{self.plural}.{self.group}"
-
-
-WORKLOAD_KINDS: tuple[WorkloadKind, ...] = (
-    WorkloadKind("Job", "batch", "v1", "jobs"),
-    WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
-    WorkloadKind("TFJob", "kubeflow.org", "v1", "tfjobs"),
-    WorkloadKind("MPIJob", "kubeflow.org", "v1", "mpijobs"),
-    WorkloadKind("PaddleJob", "kubeflow.org", "v1", "paddlejobs"),
-    WorkloadKind("XGBoostJob", "kubeflow.org", "v1", "xgboostjobs"),
-    WorkloadKind("JAXJob", "kubeflow.org", "v1", "jaxjobs"),
-    WorkloadKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets"),
-    WorkloadKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-    WorkloadKind("Job", "batch.volcano.sh", "v1alpha1", "jobs"),
-    WorkloadKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-)
-"""Every workload kind DESIGN.md names (storage versions of the CRDs kcover is tested with)."""
+WorkloadKind = kinds.WorkloadKind
+WORKLOAD_KINDS: tuple[WorkloadKind, ...] = kinds.KINDS
+"""Every workload kind kcover restarts (`kinds.KINDS`)."""
 
 
 def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Callable[[Mapping[str, Any]], Any]:
@@ -93,11 +62,11 @@ def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Cal
     return typed
 
 
-DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = tuple(k.key for k in WORKLOAD_KINDS)
+DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = kinds.DEFAULT_KEYS
 
 RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
-Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice
+Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice | proj.Namespace | proj.ConfigMap
 Change = tuple[Kind, Any, Any]
 """(kind, old, new): old None on add, new None on delete."""
 Callback = Callable[[Kind, Any, Any], None]
@@ -105,13 +74,7 @@ Callback = Callable[[Kind, Any, Any], None]
 
 def workload_kinds(keys: Iterable[str]) -> tuple[WorkloadKind, ...]:
     """Resolve `plural.group` keys against the known kinds; unknown keys raise ValueError."""
-    known = {k.key: k for k in WORKLOAD_KINDS}
-    out = []
-    for key in keys:
-        if key not in known:
-            raise ValueError(f"unknown workload kind {key!r}; known: {sorted(known)}")
-        out.append(known[key])
-    return tuple(out)
+    return tuple(kinds.by_key(key) for key in keys)
 
 
 class ChangeStream:
@@ -152,8 +115,11 @@ class ClusterCache:
 
     def __init__(self, kube: client_.KubeClient | None, *, workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
                  watch_events: bool = True, options: watching.ReflectorOptions | None = None,
-                 freeze_gc: bool = False, gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> None:
-        """`kube` None: an offline cache, filled only through `load()` (see `offline()`)."""
+                 freeze_gc: bool = False, gpu_rule: gpus.GpuRule = gpus.DEFAULT,
+                 controls: tuple[str, str] | None = None) -> None:
+        """`kube` None: an offline cache, filled only through `load()` (see `offline()`). `controls`:
+        (namespace, name) of the controls ConfigMap to watch (the recovery's pause and reset requests);
+        None watches none (the agent's cache, tools)."""
         self.freeze_gc = freeze_gc
         """After the first full sync, `gc.freeze()` the process: the cyclic GC then never rescans the
         cached objects (they hold no cycles), which at 150,000 pods removes pauses of a second that
@@ -165,6 +131,10 @@ class ClusterCache:
         self.workloads: dict[str, proj.Workload] = {}
         self.events: dict[str, proj.KubeEvent] = {}
         self.resource_slices: dict[str, proj.ResourceSlice] = {}
+        self.namespaces: dict[str, proj.Namespace] = {}
+        """Namespace name -> its projection (pause and opt-in labels and annotations)."""
+        self.controls_map: proj.ConfigMap | None = None
+        self.controls_ref = controls
         self._pod_by_name: dict[tuple[str, str], str] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._pods_by_owner: dict[str, set[str]] = {}
@@ -190,18 +160,25 @@ class ClusterCache:
         for wk in workload_kinds:
             self._reflect(kube, wk.path, _typed(proj.workload, wk), self._on_workload, wk.key, (wk.group, wk.kind),
                           options)
+        if controls is not None:
+            self._reflect(kube, "/api/v1/namespaces", proj.namespace, self._on_namespace, "namespaces",
+                          ("", "Namespace"), options)
+            self._reflect(kube, f"/api/v1/namespaces/{controls[0]}/configmaps", proj.config_map, self._on_controls,
+                          "controls", ("", "ConfigMap"), options, query={"fieldSelector": f"metadata.name={controls[1]}"})
 
     def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],
-                 options: watching.ReflectorOptions | None) -> watching.Reflector[Any]:
+                 options: watching.ReflectorOptions | None,
+                 query: Mapping[str, str] | None = None) -> watching.Reflector[Any]:
         reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
-                                                                options=options, kind=route[1])
+                                                                options=options, query=query, kind=route[1])
         self.reflectors.append(reflector)
         self._routes[route] = reflector
         return reflector
 
     @classmethod
-    def from_settings(cls, kube: client_.KubeClient, kube_settings: settings_.KubeSettings) -> ClusterCache:
+    def from_settings(cls, kube: client_.KubeClient, kube_settings: settings_.KubeSettings, *,
+                      controls: tuple[str, str] | None = None) -> ClusterCache:
         s = kube_settings
         options = watching.ReflectorOptions(
             page_size=s.page_size, watch_timeout_seconds=s.watch_timeout_seconds,
@@ -211,14 +188,15 @@ class ClusterCache:
             request_timeout_seconds=max(s.request_timeout_seconds, 60.0), stall_seconds=s.stall_seconds)
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
                    options=options, freeze_gc=s.gc_freeze_after_sync,
-                   gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers))
+                   gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers), controls=controls)
 
     @classmethod
     def offline(cls, objects: Iterable[Mapping[str, Any]] = (), *,
                 workload_kinds: Sequence[WorkloadKind] = WORKLOAD_KINDS,
-                gpu_rule: gpus.GpuRule = gpus.DEFAULT) -> ClusterCache:
+                gpu_rule: gpus.GpuRule = gpus.DEFAULT,
+                controls: tuple[str, str] | None = ("kcover-system", "kcover-controls")) -> ClusterCache:
         """A synced cache holding `objects` (raw API dicts), built without I/O: see `load()`."""
-        cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule)
+        cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule, controls=controls)
         cache.load(objects)
         return cache
 
@@ -376,6 +354,19 @@ class ClusterCache:
             self.events[new.uid] = new
         self._notify(Kind.EVENT, old, new)
 
+    def _on_namespace(self, old: proj.Namespace | None, new: proj.Namespace | None) -> None:
+        if old is not None:
+            self.namespaces.pop(old.name, None)
+        if new is not None:
+            self.namespaces[new.name] = new
+        self._notify(Kind.NAMESPACE, old, new)
+
+    def _on_controls(self, old: proj.ConfigMap | None, new: proj.ConfigMap | None) -> None:
+        if (new or old) is not None and ((new or old).namespace, (new or old).name) != self.controls_ref:  # type: ignore[union-attr]
+            return  # an offline load of another ConfigMap (the server-side field selector keeps these out)
+        self.controls_map = new
+        self._notify(Kind.CONTROLS, old, new)
+
     def _on_slice(self, old: proj.ResourceSlice | None, new: proj.ResourceSlice | None) -> None:
         if old is not None:
             del self.resource_slices[old.uid]
@@ -429,11 +420,11 @@ class ClusterCache:
             todo.extend(self._workloads_by_owner.get(uid, ()))
         w = self.workloads.get(workload_uid)
         if w is not None:
-            for label, (group, kind) in proj.MEMBERSHIP_LABELS.items():
-                if kind and (group, kind) == (w.group, w.kind):
-                    for p in self.pods_with_label(w.namespace, label, w.name):
-                        if p.uid not in out and self._in_chain(p, workload_uid):
-                            out[p.uid] = p
+            table = kinds.of(w.group, w.kind)
+            if table is not None:
+                for p in self.pods_with_label(w.namespace, table.membership_label, w.name):
+                    if p.uid not in out and self._in_chain(p, workload_uid):
+                        out[p.uid] = p
         return sorted(out.values(), key=lambda p: (p.namespace, p.name))
 
     def _in_chain(self, pod: proj.Pod, workload_uid: str) -> bool:
@@ -442,6 +433,13 @@ class ClusterCache:
 
     def node(self, name: str) -> proj.Node | None:
         return self.nodes.get(name)
+
+    def namespace(self, name: str) -> proj.Namespace | None:
+        return self.namespaces.get(name)
+
+    def controls(self) -> proj.ConfigMap | None:
+        """The controls ConfigMap (`recovery.controls_name`), or None when it does not exist or is not watched."""
+        return self.controls_map
 
     def workload(self, uid: str) -> proj.Workload | None:
         return self.workloads.get(uid)
@@ -508,7 +506,7 @@ class ClusterCache:
         return sorted(n.name for n in self.nodes.values() if n.cordoned_by_kcover)
 
 
-INDEXED_LABELS = frozenset((*proj.MEMBERSHIP_LABELS, "batch.kubernetes.io/controller-uid", "controller-uid"))
+INDEXED_LABELS = kinds.INDEXED_LABELS
 """Pod labels with an index (namespace, key, value): those a restart selector starts with."""
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ def error_from(status: int, body: bytes, headers: Mapping[str, str]) -> errors.K
 class KubeClient:
     """Raw-JSON access to one API server. Create with `connect()` or `from_configuration()`."""
 
-    def __init__(self, api: transport.Transport, *, request_timeout: float = 30.0,
+    def __init__(self, api: transport.Sender, *, request_timeout: float = 30.0,
                  retry: retrying.Policy = retrying.DEFAULT) -> None:
         self._api = api
         self.request_timeout = request_timeout
@@ -135,7 +135,7 @@ class KubeClient:
         await self.close()
 
     async def _send(self, method: str, path: str, *, query: Query | None, body: Any,
-                    content_type: str | None, timeout: float | aiohttp.ClientTimeout | None) -> aiohttp.ClientResponse:
+                    content_type: str | None, timeout: float | aiohttp.ClientTimeout | None) -> transport.Response:
         pairs = [(k, _qs(v)) for k, v in (query.items() if isinstance(query, Mapping) else (query or ()))]
         headers = {"Accept": "application/json", "Content-Type": content_type or JSON}
         self.request_counts[f"{_verb(method, path, dict(pairs))} {resource_of(path)}"] += 1
@@ -148,21 +148,19 @@ class KubeClient:
 
     async def request(self, method: str, path: str, *, query: Query | None = None, body: Any = None,
                       content_type: str | None = None, timeout: float | None = None,
-                      deadline: float | None = None, fence: retrying.Fence | None = None, retry: bool = True,
-                      before_retry: Callable[[], Awaitable[Any]] | None = None) -> Any:
+                      deadline: float | None = None, fence: retrying.Fence | None = None, retry: bool = True) -> Any:
         """One request, retried as `self.retry` says; returns parsed JSON (or text for text/plain).
 
         `timeout` bounds each attempt (default `request_timeout`), `deadline` all of them (default
         `self.retry.deadline_seconds`); `fence` bounds each attempt of a leader's
         write to its term (and refuses it with `errors.NotLeaderError` once over); `retry=False` makes one
-        attempt; `before_retry` (see `retrying.call`) lets a caller whose request is not idempotent check
-        first. Raises KubeError subclasses."""
+        attempt. Raises KubeError subclasses."""
         policy = self.retry if retry else retrying.NO_RETRY
         return await retrying.call(
             lambda budget: self._once(method, path, query=query, body=body, content_type=content_type,
                                       timeout=budget),
             policy=policy, timeout=timeout if timeout is not None else self.request_timeout,
-            what=f"{method} {resource_of(path)}", deadline_seconds=deadline, fence=fence, before_retry=before_retry, stats=self.retry_stats)
+            what=f"{method} {resource_of(path)}", deadline_seconds=deadline, fence=fence, stats=self.retry_stats)
 
     async def _once(self, method: str, path: str, *, query: Query | None, body: Any, content_type: str | None,
                     timeout: float) -> Any:
@@ -200,7 +198,7 @@ class KubeClient:
             return data.decode("utf-8", "replace")
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, *, query: Query, read_timeout: float) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def stream(self, path: str, *, query: Query, read_timeout: float) -> AsyncIterator[transport.Response]:
         """Open a watch; yields the response whose `.content` gives one JSON document per line."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout, sock_read=read_timeout)
         response = await self._send("GET", path, query=query, body=None, content_type=None, timeout=timeout)

@@ -1,6 +1,6 @@
 """Who owns a pod, and whether it opted in: the one answer detectors, policy and executors share.
 
-Owns the workload kinds kcover restarts (`Family`), owner resolution from a pod up through controller
+Owns owner resolution (the kinds themselves are `kcover.kinds`'), from a pod up through controller
 ownerReferences with uid checks (`resolve`), the membership labels it may fall back on where an
 intermediate controller is not cached, and the opt-in rule.
 
@@ -28,53 +28,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kcover import kinds
 from kcover.kube import projections as proj
 
-KUBEFLOW_GROUP = "kubeflow.org"
-KUBEFLOW_KINDS = frozenset({"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob"})
-TRAINER_GROUP = "trainer.kubeflow.org"
-JOBSET_GROUP = "jobset.x-k8s.io"
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
-VOLCANO_GROUP = "batch.volcano.sh"
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+KUBEFLOW_GROUP = kinds.KUBEFLOW_GROUP
+TRAINER_GROUP = kinds.TRAINER_GROUP
+JOBSET_GROUP = kinds.JOBSET_GROUP
+JOBSET_NAME = kinds.JOBSET_NAME
+JOBSET_UID = kinds.JOBSET_UID
+VOLCANO_GROUP = kinds.VOLCANO_GROUP
+LWS_GROUP = kinds.LWS_GROUP
+LWS_NAME = kinds.LWS_NAME
 
 MAX_OWNER_DEPTH = 6
 """Longest controller chain followed (LWS worker pod -> StatefulSet -> leader Pod -> StatefulSet -> LWS)."""
 
 
-class Family(enum.StrEnum):
-    KUBEFLOW_V1 = "kubeflow-v1"
-    TRAINJOB = "trainjob"
-    JOBSET = "jobset"
-    VOLCANO = "volcano"
-    LWS = "leaderworkerset"
-    BATCH_JOB = "batch-job"
-
-
-_FAMILIES = {
-    (TRAINER_GROUP, "TrainJob"): Family.TRAINJOB,
-    (JOBSET_GROUP, "JobSet"): Family.JOBSET,
-    (VOLCANO_GROUP, "Job"): Family.VOLCANO,
-    (LWS_GROUP, "LeaderWorkerSet"): Family.LWS,
-    ("batch", "Job"): Family.BATCH_JOB,
-}
-
-
-def family(group: str, kind: str) -> Family | None:
-    """The restartable family of a (group, kind), or None."""
-    if group == KUBEFLOW_GROUP and kind in KUBEFLOW_KINDS:
-        return Family.KUBEFLOW_V1
-    return _FAMILIES.get((group, kind))
-
-
-_INTERMEDIATE = frozenset({("apps", "StatefulSet"), ("", "Pod")})
-"""Kinds followed upwards but never restarted themselves (the LWS chain)."""
-
-
-def followable(group: str, kind: str) -> bool:
-    return family(group, kind) is not None or (group, kind) in _INTERMEDIATE
+Family = kinds.Family
+family = kinds.family
+followable = kinds.followable
 
 
 class Lookup(Protocol):

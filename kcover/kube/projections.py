@@ -18,6 +18,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from kcover import kinds
+
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
 NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
@@ -36,30 +38,12 @@ KEEP_CORDONED = "kcover.io/keep-cordoned"
 """`true` on a Node kcover cordoned: a person keeps it cordoned; kcover never makes it schedulable again."""
 KCOVER_PREFIX = "kcover.io/"
 
-MEMBERSHIP_LABELS: Mapping[str, tuple[str, str]] = {
-    "training.kubeflow.org/job-name": ("kubeflow.org", ""),
-    "jobset.sigs.k8s.io/jobset-name": ("jobset.x-k8s.io", "JobSet"),
-    "volcano.sh/job-name": ("batch.volcano.sh", "Job"),
-    "leaderworkerset.sigs.k8s.io/name": ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
-    "batch.kubernetes.io/job-name": ("batch", "Job"),
-}
-"""Workload membership label -> (API group, kind) of the workload it names (kind "" = any Kubeflow v1 kind)."""
-
-NARROWING_LABELS = frozenset({
-    "training.kubeflow.org/operator-name",  # Kubeflow v1: which operator, to tell same-named jobs apart
-    "jobset.sigs.k8s.io/jobset-uid",  # JobSet: uid-bearing
-    "volcano.sh/job-namespace",
-    "leaderworkerset.sigs.k8s.io/group-index",  # LWS: restart one group, not all of them
-    "batch.kubernetes.io/controller-uid",  # batch/v1 Job: uid-bearing
-    "controller-uid",  # batch/v1 Job before 1.27
-})
-"""Labels the restart selectors use besides membership: kept so selectors can be built from the cache."""
-
 IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/component"})
 """Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
 about a Node only when an agent pod runs on that node."""
 
-KEPT_POD_LABELS = frozenset((*MEMBERSHIP_LABELS, *NARROWING_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
+KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
+"""Pod labels the cache keeps: those restart selectors use (`kinds`), the identity labels and the opt-in label."""
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
@@ -125,6 +109,8 @@ class Pod(NamedTuple):
     """Init containers first (`init=True`), then regular ones."""
     unschedulable: str = ""
     """The scheduler's message while the pod's `PodScheduled` condition is False (reason `Unschedulable`)."""
+    created: str = ""
+    """`metadata.creationTimestamp`: a restart removes only pods created before it was recorded."""
     devices: tuple[str, ...] = ()
     """The extended resources its containers' limits or requests name (`nvidia.com/gpu`, ...), and
     `DRA_CLAIMS` when it has DRA resource claims: what devices it may hold (`gpus.GpuRule.holds_gpus`)."""
@@ -133,6 +119,11 @@ class Pod(NamedTuple):
     def deleting(self) -> bool:
         """`deletionTimestamp` is set: the pod is terminating."""
         return bool(self.deletion_timestamp)
+
+    @property
+    def terminal(self) -> bool:
+        """Phase Succeeded or Failed: its controller has counted it; a restart leaves it alone."""
+        return self.phase in ("Succeeded", "Failed")
 
 
 class Taint(NamedTuple):
@@ -191,6 +182,28 @@ class Workload(NamedTuple):
     @property
     def group(self) -> str:
         return group_of(self.api_version)
+
+
+class Namespace(NamedTuple):
+    """A Namespace: its kcover.io/ labels and annotations (pause, opt-in)."""
+
+    uid: str
+    rv: str
+    name: str
+    labels: Pairs
+    """Only labels whose key starts with `kcover.io/`."""
+    annotations: Pairs
+    """Only annotations whose key starts with `kcover.io/`."""
+
+
+class ConfigMap(NamedTuple):
+    """The controls ConfigMap: its kcover.io/ annotations (the global pause, a breaker reset request)."""
+
+    uid: str
+    rv: str
+    namespace: str
+    name: str
+    annotations: Pairs
 
 
 class ResourceSlice(NamedTuple):
@@ -348,6 +361,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
         containers=containers,
         unschedulable=_unschedulable(status),
+        created=_s(meta.get("creationTimestamp")),
         devices=_devices(spec),
     )
 
@@ -413,37 +427,13 @@ def node(raw: Mapping[str, Any]) -> Node:
 _TERMINAL = frozenset(("Succeeded", "Failed", "Complete", "Completed"))
 
 
-def _restart_fields(kind: str, group: str, spec: Mapping[str, Any]) -> tuple[Pairs, int | None]:
-    if group == "batch" and kind == "Job":
-        policy = _s(_d(_d(_d(spec.get("template")).get("spec"))).get("restartPolicy"))
-        limit = spec.get("backoffLimit")
-        return ((("template", _intern(policy)),) if policy else ()), (_i(limit) if limit is not None else None)
-    if group == "kubeflow.org":
-        out = []
-        for key, value in spec.items():
-            if key.endswith("ReplicaSpecs") and isinstance(value, dict):
-                for replica, rspec in value.items():  # "" = unset, which the operator defaults
-                    out.append((_intern(replica), _intern(_s(_d(rspec).get("restartPolicy")))))
-        out.sort()
-        limit = _d(spec.get("runPolicy")).get("backoffLimit")
-        return tuple(out), (_i(limit) if limit is not None else None)
-    if group == "jobset.x-k8s.io":
-        limit = _d(spec.get("failurePolicy")).get("maxRestarts")
-        return (), (_i(limit) if limit is not None else None)
-    if group == "batch.volcano.sh":
-        limit = spec.get("maxRetry")
-        return (), (_i(limit) if limit is not None else None)
-    if group == "leaderworkerset.x-k8s.io":
-        policy = _s(_d(spec.get("leaderWorkerTemplate")).get("restartPolicy"))
-        return ((("group", _intern(policy)),) if policy else ()), None
-    return (), None
-
-
 def workload(raw: Mapping[str, Any]) -> Workload:
     meta = _d(raw.get("metadata"))
     kind = _intern(_s(raw.get("kind")))
     api_version = _intern(_s(raw.get("apiVersion")))
-    policies, max_restarts = _restart_fields(kind, group_of(api_version), _d(raw.get("spec")))
+    table = kinds.of(group_of(api_version), kind)
+    policies, max_restarts = table.restart_fields(_d(raw.get("spec"))) if table is not None else ((), None)
+    policies = tuple((_intern(k), _intern(v)) for k, v in policies)
     conditions = _l(_d(raw.get("status")).get("conditions"))
     finished = any(_d(c).get("type") in _TERMINAL and _d(c).get("status") == "True" for c in conditions)
     return Workload(
@@ -460,6 +450,20 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         max_restarts=max_restarts,
         finished=finished,
     )
+
+
+def namespace(raw: Mapping[str, Any]) -> Namespace:
+    meta = _d(raw.get("metadata"))
+    return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
+                     labels=_kept(meta.get("labels"), prefix=KCOVER_PREFIX),
+                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+
+
+def config_map(raw: Mapping[str, Any]) -> ConfigMap:
+    meta = _d(raw.get("metadata"))
+    return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
+                     namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
+                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
 
 
 def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:

@@ -10,9 +10,9 @@ A `Fence` bounds writes made on behalf of a leader: before every attempt it is a
 writer may still write, and each attempt's timeout stays below that, so no attempt the client still
 waits for outlives the leader's term. A fence that says 0 raises `errors.NotLeaderError`.
 
-It does not decide whether a request is safe to repeat: callers whose request is not idempotent pass
-`before_retry`, which may end the loop with a result (the DeleteCollection of a restart checks
-whether its pods are already gone) or raise.
+It does not decide whether a request is safe to repeat: every write kcover makes is idempotent
+or preconditioned (a uid or a resourceVersion), so repeating one whose answer was lost is harmless.
+Deadlines are measured on the event loop's clock, so virtual time (looptime) moves them.
 
 How it fails: the last error once the deadline leaves no room for another attempt; anything not
 retryable at once, unchanged.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -118,17 +117,20 @@ def delay_for(exc: errors.KubeError, back: backoff.Backoff, policy: Policy, rng:
     return back.next_delay()
 
 
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, timeout: float, what: str,
-               deadline_seconds: float | None = None, fence: Fence | None = None, before_retry: Callable[[], Awaitable[T | None]] | None = None,
+               deadline_seconds: float | None = None, fence: Fence | None = None,
                stats: Stats | None = None, rng: random.Random | None = None,
-               monotonic: Callable[[], float] = time.monotonic) -> T:
+               monotonic: Callable[[], float] = _loop_time) -> T:
     """Run `attempt(timeout_seconds)` until it succeeds, fails for good, or the deadline passes.
 
     `timeout` bounds one attempt; `deadline_seconds` (default `policy.deadline_seconds`) all of them and
     the waits between them: the first attempt is always made, with the whole `timeout`. A caller that bounds the call from outside
     (`asyncio.timeout`) passes its bound here too: when both expire together, the HTTP library may turn
     the outer cancellation into its own timeout error, and only this deadline then ends the loop.
-    `before_retry()` runs before each retry; a result other than None ends the loop with that result.
     """
     back: backoff.Backoff | None = None  # with its jitter source, built at the first retry: most calls make none
     jitter = rng
@@ -143,10 +145,6 @@ async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, time
                 raise errors.NotLeaderError(f"{what}: not leading, write refused")
             budget = min(budget, left)
         try:
-            if not first and before_retry is not None:
-                done = await before_retry()
-                if done is not None:
-                    return done
             return await attempt(max(budget, MIN_ATTEMPT_SECONDS))
         except errors.KubeError as exc:
             if _cancelling():

@@ -9,6 +9,9 @@ an `exec` plugin or an `auth-provider` is handed to kubernetes-asyncio's loader,
 its client package loads hundreds of generated modules (about 140 ms and 35 MiB), which the roles,
 running in-cluster, never pay.
 
+`Sender` is what a `KubeClient` sends through: `Transport` here, or the simulated cluster's
+in-process transport (`kcover.sim.inprocess`), which tests and the playground use with no socket.
+
 It does not interpret responses (`client.py` maps errors and parses JSON) and does not retry
 (`retrying`). How it fails: `errors.ConfigError` for credentials that cannot be used; aiohttp errors
 and timeouts from `send` propagate to the caller.
@@ -24,7 +27,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import aiohttp
@@ -42,6 +46,60 @@ READ_BUFFER_BYTES = 2**21
 
 TokenSource = Callable[[], Awaitable[str]]
 """Returns the `Authorization` header's value ("Bearer ..."), or "" for none."""
+
+
+class Body(Protocol):
+    """A response body as the client reads it (aiohttp's `StreamReader` has these)."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+    def iter_any(self) -> Any:
+        """Async iterator over chunks as they arrive."""
+        ...
+
+    def __aiter__(self) -> Any:
+        """Async iterator over lines."""
+        ...
+
+
+class Response(Protocol):
+    """The part of `aiohttp.ClientResponse` the client uses."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content_type(self) -> str: ...
+
+    @property
+    def content(self) -> Body: ...
+
+    async def read(self) -> bytes: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> Any: ...
+
+
+class Sender(Protocol):
+    """Sends one request to one API server (`Transport`, or the simulated cluster's in-process transport)."""
+
+    @property
+    def host(self) -> str: ...
+
+    async def send(self, method: str, path: str, *, query: Sequence[tuple[str, str]], headers: Mapping[str, str],
+                   body: Any, timeout: float | aiohttp.ClientTimeout | None) -> Response: ...
+
+    async def close(self) -> None: ...
+
+    def fork(self) -> Sender:
+        """The same server and credentials for another event loop (a thread); raises `errors.KcoverError`
+        where that cannot be."""
+        ...
 
 
 class FileToken:

@@ -1,27 +1,33 @@
-"""The Kubernetes Events kcover leaves on every object it acts on or refuses to act on.
+"""The audit: the Kubernetes Event kcover leaves on every object it acted on or refused to act on.
 
-Owns the shape of one core/v1 Event with `eventTime` (MicroTime, six fractional digits), the
-reporting component and instance, and the API server's length limits (reason and action 128,
-message 1,024). Pure: the executor writes what this builds.
+Owns `Audit`, a coordinator hook that turns an outcome into the `Emit` step of its Event (reason a person
+can grep, a message saying what was done and why), and `event_body`, the core/v1 Event with `eventTime`
+(MicroTime, six fractional digits), the reporting component and instance, and the API server's length
+limits (reason and action 128, message 1,024). Routine refusals (`steps.ROUTINE`) and no-op outcomes
+write nothing, so a 1,000-pod job failing at once writes one Event, not 1,000. The Events of a dry run are
+rewritten by its gateway (`dryrun`). Pure: the coordinator writes what this returns.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Callable
 
-from kcover import model
+from kcover import kinds, model, settings
 from kcover.aio import clock as clock_
-from kcover.recovery import actions
+from kcover.kube import gateway
+from kcover.recovery import steps as st
+
+REPORTING_CONTROLLER = "kcover.io/controller"
 
 
-def event_body(about: actions.ObjectRef, *, reason: str, action: str, message: str, warning: bool,
-               now: dt.datetime, controller: str, instance: str) -> dict[str, Any]:
+def event_body(about: st.ObjectRef, *, reason: str, action: str, message: str, warning: bool,
+               now: dt.datetime, controller: str, instance: str) -> gateway.EventBody:
     """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects)."""
     namespace = about.namespace or "default"
-    involved: dict[str, Any] = {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
-                                "uid": about.uid}
+    involved: gateway.ObjectRefBody = {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
+                                       "uid": about.uid}
     if about.namespace:
         involved["namespace"] = about.namespace
     return {
@@ -34,3 +40,147 @@ def event_body(about: actions.ObjectRef, *, reason: str, action: str, message: s
         "eventTime": clock_.micro_time(now),
         "reportingComponent": controller, "reportingInstance": model.fit(instance, model.NAME_MAX, suffix=""),
     }
+
+
+def _fault(cause: model.CollectorEvent | None) -> str:
+    if cause is None:
+        return "a fault"
+    return f"{cause.reason} from {cause.detector} on {cause.target.describe()}"
+
+
+def _why(cause: model.CollectorEvent | None) -> str:
+    if cause is None:
+        return ""
+    return f"after {_fault(cause)}" + (f": {cause.message}" if cause.message else "")
+
+
+def _verb(step: st.Restart) -> str:
+    return "evicted" if step.removal is kinds.Removal.EVICT else "deleted"
+
+
+def about_of(step: st.Step) -> st.ObjectRef | None:
+    """The object a step's Event goes on."""
+    if isinstance(step, st.Restart | st.Hold):
+        return (step.restart if isinstance(step, st.Hold) else step).workload
+    if isinstance(step, st.Resume):
+        return step.restart.workload if step.restart is not None else None
+    if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice | st.Drain | st.RequestRemediation
+                  | st.RequestValidation):
+        return st.node_ref(step.node)
+    if isinstance(step, st.Refuse | st.Report):
+        return step.about
+    if isinstance(step, st.CallPerson):
+        return step.about
+    return None
+
+
+class Audit:
+    """The coordinator hook writing the Event of every outcome a person needs to see."""
+
+    def __init__(self, *, recovery: Callable[[], settings.RecoverySettings]) -> None:
+        self._recovery = recovery
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
+        if isinstance(step, st.Emit):
+            return []
+        emit = self._emit(step, outcome)
+        return [emit] if emit is not None else []
+
+    def _emit(self, step: st.Step, outcome: st.Outcome) -> st.Emit | None:
+        rs = self._recovery()
+        about = about_of(step)
+        if isinstance(outcome, st.Refused):
+            if outcome.code is st.Code.INTENT_REFUSED and isinstance(step, st.Resume):
+                ledger_ref = st.ObjectRef("LedgerEntry", "kcover.io/v1alpha1", step.key, rs.ledger_namespace)
+                return st.Emit(ledger_ref, "KcoverIntentRefused", "RestartWorkload",
+                               f"dropped the pending restart {step.intent.id} under {step.key} (recorded by "
+                               f"{step.intent.leader or 'unknown'}): {outcome.text}; nothing was removed")
+            if not outcome.audit or (isinstance(step, st.Refuse) and not step.audit) or about is None:
+                return None
+            return st.Emit(about, "KcoverRecoverySkipped", "Skip",
+                           f"{outcome.code.value}: {outcome.text} (fault {_fault(st.cause_of(step))})")
+        if isinstance(outcome, st.Held):
+            assert isinstance(step, st.Hold)
+            until = clock_.rfc3339(dt.datetime.fromtimestamp(outcome.until, dt.UTC))
+            return st.Emit(step.restart.workload, "KcoverRecoveryHeld", "Hold",
+                           f"{step.restart.what} is held ({outcome.code.value}: {outcome.text}); kcover restarts it "
+                           f"once that lifts, unless it recovers by itself, until {until} {_why(step.cause)}")
+        if isinstance(outcome, st.Failed):
+            if isinstance(step, st.Resume) and step.restart is not None:
+                return st.Emit(step.restart.workload, "KcoverRecoveryFailed", "RestartWorkload",
+                               f"could not restart {step.restart.what} within {rs.workload_cooldown_seconds:.0f}s "
+                               f"({outcome.error}); the restart was not counted against its budget. Fault: "
+                               f"{step.intent.message}")
+            return None  # a failed attempt: the intent stays pending and the resume pass tries again
+        assert isinstance(outcome, st.Done)
+        if outcome.noop:
+            return None
+        return self._done(step, outcome)
+
+    def _done(self, step: st.Step, outcome: st.Done) -> st.Emit | None:
+        rs = self._recovery()
+        saved = f"; {outcome.detail}" if outcome.detail else ""
+        if isinstance(step, st.Restart):
+            return st.Emit(step.workload, "KcoverRestartedWorkload", "RestartWorkload",
+                           f"restarted {step.what}: {_verb(step)} {outcome.removed} pods "
+                           f"({step.selector.render()}) {_why(step.cause)}{saved}")
+        if isinstance(step, st.Resume) and step.restart is not None:
+            r = step.restart
+            recorded = clock_.rfc3339(dt.datetime.fromtimestamp(step.intent.at, dt.UTC))
+            return st.Emit(r.workload, "KcoverRestartedWorkload", "RestartWorkload",
+                           f"restarted {r.what}: {_verb(r)} {outcome.removed} pods ({r.selector.render()}), "
+                           f"finishing the restart {step.intent.leader} recorded at {recorded} after "
+                           f"{step.intent.message}{saved}")
+        if isinstance(step, st.Cordon):
+            return st.Emit(st.node_ref(step.node), "KcoverCordonedNode", "CordonNode",
+                           f"cordoned Node {step.node} (taint {rs.taint_key}) {_why(step.cause)}")
+        if isinstance(step, st.Uncordon):
+            if outcome.detail:
+                return st.Emit(st.node_ref(step.node), "KcoverCordonHandedOver", "HandOver",
+                               f"Node {step.node}: its fault cleared, but {outcome.detail}; kcover removed only its "
+                               "own taint and annotations and left the node as the person left it", warning=False)
+            return st.Emit(st.node_ref(step.node), "KcoverUncordonedNode", "UncordonNode",
+                           f"un-cordoned Node {step.node}: its fault cleared", warning=False)
+        if isinstance(step, st.TaintDevice):
+            return st.Emit(st.node_ref(step.node), "KcoverTaintedDevice", "TaintDevice",
+                           f"tainted device {step.device.resource_id} on Node {step.node} "
+                           f"({rs.device_taints.effect.value}, DeviceTaintRule {outcome.detail}); the node stays "
+                           f"schedulable: {step.reason}")
+        if isinstance(step, st.UntaintDevice):
+            return st.Emit(st.node_ref(step.node) if step.node else st.ObjectRef("DeviceTaintRule",
+                                                                                 "resource.k8s.io/v1", outcome.detail),
+                           "KcoverUntaintedDevice", "UntaintDevice",
+                           f"removed kcover's DeviceTaintRule of device {step.device.resource_id}"
+                           + (f" on Node {step.node}" if step.node else "") + ": the device is healthy again",
+                           warning=False)
+        if isinstance(step, st.Report) and step.about is not None:
+            return st.Emit(step.about, "KcoverFaultReported", "Report", f"{step.cause.detector} reported {step.text}")
+        if isinstance(step, st.Drain):
+            return st.Emit(st.node_ref(step.node), "KcoverEscalated", "Drain", outcome.detail)
+        if isinstance(step, st.RequestRemediation):
+            if step.requested:
+                return st.Emit(st.node_ref(step.node), "KcoverEscalated", "RequestRemediation",
+                               f"asked for remediation of Node {step.node}: label kcover.io/remediation-requested=true "
+                               f"and condition KcoverRemediationRequested=True ({step.message})")
+            return None
+        if isinstance(step, st.CallPerson):
+            return st.Emit(step.about, "KcoverEscalated", "Person", step.message)
+        if isinstance(step, st.RequestValidation):
+            return st.Emit(st.node_ref(step.node), "KcoverValidation", "RequestValidation",
+                           f"before returning Node {step.node} to service kcover asked its agent to run "
+                           f"{outcome.detail}")
+        if isinstance(step, st.LatchBreaker):
+            return st.Emit(self._controls(), "KcoverBreakerLatched", "Latch",
+                           f"the breaker latched open: {step.reason}. kcover refuses restarts and cordons until a "
+                           f"person resets it (`kcover breaker reset`, or annotate this ConfigMap "
+                           f"kcover.io/breaker-reset=true); restarts refused meanwhile are held")
+        if isinstance(step, st.ResetBreaker):
+            return st.Emit(self._controls(), "KcoverBreakerReset", "Reset",
+                           f"the breaker was reset on request ({step.requested_at}); {outcome.detail}. kcover refuses "
+                           f"restarts and cordons for {rs.breaker_cooldown_seconds:g}s more "
+                           "(recovery.breaker_cooldown_seconds), then plans the held restarts again", warning=False)
+        return None
+
+    def _controls(self) -> st.ObjectRef:
+        rs = self._recovery()
+        return st.ObjectRef("ConfigMap", "v1", rs.controls_name, rs.ledger_namespace)

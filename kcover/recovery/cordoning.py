@@ -1,6 +1,9 @@
-"""Whose cordon is it: the rule that decides whether kcover may make a node it cordoned schedulable again.
+"""Cordons: kcover's edit of a Node, and whose cordon it is when kcover would make the node schedulable again.
 
-Owns the pure functions the executor applies to a Node it read, at cordon and at un-cordon. At cordon
+Owns `refusal()` (the one rule for "kcover will not cordon this node": already cordoned by kcover, or
+unschedulable by someone else), applied by the plan to the cached node and by the executor to the node it
+just read, `cordon()` and `uncordon()`, the pure edits the executor applies before its write, and the
+hand-over rule below. At cordon
 kcover writes `spec.unschedulable`, its taint (`recovery.taint_key`) and annotations, among them
 `kcover.io/cordon-taints`: the other scheduling taints (NoSchedule, NoExecute) the node had then.
 
@@ -23,10 +26,14 @@ no I/O and never raises.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kcover import model
+from kcover.kube import gateway
 from kcover.kube import projections as proj
+from kcover.recovery.steps import Code
 
 SYSTEM_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 """Taints the node lifecycle and cloud controllers add and remove themselves: never a person's cordon."""
@@ -63,3 +70,81 @@ def taken_over(node: Mapping[str, Any], taint_key: str) -> str:
     if added:
         return f"the taint {', '.join(added)} was added after kcover's cordon"
     return ""
+
+
+def refusal(*, cordoned_by_kcover: bool, unschedulable: bool, node: str) -> tuple[Code, str] | None:
+    """Why kcover does not cordon `node` now, or None."""
+    if cordoned_by_kcover:
+        return Code.ALREADY_CORDONED, f"Node {node} is already cordoned by kcover"
+    if unschedulable:
+        return Code.CORDONED_BY_OTHERS, (f"Node {node} is already unschedulable (not by kcover); kcover leaves it "
+                                         "alone")
+    return None
+
+
+def refusal_to_return(*, cordoned_by_kcover: bool, node: str) -> tuple[Code, str] | None:
+    """Why kcover does not un-cordon `node`: only a node kcover cordoned goes back to service by kcover."""
+    if not cordoned_by_kcover:
+        return Code.NOT_CORDONED_BY_KCOVER, f"Node {node} was not cordoned by kcover"
+    return None
+
+
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def taint_value(text: str) -> str:
+    """A taint value: at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric."""
+    value = _NOT_LABEL.sub("-", text)[:63].strip("-._")
+    return value or "fault"
+
+
+def taints(taint_key: str, reason: str, *, no_execute: bool, now: str) -> list[gateway.TaintBody]:
+    """kcover's taints for a cordon: NoSchedule, and NoExecute with `recovery.taint_no_execute`."""
+    value = taint_value(reason)
+    out: list[gateway.TaintBody] = [{"key": taint_key, "value": value, "effect": "NoSchedule"}]
+    if no_execute:
+        out.append({"key": taint_key, "value": value, "effect": "NoExecute", "timeAdded": now})
+    return out
+
+
+def cordon(node: gateway.NodeBody, *, taint_key: str, ours: list[gateway.TaintBody], reason: str,
+           now: str) -> tuple[Code, str] | None:
+    """Edit `node` in place into kcover's cordon; a refusal (nothing edited) when `refusal()` says no."""
+    meta = node.setdefault("metadata", {})
+    annotations = dict(meta.get("annotations") or {})
+    spec = node.setdefault("spec", {})
+    name = meta.get("name", "")
+    refused = refusal(cordoned_by_kcover=annotations.get(proj.CORDONED_BY) == "kcover",
+                      unschedulable=spec.get("unschedulable") is True, node=name)
+    if refused is not None:
+        return refused
+    mine = {(t["key"], t["effect"]) for t in ours}
+    kept = [t for t in spec.get("taints") or [] if (t.get("key"), t.get("effect")) not in mine]
+    spec["taints"] = kept + ours
+    spec["unschedulable"] = True
+    annotations[proj.CORDONED_BY] = "kcover"
+    annotations[proj.CORDON_TAINTS] = record(kept, taint_key)
+    annotations[proj.CORDON_REASON] = model.fit(reason, model.MESSAGE_MAX)
+    annotations[proj.CORDONED_AT] = now
+    meta["annotations"] = annotations
+    return None
+
+
+def uncordon(node: gateway.NodeBody, *, taint_key: str) -> tuple[tuple[Code, str] | None, str]:
+    """Edit `node` in place to undo kcover's cordon: (refusal, "") when it is not kcover's, else (None, why a
+    person took it over or ""). Taken over, kcover removes only its own taint and annotations."""
+    meta = node.setdefault("metadata", {})
+    annotations = dict(meta.get("annotations") or {})
+    refused = refusal_to_return(cordoned_by_kcover=annotations.get(proj.CORDONED_BY) == "kcover",
+                                node=meta.get("name", ""))
+    if refused is not None:
+        return refused, ""
+    taken = taken_over(node, taint_key)
+    for key in (proj.CORDONED_BY, proj.CORDON_REASON, proj.CORDONED_AT, proj.CORDON_TAINTS):
+        annotations.pop(key, None)
+    meta["annotations"] = annotations
+    spec = node.setdefault("spec", {})
+    spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") != taint_key]
+    if not taken:
+        spec.pop("unschedulable", None)
+    return None, taken

@@ -10,8 +10,8 @@ annotated with the device and its node. Removal: only a rule carrying kcover's l
 device annotation is deleted (with its uid and resourceVersion as preconditions); a rule a person or
 another tool wrote for the device is never touched.
 
-It does not decide when to taint (the policy does) nor carry out the node-level fallback (the
-executor does, with the actions the policy planned). How it fails: API errors other than 404 and
+It does not decide when to taint (the plan does; where DeviceTaintRules are not served it plans the
+node-level answer instead). How it fails: API errors other than 404 and
 409 propagate as `errors.KubeError`; a failed discovery counts as "not served" until the next check.
 """
 
@@ -20,14 +20,13 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kube_client
-from kcover.kube import retrying
+from kcover.kube import gateway
 
 log = structlog.get_logger()
 
@@ -54,7 +53,6 @@ class Outcome(enum.StrEnum):
     """No rule of kcover's for the device: nothing to remove."""
     UNSERVED = "unserved"
     """The API server serves no DeviceTaintRules."""
-    DRY_RUN = "dry_run"
 
 
 def rule_name(device: model.DraDevice) -> str:
@@ -64,7 +62,7 @@ def rule_name(device: model.DraDevice) -> str:
 
 
 def rule_body(device: model.DraDevice, *, node: str, api_version: str, key: str,
-              effect: settings.DeviceTaintEffect, reason: str, cause: str) -> dict[str, Any]:
+              effect: settings.DeviceTaintEffect, reason: str, cause: str) -> gateway.SpecBody:
     """The DeviceTaintRule kcover writes for one device (pure)."""
     return {
         "apiVersion": api_version, "kind": "DeviceTaintRule",
@@ -83,30 +81,36 @@ def taint_value(reason: str) -> str:
     return cleaned.strip("._-")
 
 
-def is_ours(rule: dict[str, Any], device: model.DraDevice) -> bool:
+def is_ours(rule: gateway.SpecBody, device: model.DraDevice) -> bool:
     meta = rule.get("metadata") or {}
     return ((meta.get("labels") or {}).get(MANAGED_BY) == MANAGER
             and (meta.get("annotations") or {}).get(DEVICE_ANNOTATION) == device.resource_id)
 
 
 class DeviceTaints:
-    """Writes and removes kcover's DeviceTaintRules; knows whether the server serves them."""
+    """Writes and removes kcover's DeviceTaintRules through the gateway; knows whether the server serves them."""
 
-    def __init__(self, kube: kube_client.KubeClient, *, options: Callable[[], settings.DeviceTaintSettings],
-                 metrics_: metrics.Metrics, clock: clock_.Clock, guard: Callable[[], None],
-                 fence: retrying.Fence | None = None) -> None:
+    def __init__(self, kube: kube_client.KubeClient, gw: gateway.Gateway, *,
+                 options: Callable[[], settings.DeviceTaintSettings], metrics_: metrics.Metrics,
+                 clock: clock_.Clock) -> None:
         self._kube = kube
+        self._gw = gw
         self._options = options
         self.metrics = metrics_
         self._clock = clock
-        self._guard = guard
-        self._fence = fence
         self._version: str | None = None
         self._checked_at: float | None = None
         self.unserved_said = False
-        """Whether the fallback was announced (an Event, once per process and each time it stops being served)."""
+        """Whether the node-level answer was announced (an Event, once per process and each time it stops being
+        served)."""
 
     # ------------------------------------------------------------------------------------ discovery
+
+    @property
+    def known_served(self) -> bool:
+        """The last discovery found DeviceTaintRules served (True before the first one: the plan then taints,
+        and the executor finds out)."""
+        return self._checked_at is None or self._version is not None
 
     async def served_version(self) -> str | None:
         """`resource.k8s.io/<version>` serving DeviceTaintRules, or None; cached for the discovery interval."""
@@ -144,46 +148,32 @@ class DeviceTaints:
 
     # ------------------------------------------------------------------------------------ writes
 
-    async def taint(self, device: model.DraDevice, *, node: str, reason: str, cause: str,
-                    dry_run: bool = False) -> Outcome:
+    async def taint(self, device: model.DraDevice, *, node: str, reason: str, cause: str) -> Outcome:
         api_version = await self.served_version()
         if api_version is None:
-            self.metrics.device_taint_fallbacks.inc()
             return Outcome.UNSERVED
-        if dry_run:
-            return Outcome.DRY_RUN
         options = self._options()
         body = rule_body(device, node=node, api_version=api_version, key=options.key, effect=options.effect,
                          reason=reason, cause=cause)
-        self._guard()
         try:
-            await self._kube.request("POST", f"/apis/{api_version}/{PLURAL}", body=body, fence=self._fence)
+            await self._gw.create_device_taint_rule(api_version, body)
             return Outcome.CREATED
         except errors.ConflictError:  # AlreadyExists: ours from before, or someone else's of that name
-            existing = await self._kube.request("GET", f"/apis/{api_version}/{PLURAL}/{rule_name(device)}")
-            return Outcome.EXISTS if is_ours(existing, device) else Outcome.FOREIGN
+            existing = await self._gw.get_device_taint_rule(api_version, rule_name(device))
+            return Outcome.EXISTS if existing is not None and is_ours(existing, device) else Outcome.FOREIGN
 
-    async def untaint(self, device: model.DraDevice, *, dry_run: bool = False) -> Outcome:
+    async def untaint(self, device: model.DraDevice) -> Outcome:
         api_version = await self.served_version()
         if api_version is None:
             return Outcome.UNSERVED
-        path = f"/apis/{api_version}/{PLURAL}/{rule_name(device)}"
-        try:
-            existing = await self._kube.request("GET", path)
-        except errors.NotFoundError:
+        existing = await self._gw.get_device_taint_rule(api_version, rule_name(device))
+        if existing is None:
             return Outcome.ABSENT
         if not is_ours(existing, device):
             return Outcome.FOREIGN
-        if dry_run:
-            return Outcome.DRY_RUN
-        meta = existing.get("metadata") or {}
-        self._guard()
         try:
-            await self._kube.request("DELETE", path, fence=self._fence, body={
-                "apiVersion": "v1", "kind": "DeleteOptions",
-                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}})
-        except errors.NotFoundError:
-            return Outcome.ABSENT
+            await self._gw.delete_device_taint_rule(api_version, rule_name(device),
+                                                    existing.get("metadata", {}).get("uid", ""))
         except errors.ConflictError:  # changed since read: leave it to the next cleared event
             return Outcome.FOREIGN
         return Outcome.REMOVED

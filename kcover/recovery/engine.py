@@ -1,177 +1,334 @@
-"""The recovery engine: bus events in, planned and executed actions out, only while leading.
+"""The recovery engine: a batch of faults in, planned and carried out while leading; the leader's periodic pass.
 
-Owns the loop over a bus `Subscription`: for each event it plans with the cache snapshot and the
-ledger's history (`policy.plan`), then executes the actions in order through the `Executor`. The
-events of a batch are handled concurrently. Restarts in flight (planned and not yet finished) are
-counted here and handed to the policy, whose breaker refuses a restart past
-`recovery.max_concurrent_restarts` (read from the live settings, so a reload applies to the next plan);
-nothing else is bounded by it. A restart in flight also counts as a restart of its unit just now, so
-the other pods of a failing job plan a routine cooldown skip instead of a second restart.
-Planning and reserving happen without an `await` between them, so concurrent events never both see
-the last free slot. `handle()` while not leading counts the batch and acts on nothing (the controller
-hands a leader only; it holds what it observes while following and replays it when it leads).
-`resume()`, called by the controller when a term starts, lets the executor finish restarts an
-earlier leader recorded but did not carry out.
+Owns what is in flight and the order of things. `handle(batch)` reads the ledger (once per term), plans
+every event of the batch first (`planning.plan`), reserving each planned restart and cordon before the
+next event is planned, with no `await` in between, so events of one batch never both see the last free
+slot of a limit (five simultaneous node faults with a limit of one cordon one node); then it carries the
+plans out concurrently, one `coordinating.Coordinator.run` per event. A restart's reservation ends with
+its run; a cordon's once the cache shows the node cordoned.
 
-Failures: an API error while handling one event is logged and counted (`counts["errors"]`); losing
-the Lease mid-action (`NotLeaderError`) stops that event's remaining actions. Neither ends the loop.
-`counts` exposes what happened for tests and `kcover bench`.
+A fault whose first write failed before anything was recorded (the ledger's write during an API outage,
+the ledger's kind not served) is kept and handled again by `tick()` with backoff, until it succeeds, is
+superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecoveryFailed` Event and
+`kcover_faults_given_up_total`. Nothing is lost silently.
+
+`tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
+the pending intents (`restarting.resume_steps`), the held restarts (`planning.replan_held`), the
+verifications' Events, the validations' answers, the drains, and the retried faults. The engine is
+called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
+surfaces as `errors.NotLeaderError` from the gateway's fence, which propagates to the controller.
+
+Failures: an API error of one event is logged and counted (`counts["errors"]`) and never ends the batch;
+`counts` and `outcomes` expose what happened for tests and `kcover bench`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
+import datetime as dt
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
+from prometheus_client import Counter, Gauge
 
-from kcover import bus as bus_
-from kcover import errors, model, settings
+from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
-from kcover.recovery import actions, executing, ledger, policy
+from kcover.recovery import (
+    controls,
+    coordinating,
+    devicetainting,
+    escalating,
+    ledger,
+    planning,
+    restarting,
+    rules,
+    verifying,
+)
+from kcover.recovery import steps as st
 
 log = structlog.get_logger()
 
+CORDON_RESERVATION_SECONDS = 60.0
+"""A done cordon stays reserved until the cache shows the node cordoned, or this long at most."""
+RETRY_INITIAL_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
+"""A fault whose first write failed is handled again after 1, 2, 4, ... seconds, at most 30 apart."""
+
+
+@dataclass
+class _Retry:
+    event: model.CollectorEvent
+    first_failed: float
+    next_at: float
+    attempts: int
+    error: str
+
+
+class EngineMetrics:
+    def __init__(self, m: metrics.Metrics) -> None:
+        self.given_up = Counter("kcover_faults_given_up", "Faults kcover could not act on before "
+                                "recovery.retry_seconds passed (their first write kept failing), each with a "
+                                "KcoverRecoveryFailed Event.", registry=m.registry)
+        self.ledger_available = Gauge("kcover_ledger_available", "1 while the recovery ledger (LedgerEntry objects) "
+                                      "can be read; 0 while its kind is not served: kcover then acts on nothing.",
+                                      registry=m.registry)
+        self.held = Gauge("kcover_restarts_held", "Restarts held for a blocker that lifts (pause, cooldown, budget, "
+                          "breaker), planned again when it does.", registry=m.registry)
+        self.ledger_available.set(1)
+
 
 class RecoveryEngine:
-    def __init__(self, subscription: bus_.Subscription | None, snapshot: policy.ClusterSnapshot, ledger_: ledger.Ledger,
-                 executor: executing.Executor, *, recovery: settings.RecoverySettings, clock: clock_.Clock,
-                 is_leader: Callable[[], bool]) -> None:
-        self._sub = subscription
+    """Plans and carries out recovery for the leader. One per controller."""
+
+    def __init__(self, snapshot: planning.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
+                 recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
+                 devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None) -> None:
         self._snapshot = snapshot
-        self._ledger = ledger_
-        self._executor = executor
+        self.ledger = ledger_
+        self.coordinator = coordinator
+        self._recovery = recovery
         self._clock = clock
-        self._is_leader = is_leader
-        self._rules = policy.parse_rules(recovery.rules)
-        self._settings = recovery
-        self._restarting: dict[str, list[float]] = {}
-        """Ledger key -> when each restart of that unit in flight (planned, not finished) was planned."""
+        self._metrics = metrics_
+        self.engine_metrics = EngineMetrics(metrics_)
+        self._devices = devices
+        self._verifier = verifier
+        self._rules = rules.parse_rules(recovery().rules)
+        self._restarting: collections.Counter[str] = collections.Counter()
+        """Unit key -> restarts of it planned and not finished."""
+        self._cordoning: dict[str, float] = {}
+        """Node -> when its cordon was planned, until the cache shows it cordoned."""
+        self._retries: dict[str, _Retry] = {}
+        """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
+        self._unavailable_said = False
         self.counts: collections.Counter[str] = collections.Counter()
-        self.results: collections.deque[executing.Result] = collections.deque(maxlen=1000)
-        """The most recent results, newest last (for tests and diagnostics)."""
+
+    @property
+    def outcomes(self) -> collections.deque[st.Outcome]:
+        return self.coordinator.outcomes
 
     @property
     def in_flight_restarts(self) -> int:
-        """Restarts planned and not yet finished (what the breaker compares with `max_concurrent_restarts`)."""
-        return sum(len(times) for times in self._restarting.values())
+        return sum(self._restarting.values())
 
     def reconfigure(self, recovery: settings.RecoverySettings) -> None:
-        """Apply reloaded settings (rules are validated first; ConfigError keeps the old ones)."""
-        self._rules = policy.parse_rules(recovery.rules)
-        self._settings = recovery
-        self._executor.settings = recovery
+        """Apply reloaded rules (validated first: `errors.ConfigError` keeps the old ones)."""
+        self._rules = rules.parse_rules(recovery.rules)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Handle events until `stop` is set or the bus closes."""
-        if self._sub is None:
-            raise ValueError("this engine was built without a subscription; call handle()")
-        sub = self._sub
-        stopped = asyncio.ensure_future(stop.wait())
+    def _history(self) -> planning.History:
+        cordoned = set(self._snapshot.cordoned_by_kcover())
+        now = self._clock.monotonic()
+        for node, at in list(self._cordoning.items()):
+            if node in cordoned or now - at > CORDON_RESERVATION_SECONDS:
+                del self._cordoning[node]
+        return planning.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
+                                cordons_in_flight=frozenset(self._cordoning),
+                                device_taints_served=self._devices.known_served)
+
+    async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
+        """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
+        False when the ledger cannot be read."""
         try:
-            while not stop.is_set():
-                getter = asyncio.ensure_future(sub.get_batch())
-                await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    break
-                batch = getter.result()
-                if not batch:
-                    break
-                await self.handle(batch)
-        finally:
-            stopped.cancel()
+            await self.ledger.ensure_loaded()
+        except errors.NotLeaderError:
+            raise
+        except errors.KubeError as exc:
+            log.warning("recovery_ledger_unreadable", error=str(exc)[:300])
+            return False
+        except errors.LedgerUnavailable as exc:
+            self.engine_metrics.ledger_available.set(0)
+            if not self._unavailable_said:
+                self._unavailable_said = True
+                log.error("recovery_ledger_unavailable", error=str(exc))
+                await self._say(st.Emit(self._controls_ref(), "KcoverLedgerUnavailable", "Refuse",
+                                        f"kcover acts on nothing while its ledger cannot be read: {exc}"))
+            return False
+        if self._unavailable_said:
+            log.info("recovery_ledger_available")
+            self._unavailable_said = False
+        self.engine_metrics.ledger_available.set(1)
+        dra = [e for e in batch if e.fault.dra is not None and not e.cleared]
+        if self._recovery().device_taints.enabled and dra:
+            if await self._devices.served_version() is None:
+                self._metrics.device_taint_fallbacks.inc(len(dra))
+                if not self._devices.unserved_said:
+                    self._devices.unserved_said = True
+                    node = dra[0].target.node or dra[0].target.name
+                    await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
+                                            "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
+                                            f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
+                                            "later device faults are answered at node level"))
+        return True
+
+    async def _say(self, emit: st.Emit) -> None:
+        try:
+            await self.coordinator.run([emit])
+        except errors.KubeError as exc:
+            log.warning("recovery_event_failed", reason=emit.reason, error=str(exc))
+
+    def _controls_ref(self) -> st.ObjectRef:
+        rs = self._recovery()
+        return st.ObjectRef("ConfigMap", "v1", rs.controls_name, rs.ledger_namespace)
+
+    # ------------------------------------------------------------------------------------ faults
 
     async def handle(self, batch: Sequence[model.CollectorEvent]) -> None:
-        """Plan and execute a batch, its events concurrently; counts and ignores it while not leading."""
-        if not self._is_leader():
-            self.counts["not_leader"] += len(batch)
-            return
-        async with asyncio.TaskGroup() as tg:
+        """Plan every event of the batch (reserving as it goes), then carry the plans out concurrently."""
+        self.counts["events"] += len(batch)
+        if not await self._ready(batch):
             for event in batch:
-                tg.create_task(self._guarded(event), name=f"recovery:{event.id}")
-
-    async def _guarded(self, event: model.CollectorEvent) -> None:
+                self._keep(event, "the recovery ledger cannot be read")
+            return
+        rs = self._recovery()
+        now = self._clock.now()
+        plans: list[tuple[model.CollectorEvent, list[st.Step]]] = []
+        for event in batch:
+            planned = planning.plan(event, self._snapshot, self._history(), rs, now, rules_=self._rules)
+            self._reserve(planned)
+            plans.append((event, planned))
         try:
-            await self.handle_event(event)
+            async with asyncio.TaskGroup() as tg:
+                for event, planned in plans:
+                    tg.create_task(self._carry_out(event, planned), name=f"recovery:{event.id}")
+        except BaseExceptionGroup as group:  # the term ended mid-batch: the controller holds the batch again
+            lost = group.subgroup(errors.NotLeaderError)
+            raise (lost.exceptions[0] if lost is not None else group.exceptions[0]) from None
+
+    def _reserve(self, planned: Sequence[st.Step]) -> None:
+        for step in planned:
+            if isinstance(step, st.Restart):
+                self._restarting[step.unit_key] += 1
+            elif isinstance(step, st.Cordon):
+                self._cordoning[step.node] = self._clock.monotonic()
+
+    def _release(self, planned: Sequence[st.Step], outcomes: Sequence[st.Outcome]) -> None:
+        for step in planned:
+            if isinstance(step, st.Restart):
+                self._restarting[step.unit_key] -= 1
+                if self._restarting[step.unit_key] <= 0:
+                    del self._restarting[step.unit_key]
+        done = {o.step.node for o in outcomes if isinstance(o, st.Done) and isinstance(o.step, st.Cordon)}
+        for step in planned:
+            if isinstance(step, st.Cordon) and step.node not in done:
+                self._cordoning.pop(step.node, None)
+
+    async def _carry_out(self, event: model.CollectorEvent, planned: list[st.Step]) -> None:
+        outcomes: list[st.Outcome] = []
+        try:
+            outcomes = await self.coordinator.run(planned)
         except errors.NotLeaderError:
-            self.counts["not_leader"] += 1
-            log.info("recovery_lost_leadership", cause=event.id)
-        except errors.KubeError as exc:
-            self.counts["errors"] += 1
-            log.warning("recovery_action_failed", cause=event.id, reason=event.reason, error=str(exc))
-        except Exception:  # task boundary: one bad event must not end recovery
+            raise
+        except errors.LedgerUnavailable as exc:
+            self._keep(event, str(exc))
+        except Exception as exc:  # task boundary: one bad event must not end recovery
             self.counts["errors"] += 1
             log.exception("recovery_event_crashed", cause=event.id)
-
-    async def resume(self) -> list[executing.Result]:
-        """At the start of a leadership term: finish the restarts an earlier leader recorded but did not carry out."""
-        if not self._is_leader():
-            return []
-        try:
-            await self._ledger.ensure_loaded()
-            results = await self._executor.resume()
-        except errors.NotLeaderError:
-            self.counts["not_leader"] += 1
-            return []
-        except errors.KubeError as exc:
-            self.counts["errors"] += 1
-            log.warning("recovery_resume_failed", error=str(exc))
-            return []
-        for result in results:
-            self.counts[f"resume:{result.outcome.value}"] += 1
-            self.results.append(result)
-        return results
-
-    def _history(self) -> policy.History:
-        """The ledger's history plus the restarts in flight that the ledger does not hold yet."""
-        history = self._ledger.history(self.in_flight_restarts, dry_run=self._settings.dry_run)
-        if not self._restarting:
-            return history
-        restarts = dict(history.restarts)
-        for key, planned_at in self._restarting.items():
-            times = restarts.get(key, ())
-            if not times or times[-1] < max(planned_at):
-                restarts[key] = (*times, max(planned_at))
-        return dataclasses.replace(history, restarts=restarts)
-
-    async def handle_event(self, event: model.CollectorEvent) -> list[executing.Result]:
-        """Plan and execute one event; raises what the executor raises."""
-        self.counts["events"] += 1
-        await self._ledger.ensure_loaded()
-        now = self._clock.now()
-        planned = policy.plan(event, self._snapshot, self._history(), self._settings, now, rules=self._rules)
-        # reserve before the first await, so events planned meanwhile see these restarts in flight
-        reserved = [a.ledger_key for a in planned if isinstance(a, actions.RestartWorkload)]
-        for key in reserved:
-            self._restarting.setdefault(key, []).append(now.timestamp())
-        results: list[executing.Result] = []
-        try:
-            for action in planned:
-                if not self._is_leader():
-                    raise errors.NotLeaderError("lost the Lease while recovering")
-                try:
-                    result = await self._executor.execute(action)
-                finally:
-                    if isinstance(action, actions.RestartWorkload):
-                        self._release(action.ledger_key)
-                        reserved.remove(action.ledger_key)
-                self.counts[f"{actions.action_name(action)}:{result.outcome.value}"] += 1
-                if isinstance(action, actions.Skip):
-                    self.counts[f"skip:{action.code.value}"] += 1
-                elif result.outcome is executing.Outcome.SKIPPED:
-                    self.counts["refused_at_execution"] += 1
-                results.append(result)
-                self.results.append(result)
+            self._keep(event, repr(exc))
         finally:
-            for key in reserved:  # not reached: the event ended early
-                self._release(key)
-        return results
+            self._release(planned, outcomes)
+        for outcome in outcomes:
+            self.counts[f"{st.name_of(outcome.step)}:{st.result_of(outcome)}"] += 1
+            if isinstance(outcome, st.Failed) and not outcome.recorded \
+                    and isinstance(outcome.step, st.Restart | st.Cordon | st.TaintDevice | st.Hold):
+                self._keep(event, outcome.error)
+        if event.key in self._retries and not any(
+                isinstance(o, st.Failed) and not o.recorded for o in outcomes) and outcomes:
+            del self._retries[event.key]
 
-    def _release(self, key: str) -> None:
-        times = self._restarting[key]
-        times.pop(0)
-        if not times:
-            del self._restarting[key]
+    def _keep(self, event: model.CollectorEvent, error: str) -> None:
+        """Handle `event` again later: nothing was recorded for it."""
+        now = self._clock.now().timestamp()
+        held = self._retries.get(event.key)
+        attempts = held.attempts + 1 if held is not None else 1
+        delay = min(RETRY_MAX_SECONDS, RETRY_INITIAL_SECONDS * 2 ** (attempts - 1))
+        self._retries[event.key] = _Retry(event, held.first_failed if held else now, now + delay, attempts, error[:300])
+        self.counts["retried"] += 1
+        log.warning("recovery_retried_later", cause=event.id, reason=event.reason, attempts=attempts,
+                    in_seconds=round(delay, 1), error=error[:300])
+
+    # ------------------------------------------------------------------------------------ the periodic pass
+
+    async def tick(self) -> None:
+        """The leader's periodic pass; see the module docstring."""
+        if not await self._ready():
+            await self._give_up_old(self._clock.now())
+            return
+        rs = self._recovery()
+        now = self._clock.now()
+        breaker = self.ledger.breaker()
+        request = controls.reset_request(self._snapshot, breaker)
+        if request:
+            await self.coordinator.run([st.ResetBreaker(requested_at=request)])
+        await self.coordinator.run(restarting.resume_steps(self.ledger.pending(), self.coordinator.restarter.busy))
+        await self._held(now, rs)
+        if self._verifier is not None:
+            await self.coordinator.run(self._verifier.flush(now.timestamp()))
+        await self.coordinator.run(await self.coordinator.validations.tick(now.timestamp()))
+        for drain in await self.coordinator.drainer.tick(now.timestamp()):
+            about = st.node_ref(drain.node)
+            message = (f"drain of Node {drain.node} gave up after {rs.escalation.drain_timeout_seconds:g}s: "
+                       f"{drain.evicted} pods evicted, {len(drain.waiting)} still there (last refusal: {drain.refused})"
+                       if drain.waiting else f"drain of Node {drain.node} done: {drain.evicted} pods evicted")
+            await self.coordinator.run([st.Emit(about, escalating.ESCALATED, "Drain", message, warning=bool(drain.waiting))])
+        await self._retry(now)
+        self._metrics.breaker_open.set(1 if self.ledger.breaker().latched else 0)
+        self.engine_metrics.held.set(len(self.ledger.held()))
+
+    async def _held(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
+        for key, held in sorted(self.ledger.held().items(), key=lambda kv: kv[1].at):
+            if self._restarting.get(key):
+                continue
+            planned, dropped = planning.replan_held(key, held, self._snapshot, self._history(), rs, now,
+                                                    rules_=self._rules)
+            if dropped:
+                await self.coordinator.drop_hold(key, dropped)
+                if "past recovery.hold_seconds" in dropped:
+                    await self._say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
+                                            f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
+                                            f"given up: {dropped}"))
+                continue
+            restarts = [s for s in planned if isinstance(s, st.Restart)]
+            if not restarts:
+                continue  # still held (the Hold step refreshes the record when it changed)
+            self._reserve(planned)
+            outcomes: list[st.Outcome] = []
+            try:
+                outcomes = await self.coordinator.run(planned)
+            finally:
+                self._release(planned, outcomes)
+
+    def _unit_ref(self, held: ledger.HeldRestart) -> st.ObjectRef:
+        try:
+            cause = model.CollectorEvent.model_validate_json(held.cause)
+        except ValueError:
+            return self._controls_ref()
+        t = cause.target
+        return st.ObjectRef("Pod" if t.kind is model.TargetKind.POD else "Node", "v1", t.name or t.node,
+                            t.namespace, t.uid)
+
+    async def _retry(self, now: dt.datetime) -> None:
+        await self._give_up_old(now)
+        fresh = [r.event for r in self._retries.values() if r.next_at <= now.timestamp()]
+        if fresh:
+            await self.handle(fresh)
+
+    async def _give_up_old(self, now: dt.datetime) -> None:
+        """The kept faults past `recovery.retry_seconds` end with an Event (written if the API answers)."""
+        rs = self._recovery()
+        due = [r for r in self._retries.values() if r.next_at <= now.timestamp()]
+        for retry in due:
+            if now.timestamp() - retry.first_failed > rs.retry_seconds:
+                del self._retries[retry.event.key]
+                self.engine_metrics.given_up.inc()
+                log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
+                about = planning.about_event(retry.event, self._snapshot)
+                if about is not None:
+                    await self._say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
+                                            f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
+                                            f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
+                                            f"first write kept failing ({retry.error})"))
+
+
+def _when(at: float) -> str:
+    return clock_.rfc3339(dt.datetime.fromtimestamp(at, dt.UTC))

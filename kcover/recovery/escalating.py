@@ -1,45 +1,39 @@
-"""The escalation ladder: what kcover does when a restart or a cordon is not enough.
+"""The node ladder: what follows a cordon (a drain, a remediation request, a person), and its drains.
 
-Owns the ladder's steps and their memory; the `overseeing.Overseer` calls them around the executor.
+Owns the ladder's steps and the drains in progress:
 
-* **Workload ladder.** restart -> when the same workload's faults keep coming back on one node
-  (`recovery.escalation.repeat_count` restarts within `repeat_window_seconds`, this one included),
-  cordon that node before the restart, so the job restarts elsewhere (`Repeats`) -> at the restart
-  budget, stop and say so (the policy's `BudgetExhausted` refusal, audited as an Event).
-* **Node ladder.** cordon -> optional drain (`recovery.escalation.drain_mode`: `none`, `opted-in`,
-  `all` but DaemonSet and mirror pods), through the Eviction API so PodDisruptionBudgets are honoured:
-  an eviction a budget refuses (429) is tried again on every pass until `drain_timeout_seconds`
-  (`Drainer`) -> optional remediation request (`recovery.escalation.remediation_enabled`): the label
-  `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`,
-  which an external remediator (medik8s NodeHealthCheck, a reboot or reimage controller) selects on;
-  both are taken back when kcover returns the node to service -> a person (an Event saying what was
-  done and what is left).
+* `Ladder`, a coordinator hook: after a cordon is done it returns the ladder's next steps: an optional
+  `Drain` (`recovery.escalation.drain_mode`: `none`, `opted-in`, `all` but DaemonSet and mirror pods), an
+  optional `RequestRemediation` (`recovery.escalation.remediation_enabled`: the label
+  `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which
+  medik8s NodeHealthCheck or a reboot or reimage controller selects on) and the last step, `CallPerson`;
+  after an un-cordon it takes the remediation request back. Pure.
+* `Drainer`: a drain evicts through the Eviction API, so PodDisruptionBudgets are honoured; an eviction a
+  budget refuses (429) is tried again on every pass (`tick`) until `drain_timeout_seconds`.
 
 Every step is a `KcoverEscalated` Event (its `action` names the step) and a count in
-`kcover_escalation_steps_total{ladder,step}`. The repeat counts are kept in memory (a new leader
-starts counting afresh; the restart budget, which lives in the ledger, still bounds the job).
-How it fails: API errors of one eviction are logged and that pod is tried again on the next pass;
-others propagate to the executor.
+`kcover_escalation_steps_total{ladder,step}`. Which node a workload's faults move is the judgement's
+business (`planning`), not the ladder's. How it fails: an eviction's API error is logged and that pod
+tried again on the next pass; `errors.NotLeaderError` propagates.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
 from kcover import errors, settings
 from kcover.aio import clock as clock_
-from kcover.kube import client as kube_client
-from kcover.kube import ownership, retrying
+from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import adapters, policy
+from kcover.recovery import planning
+from kcover.recovery import steps as st
 
 log = structlog.get_logger()
 
+ESCALATED = "KcoverEscalated"
 REMEDIATION_LABEL = "kcover.io/remediation-requested"
 REMEDIATION_CONDITION = "KcoverRemediationRequested"
 SKIPPED_OWNERS = frozenset({"DaemonSet", "Node"})
@@ -47,40 +41,57 @@ SKIPPED_OWNERS = frozenset({"DaemonSet", "Node"})
 (owned by their Node; the kubelet runs them from files)."""
 
 
-class Repeats:
-    """Restart times of each (workload uid, node) pair: how often a job's faults came back on one node."""
-
-    def __init__(self) -> None:
-        self._times: dict[tuple[str, str], collections.deque[float]] = {}
-
-    def record(self, workload_uid: str, node: str, now: float, window: float) -> int:
-        """Count this restart; returns the restarts within `window` seconds, this one included."""
-        times = self._times.setdefault((workload_uid, node), collections.deque(maxlen=64))
-        times.append(now)
-        while times and times[0] <= now - window:
-            times.popleft()
-        return len(times)
-
-    def forget(self, workload_uid: str, node: str) -> None:
-        self._times.pop((workload_uid, node), None)
-
-
-def drain_candidates(snapshot: policy.ClusterSnapshot, node: str, mode: settings.DrainMode) -> list[proj.Pod]:
+def drain_candidates(snapshot: planning.Snapshot, node: str, mode: settings.DrainMode) -> list[proj.Pod]:
     """The pods a drain of `node` evicts in `mode` (none for `none`)."""
     if mode is settings.DrainMode.NONE:
         return []
     out = []
     for pod in snapshot.pods_on_node(node):
-        if pod.deleting or pod.phase in ("Succeeded", "Failed"):
+        if pod.deleting or pod.terminal:
             continue
         if pod.owner is not None and pod.owner.kind in SKIPPED_OWNERS:
             continue
         if mode is settings.DrainMode.OPTED_IN:
-            resolved = adapters.resolve(snapshot, pod)
-            if not ownership.opted_in(pod, None if isinstance(resolved, adapters.Refused) else resolved):
+            resolved = ownership.resolve(snapshot, pod)
+            if not ownership.opted_in(pod, None if isinstance(resolved, ownership.Unresolved) else resolved):
                 continue
         out.append(pod)
     return sorted(out, key=lambda p: (p.namespace, p.name))
+
+
+class Ladder:
+    """The coordinator hook that climbs the node ladder after a cordon and takes it down after a return."""
+
+    def __init__(self, snapshot: planning.Snapshot, *, recovery: Callable[[], settings.RecoverySettings]) -> None:
+        self._snapshot = snapshot
+        self._recovery = recovery
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
+        if not isinstance(outcome, st.Done) or outcome.noop:
+            return []
+        esc = self._recovery().escalation
+        if isinstance(step, st.Cordon):
+            out: list[st.Step] = []
+            done = ["cordoned"]
+            if esc.drain_mode is not settings.DrainMode.NONE:
+                pods = drain_candidates(self._snapshot, step.node, esc.drain_mode)
+                out.append(st.Drain(node=step.node, pods=tuple(st.PodRef(p.namespace, p.name, p.uid) for p in pods),
+                                    cause=step.cause))
+                done.append(f"drain ({esc.drain_mode.value}) started")
+            if esc.remediation_enabled:
+                out.append(st.RequestRemediation(node=step.node, requested=True, cause=step.cause,
+                                                 message=f"kcover cordoned the node: {step.reason}"))
+                done.append("remediation requested")
+            back = ("kcover returns it to service once its fault has stayed cleared"
+                    if self._recovery().uncordon_enabled
+                    else "recovery.uncordon_enabled is off: a person returns it to service")
+            out.append(st.CallPerson(about=st.node_ref(step.node), cause=step.cause,
+                                     message=f"Node {step.node}: {', '.join(done)}; a person should repair it ({back})"))
+            return out
+        if isinstance(step, st.Uncordon) and esc.remediation_enabled:
+            return [st.RequestRemediation(node=step.node, requested=False, cause=step.cause,
+                                          message="kcover returned the node to service")]
+        return []
 
 
 @dataclass
@@ -95,16 +106,13 @@ class Drain:
 
 
 class Drainer:
-    """Evicts a cordoned node's pods through the Eviction API; `tick()` retries what a budget refused."""
+    """Evicts a cordoned node's pods; `tick()` retries what a budget refused."""
 
-    def __init__(self, kube: kube_client.KubeClient, *, is_leader: Callable[[], bool],
-                 fence: retrying.Fence | None = None) -> None:
-        self._kube = kube
-        self._is_leader = is_leader
-        self._fence = fence
+    def __init__(self, gw: gateway.Gateway) -> None:
+        self._gw = gw
         self.drains: dict[str, Drain] = {}
 
-    def start(self, node: str, pods: Sequence[proj.Pod], deadline: float) -> Drain:
+    def start(self, node: str, pods: Sequence[st.PodRef], deadline: float) -> Drain:
         drain = Drain(node, deadline, {p.uid: (p.namespace, p.name) for p in pods})
         self.drains[node] = drain
         return drain
@@ -112,26 +120,20 @@ class Drainer:
     async def evict(self, drain: Drain) -> None:
         """One pass over the pods still waiting."""
         for uid, (namespace, name) in list(drain.waiting.items()):
-            if not self._is_leader():
-                raise errors.NotLeaderError("not leading: eviction refused")
-            body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "deleteOptions": {"preconditions": {"uid": uid}}}
             try:
-                await self._kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body,
-                                         fence=self._fence, retry=False)
-            except (errors.NotFoundError, errors.ConflictError):
-                del drain.waiting[uid]  # gone, or the name is another pod's now
-                continue
-            except errors.TooManyRequestsError as exc:  # a PodDisruptionBudget says not now
-                drain.refused = str(exc)
-                continue
+                got = await self._gw.evict_pod(namespace, name, uid)
+            except errors.NotLeaderError:
+                raise
             except errors.KubeError as exc:
                 drain.refused = str(exc)
                 log.warning("drain_eviction_failed", node=drain.node, pod=f"{namespace}/{name}", error=str(exc))
                 continue
+            if got is gateway.Removal.HELD:
+                drain.refused = f"a PodDisruptionBudget refused the eviction of {namespace}/{name}"
+                continue
             del drain.waiting[uid]
-            drain.evicted += 1
+            if got is gateway.Removal.REMOVED:
+                drain.evicted += 1
 
     async def tick(self, now: float) -> list[Drain]:
         """Retry the drains in progress; returns those that ended (done or timed out), forgotten here."""
@@ -145,18 +147,14 @@ class Drainer:
         return ended
 
 
-def remediation_condition(requested: bool, message: str, now_text: str) -> dict[str, Any]:
+def remediation_condition(requested: bool, message: str, now_text: str) -> gateway.NodeConditionBody:
     return {"type": REMEDIATION_CONDITION, "status": "True" if requested else "False",
             "reason": "KcoverRequested" if requested else "KcoverReturnedToService",
             "message": message[:1000], "lastTransitionTime": now_text, "lastHeartbeatTime": now_text}
 
 
-async def set_remediation(kube: kube_client.KubeClient, node: str, *, requested: bool, message: str,
-                          clock: clock_.Clock, fence: retrying.Fence | None = None) -> None:
-    """Write the remediation request's label (merge patch) and Node condition (strategic merge on /status)."""
-    label: str | None = "true" if requested else None
-    await kube.request("PATCH", f"/api/v1/nodes/{node}", body={"metadata": {"labels": {REMEDIATION_LABEL: label}}},
-                       content_type="application/merge-patch+json", fence=fence)
-    cond = remediation_condition(requested, message, clock_.rfc3339(clock.now()))
-    await kube.request("PATCH", f"/api/v1/nodes/{node}/status", body={"status": {"conditions": [cond]}},
-                       content_type="application/strategic-merge-patch+json", fence=fence)
+async def set_remediation(gw: gateway.Gateway, node: str, *, requested: bool, message: str,
+                          clock: clock_.Clock) -> None:
+    """Write the remediation request's label and Node condition."""
+    await gw.patch_node_labels(node, {REMEDIATION_LABEL: "true" if requested else None})
+    await gw.patch_node_conditions(node, [remediation_condition(requested, message, clock_.rfc3339(clock.now()))])

@@ -1,115 +1,100 @@
-"""The recovery ledger: restart times, restart intents and cordons, kept in one ConfigMap so a new leader honours them.
+"""The recovery ledger: what kcover did and intends, in the cluster, so a new leader honours it.
 
-Owns the ConfigMap `recovery.ledger_namespace/ledger_name`: one data key per restart unit
-(`w.<workload uid>` or `w.<uid>.g<group>` for a LeaderWorkerSet group) holding compact JSON
-`{"t": [epoch seconds...], "d": "<what>", "p": {<intent>}}`, and one per node (`n.<node>`) holding
-`{"c": epoch, "r": reason}`.
+Owns the ledger's state and its storage. One `LedgerEntry` object (kcover.io/v1alpha1,
+helm/kcover/files/ledgerentry-crd.yaml) per key, named `<ledger>.<key>` (a hash where the key is not a
+valid name), labelled `kcover.io/ledger=<ledger>`, in `recovery.ledger_namespace`:
 
-Intents: a restart is written as a *pending* `Intent` (who leads, its epoch, the fault, the selector,
-the faulting pod and a sample of the pod uids to delete) in the same write that records its time.
-Its completion is not a write of its own: once the DeleteCollection succeeded the executor calls
-`complete()`, and the next write of this ledger (by anyone holding this object) drops the intent. So a
-restart costs one ledger write, and a leader killed between that write and the delete leaves an
-intent a successor can finish (`executing.Executor.resume`) instead of a cooldown that blocks it.
-An intent left pending by a leader that did delete is recognised by its pods being gone.
+* a restart unit, `w.<workload uid>` or `w.<uid>.g<group>` (a LeaderWorkerSet group): its restart times
+  (cooldown and budget) with where each fault was (the evidence a node's blame reads), a note, the pending
+  restart `Intent`, a held restart (`HeldRestart`);
+* a node, `n.<node>`: when kcover last cordoned it and why;
+* the breaker, `breaker`: whether it is latched, why, since when, and when it was last reset;
 
-Signals: the outside signals acted on (`CollectorEvent.signal`, an annotated Event's uid and count),
-each with the unit it moved (`<signal>|w.<uid>`, `<signal>|n.<node>`), live in one data key
-(`signals`) as `{key: epoch seconds}`, written in the same fencing write as the restart or cordon they
-caused. A new leader, a restarted controller or a replay therefore never acts twice on one signal.
-They are pruned with everything else (the retention covers the event watcher's staleness window
-many times over) and bounded to `MAX_SIGNALS`, oldest dropped.
+each with the outside signals that moved it (`<signal>|<key>` -> epoch seconds), so a replay never acts
+twice. Data: `{<key>: compact JSON, "signals": compact JSON}`.
 
-Dry run: `dry_update()` records in memory only (`history(dry_run=True)` sees it), so a dry run
-honours cooldowns and budgets as the real run would, without writing anything.
+Writes: `update(key, mutate)` runs `mutate` on a copy of that key's entry and writes that one object with
+its resourceVersion as precondition (a POST for a new key), the fencing write: two replicas that both
+believe they lead cannot both record a restart of one unit; the loser gets 409, re-reads only that
+object and runs `mutate` again on what the winner wrote (`admission` then refuses). A write costs the same
+whatever the number of units, and one round trip. Entries past retention are deleted a few per write.
+A restart's intent is recorded in the same write as its time; its completion is not a write of its own
+(`complete()`; the unit's next write drops it), so a restart costs one ledger write, and a leader killed
+between that write and the pod removals leaves an intent a successor finishes (`restarting.Resumer`).
 
-Layouts (`recovery.ledger_layout`): `per-unit`, the default, keeps each key (with the signals that moved
-that unit) in an object of its own, a `LedgerEntry` (`sharding`): a write sends only the units that changed,
-each with its own resourceVersion as the fencing precondition, no object grows with the number of
-workloads, and entries past retention are pruned at most every `PER_UNIT_PRUNE_SECONDS`. `single` keeps
-everything in the one ConfigMap described below, which `per-unit` takes over on its first write.
-tests/recovery/probe_ledger_scale.py measures both at 100, 1,000 and 10,000 workloads.
+Reads: `load()` lists every entry once per term. Cluster-wide counts (restarts and cordons within a
+window) are kept up to date as entries change, so no check reads every entry.
 
-Why a ConfigMap rather than annotations on each workload: one object to read at start (no LIST of
-every workload kind), no write permission on users' custom resources, node and workload state in one
-place, and the write is a plain PUT with the resourceVersion as precondition. That precondition is
-also the fencing: a restart or cordon is recorded here *before* the delete or node write, so if two
-replicas both believe they lead, only one record succeeds; the other gets 409, re-reads, re-checks
-cooldown and budget against what the winner wrote, and refuses.
-
-Reads happen once (`load()`) and after each 409; a steady-state restart costs one write here (its
-intent; the completion rides on the next write).
-Size: entries older than the longest window are pruned on every write; with the default budget of
-five restarts an entry is under 150 bytes (a pending intent adds under 1 KiB until the next write), so the 1 MiB ConfigMap limit holds about 7,000 workloads
-restarted within one window. Past ~900 KiB the oldest entries are dropped and `ledger_full` is logged.
-
-Fails with `errors.NotLeaderError` when asked to write while not leading, `errors.KubeError` when the
-API keeps refusing (after `MAX_ATTEMPTS` conflicts, or on other errors).
+How it fails: `errors.LedgerUnavailable` when the LedgerEntry kind is not served (its CRD is missing):
+kcover then refuses to act rather than act without memory; `errors.NotLeaderError` from the gateway's
+fence; `errors.KubeError` when the API keeps refusing (after `MAX_ATTEMPTS` conflicts, or other errors).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import bisect
+import copy
+import hashlib
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import orjson
 import structlog
 
 from kcover import errors
-from kcover.kube import client as kube_client
-from kcover.kube import retrying
-from kcover.recovery import policy, sharding
+from kcover.kube import gateway
 
 log = structlog.get_logger()
 
-MAX_INTENT_UIDS = 16
-"""Pod uids an intent keeps (the faulting pod first): enough to tell whether the delete happened."""
-MAX_ATTEMPTS = 5
-"""Read-modify-write attempts before giving up on a contended ledger."""
-MAX_SIGNALS = 2000
-"""Signals remembered at most (about 150 bytes each): far more than cooldowns and breakers let kcover act on
-within an Event's staleness window."""
-PER_UNIT_PRUNE_SECONDS = 60.0
-"""With the per-unit layout, entries past retention are pruned at most this often (pruning reads every entry;
-an entry a minute past its retention is harmless: every check compares times with its window)."""
-PER_UNIT_MAX_SIGNALS = 1_000_000
-"""Signals remembered with the per-unit layout, where each lives with its unit: bounded by the retention and
-the budgets, not by the size of one object."""
-SIGNALS_KEY = "signals"
-SIZE_LIMIT = 900 * 1024
-"""Bytes of data kept; the API server refuses ConfigMaps past 1 MiB in all."""
-
 T = TypeVar("T")
 
+MAX_INTENT_UIDS = 512
+"""Pod uids an intent keeps (the faulting pod first; about 19 KiB at most): every member of a unit of up to
+511 pods, so a successor takes away exactly those; past it a sample, and the creation times decide."""
+MAX_ATTEMPTS = 5
+"""Read-modify-write attempts of one entry before giving up on a contended ledger."""
+DELETES_PER_WRITE = 8
+"""Expired entries deleted per write at most; the others go at later writes (harmless meanwhile)."""
+SIGNALS = "signals"
+BREAKER_KEY = "breaker"
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def object_name(ledger_name: str, key: str) -> str:
+    """`<ledger>.<key>` when that is a valid object name, else `<ledger>.h.<hash of key>`."""
+    name = f"{ledger_name}.{key}"
+    if len(name) <= 253 and _NAME.match(name):
+        return name
+    return f"{ledger_name}.h.{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+
+# ------------------------------------------------------------------------------------------ entries
 
 @dataclass(frozen=True)
 class Intent:
-    """A restart recorded before its delete: what a successor needs to tell whether it happened, and finish it."""
+    """A restart recorded before its removals: what a successor needs to tell whether it happened, and finish it."""
 
     id: str
     fault: str
     """The `CollectorEvent.id` that caused it."""
     leader: str
-    """Identity of the replica that recorded it."""
     epoch: int
-    """That replica's leadership epoch when it recorded it."""
     at: float
-    """Epoch seconds it was recorded (the restart time in `State.restarts`)."""
+    """Epoch seconds it was recorded (the restart time in the unit's `restarts`)."""
     workload: tuple[str, str, str, str, str]
     """(kind, apiVersion, namespace, name, uid) of the workload."""
     selector: str = ""
-    """The label selector of the DeleteCollection; empty when `pods` is used instead."""
-    pods: tuple[tuple[str, str, str], ...] | None = None
-    """(namespace, name, uid) of the pods to delete one by one when the labels were not safe."""
     pod: tuple[str, str, str] | None = None
-    """(namespace, name, uid) of the faulting pod, re-checked before the delete."""
+    """(namespace, name, uid) of the faulting pod."""
     uids: tuple[str, ...] = ()
-    """Uids of pods the delete removes (the faulting pod first, at most `MAX_INTENT_UIDS`)."""
+    """Uids of pods the restart removes (the faulting pod first, at most `MAX_INTENT_UIDS`)."""
     message: str = ""
-    """What and why, for the Event of a successor that finishes it."""
     unit: str = ""
+    complete: bool = False
+    """`uids` lists every member (not a sample)."""
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"i": self.id, "f": self.fault, "l": self.leader, "e": self.epoch,
@@ -117,12 +102,12 @@ class Intent:
                                "m": self.message}
         if self.selector:
             out["s"] = self.selector
-        if self.pods is not None:
-            out["sp"] = [list(p) for p in self.pods]
         if self.pod is not None:
             out["p"] = list(self.pod)
         if self.unit:
             out["n"] = self.unit
+        if self.complete:
+            out["a"] = True
         return out
 
     @classmethod
@@ -132,329 +117,477 @@ class Intent:
             return None
         try:
             workload = tuple(str(x) for x in raw["w"])
-            pods = raw.get("sp")
             pod = raw.get("p")
             if len(workload) != 5 or (pod is not None and len(pod) != 3):
                 return None
             return cls(id=str(raw["i"]), fault=str(raw.get("f", "")), leader=str(raw["l"]), epoch=int(raw["e"]),
                        at=float(raw["t"]), workload=(workload[0], workload[1], workload[2], workload[3], workload[4]),
                        selector=str(raw.get("s", "")),
-                       pods=None if pods is None else tuple((str(p[0]), str(p[1]), str(p[2])) for p in pods),
                        pod=None if pod is None else (str(pod[0]), str(pod[1]), str(pod[2])),
                        uids=tuple(str(u) for u in raw.get("u") or ())[:MAX_INTENT_UIDS],
-                       message=str(raw.get("m", "")), unit=str(raw.get("n", "")))
+                       message=str(raw.get("m", "")), unit=str(raw.get("n", "")), complete=raw.get("a") is True)
         except (KeyError, TypeError, ValueError, IndexError):
             return None
 
 
+@dataclass(frozen=True)
+class HeldRestart:
+    """A restart refused for a blocker that lifts, waiting to be planned again (`steps.Hold`)."""
+
+    code: str
+    """The refusal code that holds it (`Paused`, `Cooldown`, `BudgetExhausted`, `BreakerOpen`, ...)."""
+    text: str
+    at: float
+    until: float
+    cause: str
+    """The cause `CollectorEvent`, as JSON: what is planned again."""
+
+    def encode(self) -> dict[str, Any]:
+        return {"c": self.code, "x": self.text, "t": round(self.at, 3), "u": round(self.until, 3), "e": self.cause}
+
+    @classmethod
+    def decode(cls, raw: Any) -> HeldRestart | None:
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return cls(code=str(raw["c"]), text=str(raw.get("x", "")), at=float(raw["t"]), until=float(raw["u"]),
+                       cause=str(raw["e"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 @dataclass
-class State:
-    """The parsed ledger. Mutated only on copies inside `Ledger.update()`."""
+class Unit:
+    """A restart unit's entry."""
 
-    restarts: dict[str, list[float]] = field(default_factory=dict)
-    notes: dict[str, str] = field(default_factory=dict)
-    cordons: dict[str, float] = field(default_factory=dict)
-    cordon_reasons: dict[str, str] = field(default_factory=dict)
-    intents: dict[str, Intent] = field(default_factory=dict)
-    """Ledger key -> the restart of that unit recorded but not known to be done."""
-    signals: dict[str, float] = field(default_factory=dict)
-    """`<signal>|<unit>` -> when kcover acted on that signal for that unit (a restart unit's ledger key,
-    or `n.<node>`)."""
+    restarts: list[float] = field(default_factory=list)
+    places: list[str] = field(default_factory=list)
+    """Where each restart's fault was, as `<node>` or `<node>/<device>` ("" unknown), parallel to `restarts`:
+    the evidence that tells a node's fault from a workload's (different workloads failing on one node)."""
+    note: str = ""
+    intent: Intent | None = None
+    held: HeldRestart | None = None
 
-    def copy(self) -> State:
-        return State({k: list(v) for k, v in self.restarts.items()}, dict(self.notes), dict(self.cordons),
-                     dict(self.cordon_reasons), dict(self.intents), dict(self.signals))
+    def record(self, at: float, place: str) -> None:
+        self.places = [*self.placed(), place]
+        self.restarts.append(at)
 
-    def acted_on(self, signal: str, unit: str) -> float | None:
-        """When kcover acted on `signal` for `unit`, or None (also for an empty signal)."""
-        return self.signals.get(f"{signal}|{unit}") if signal else None
+    def trim(self, before: float) -> None:
+        """Drop restarts older than `before` (the longest window any check reads)."""
+        pairs = [(t, p) for t, p in zip(self.restarts, self.placed(), strict=True) if t >= before]
+        self.restarts, self.places = [t for t, _ in pairs], [p for _, p in pairs]
 
-    def remember(self, signal: str, unit: str, now: float) -> None:
-        """Record that `signal` moved `unit` (nothing for an empty signal)."""
-        if signal:
-            self.signals[f"{signal}|{unit}"] = now
+    def placed(self) -> list[str]:
+        """`places`, one per restart ("" where an older entry recorded none)."""
+        return (self.places + [""] * len(self.restarts))[:len(self.restarts)]
 
-    def merged(self, other: State) -> State:
-        """A copy holding both states' restart times and cordons (for the dry-run overlay); intents of self."""
-        out = self.copy()
-        for key, times in other.restarts.items():
-            out.restarts[key] = sorted(set(out.restarts.get(key, [])) | set(times))
-            out.notes.setdefault(key, other.notes.get(key, ""))
-        for node, at in other.cordons.items():
-            if at > out.cordons.get(node, float("-inf")):
-                out.cordons[node] = at
-                out.cordon_reasons[node] = other.cordon_reasons.get(node, "")
-        for key, at in other.signals.items():
-            out.signals[key] = max(at, out.signals.get(key, at))
-        return out
-
-    def finish(self, completed: dict[str, str]) -> list[str]:
-        """Drop the intents `completed` names (key -> intent id, ids must match); returns the keys dropped."""
-        dropped = [k for k, i in completed.items() if k in self.intents and self.intents[k].id == i]
-        for key in dropped:
-            del self.intents[key]
-        return dropped
-
-    def history(self, in_flight_restarts: int = 0) -> policy.History:
-        return policy.History(restarts={k: tuple(v) for k, v in self.restarts.items()},
-                              cordons=dict(self.cordons), in_flight_restarts=in_flight_restarts)
-
-    def prune(self, before: float, max_signals: int = MAX_SIGNALS) -> None:
-        for key in list(self.restarts):
-            kept = [t for t in self.restarts[key] if t >= before]
-            if kept:
-                self.restarts[key] = kept
-            else:
-                del self.restarts[key]
-                self.notes.pop(key, None)
-        for key in [k for k, i in self.intents.items() if i.at < before or k not in self.restarts]:
-            del self.intents[key]
-        for node in [n for n, t in self.cordons.items() if t < before]:
-            del self.cordons[node]
-            self.cordon_reasons.pop(node, None)
-        recent = sorted(((at, key) for key, at in self.signals.items() if at >= before), reverse=True)
-        self.signals = {key: at for at, key in recent[:max_signals]}
-
-    def encode(self) -> dict[str, str]:
-        data: dict[str, str] = {}
-        for key, times in self.restarts.items():
-            entry: dict[str, Any] = {"t": [round(t, 3) for t in times], "d": self.notes.get(key, "")}
-            if key in self.intents:
-                entry["p"] = self.intents[key].encode()
-            data[key] = orjson.dumps(entry).decode()
-        for node, at in self.cordons.items():
-            data[f"n.{node}"] = orjson.dumps({"c": round(at, 3), "r": self.cordon_reasons.get(node, "")}).decode()
-        if self.signals:
-            data[SIGNALS_KEY] = orjson.dumps({k: round(t, 3) for k, t in self.signals.items()}).decode()
-        return data
-
-    def changed_units(self, old: State) -> set[str]:
-        """Ledger keys (`w.*`, `n.*`) whose entry or signals differ from `old`: what a per-unit write sends."""
-        keys = {k for k, v in self.restarts.items() if old.restarts.get(k) != v}
-        keys |= old.restarts.keys() - self.restarts.keys()
-        keys |= {k for k, v in self.notes.items() if old.notes.get(k) != v}
-        keys |= {k for k in self.intents.keys() | old.intents.keys() if self.intents.get(k) != old.intents.get(k)}
-        keys |= {f"n.{n}" for n in self.cordons.keys() | old.cordons.keys()
-                 if (self.cordons.get(n), self.cordon_reasons.get(n)) != (old.cordons.get(n), old.cordon_reasons.get(n))}
-        keys |= {k.rpartition("|")[2] for k, _ in self.signals.items() ^ old.signals.items()}
-        return keys
-
-    def encode_units(self, keys: set[str]) -> dict[str, dict[str, str]]:
-        """`encode()` for some keys only: key -> that unit's data (its entry, its signals as `signals`);
-        empty for a unit with nothing left."""
-        out: dict[str, dict[str, str]] = {key: {} for key in keys}
-        for key in keys:
-            if key.startswith("n."):
-                node = key[2:]
-                if node in self.cordons:
-                    out[key][key] = orjson.dumps({"c": round(self.cordons[node], 3),
-                                                  "r": self.cordon_reasons.get(node, "")}).decode()
-            elif key in self.restarts:
-                entry: dict[str, Any] = {"t": [round(t, 3) for t in self.restarts[key]], "d": self.notes.get(key, "")}
-                if key in self.intents:
-                    entry["p"] = self.intents[key].encode()
-                out[key][key] = orjson.dumps(entry).decode()
-        held: dict[str, dict[str, float]] = {}
-        for signal_key, at in self.signals.items():
-            unit = signal_key.rpartition("|")[2]
-            if unit in out:
-                held.setdefault(unit, {})[signal_key] = round(at, 3)
-        for unit, signals in held.items():
-            out[unit][SIGNALS_KEY] = orjson.dumps(dict(sorted(signals.items()))).decode()
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"t": [round(t, 3) for t in self.restarts], "d": self.note}
+        if any(self.places):
+            out["w"] = self.placed()
+        if self.intent is not None:
+            out["p"] = self.intent.encode()
+        if self.held is not None:
+            out["h"] = self.held.encode()
         return out
 
     @classmethod
-    def decode(cls, data: dict[str, str]) -> State:
-        state = cls()
-        for key, raw in data.items():
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                log.warning("ledger_entry_unreadable", key=key)
-                continue
-            if not isinstance(entry, dict):
-                continue
-            if key == SIGNALS_KEY:
-                state.signals = {str(k): float(t) for k, t in entry.items()
-                                 if isinstance(t, int | float) and not isinstance(t, bool)}
-            elif key.startswith("n.") and isinstance(entry.get("c"), int | float):
-                state.cordons[key[2:]] = float(entry["c"])
-                state.cordon_reasons[key[2:]] = str(entry.get("r", ""))
-            elif key.startswith("w.") and isinstance(entry.get("t"), list):
-                state.restarts[key] = sorted(float(t) for t in entry["t"] if isinstance(t, int | float))
-                state.notes[key] = str(entry.get("d", ""))
-                if "p" in entry:
-                    intent = Intent.decode(entry["p"])
-                    if intent is None:
-                        log.warning("ledger_intent_unreadable", key=key)
-                    else:
-                        state.intents[key] = intent
-        return state
+    def decode(cls, raw: Mapping[str, Any], key: str) -> Unit:
+        times = [float(t) if _number(t) else None for t in raw.get("t") or ()]
+        places = [str(p) for p in raw.get("w") or ()] if isinstance(raw.get("w"), list) else []
+        pairs = sorted((t, places[i] if i < len(places) else "") for i, t in enumerate(times) if t is not None)
+        unit = cls(restarts=[t for t, _ in pairs], places=[p for _, p in pairs], note=str(raw.get("d", "")))
+        if "p" in raw:
+            unit.intent = Intent.decode(raw["p"])
+            if unit.intent is None:
+                log.warning("ledger_intent_unreadable", key=key)
+        if "h" in raw:
+            unit.held = HeldRestart.decode(raw["h"])
+        return unit
+
+    def newest(self) -> float:
+        times = [*self.restarts, *((self.held.until,) if self.held is not None else ())]
+        return max(times, default=float("-inf"))
 
 
-class Ledger:
-    """In-memory copy of the ledger ConfigMap plus fenced read-modify-write of it."""
+@dataclass
+class Node:
+    """A node's entry."""
 
-    def __init__(self, kube: kube_client.KubeClient, *, namespace: str, name: str,
-                 is_leader: Callable[[], bool], retention_seconds: Callable[[], float],
-                 fence: retrying.Fence | None = None, layout: str = "single") -> None:
-        self._kube = kube
-        self._store = (sharding.PerUnitStore(kube, namespace=namespace, name=name, fence=fence)
-                       if layout == "per-unit" else None)
-        """The per-unit layout (`recovery.ledger_layout`); None: the one ConfigMap."""
-        self._max_signals = MAX_SIGNALS if self._store is None else PER_UNIT_MAX_SIGNALS
-        self._pruned_at = float("-inf")
-        self._fence = fence
-        self.namespace = namespace
-        self.name = name
-        self._is_leader = is_leader
-        self._retention = retention_seconds
-        self._state = State()
-        self._rv: str | None = None
-        self._exists = False
-        self._loaded = False
-        self._lock = asyncio.Lock()
-        self._completed: dict[str, str] = {}
-        """Ledger key -> id of an intent carried out here; dropped from the ConfigMap by the next write."""
-        self._dry = State()
-        """What a dry run would have recorded (never written)."""
-        self.conflicts = 0
-        self.writes = 0
+    cordoned_at: float | None = None
+    reason: str = ""
+
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"r": self.reason}
+        if self.cordoned_at is not None:
+            out["c"] = round(self.cordoned_at, 3)
+        return out
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, Any]) -> Node:
+        at = raw.get("c")
+        return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")))
+
+    def newest(self) -> float:
+        return self.cordoned_at if self.cordoned_at is not None else float("-inf")
+
+
+@dataclass
+class Breaker:
+    """The breaker's entry: latched (open) since when and why; the last reset."""
+
+    opened_at: float | None = None
+    reason: str = ""
+    closed_at: float | None = None
+    reset_request: str = ""
+    """The last reset request acted on (the controls ConfigMap annotation's value): one request resets once."""
 
     @property
-    def path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/configmaps/{self.name}"
+    def latched(self) -> bool:
+        return self.opened_at is not None
 
-    def history(self, in_flight_restarts: int = 0, *, dry_run: bool = False) -> policy.History:
-        """Restarts and cordons the ledger holds; with `dry_run`, plus what dry runs recorded in memory."""
-        state = self._state.merged(self._dry) if dry_run else self._state
-        return state.history(in_flight_restarts)
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"r": self.reason, "k": self.reset_request}
+        if self.opened_at is not None:
+            out["o"] = round(self.opened_at, 3)
+        if self.closed_at is not None:
+            out["x"] = round(self.closed_at, 3)
+        return out
+
+    @classmethod
+    def decode(cls, raw: Mapping[str, Any]) -> Breaker:
+        opened, closed = raw.get("o"), raw.get("x")
+        return cls(opened_at=float(opened) if _number(opened) else None, reason=str(raw.get("r", "")),
+                   closed_at=float(closed) if _number(closed) else None, reset_request=str(raw.get("k", "")))
+
+
+Entry = Unit | Node | Breaker
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def entry_for(key: str) -> Entry:
+    if key.startswith("n."):
+        return Node()
+    if key == BREAKER_KEY:
+        return Breaker()
+    return Unit()
+
+
+def decode_entry(key: str, raw: Any) -> Entry | None:
+    if not isinstance(raw, dict):
+        return None
+    if key.startswith("n."):
+        return Node.decode(raw)
+    if key == BREAKER_KEY:
+        return Breaker.decode(raw)
+    if key.startswith("w."):
+        return Unit.decode(raw, key)
+    return None
+
+
+@dataclass
+class _Held:
+    """One entry as this replica last read or wrote it."""
+
+    name: str
+    rv: str
+    entry: Entry
+    signals: dict[str, float]
+
+
+def _parse(item: gateway.DataBody) -> tuple[str, _Held] | None:
+    """(key, entry) of one LedgerEntry object; None for one kcover cannot read (logged)."""
+    meta = item.get("metadata", {})
+    data = item.get("data") or {}
+    name = meta.get("name", "")
+    for key, raw_text in data.items():
+        if key == SIGNALS:
+            continue
+        try:
+            raw = orjson.loads(raw_text)
+        except orjson.JSONDecodeError:
+            log.warning("ledger_entry_unreadable", key=key, name=name)
+            return None
+        entry = decode_entry(key, raw)
+        if entry is None:
+            log.warning("ledger_entry_unreadable", key=key, name=name)
+            return None
+        signals: dict[str, float] = {}
+        try:
+            held = orjson.loads(data.get(SIGNALS) or "{}")
+        except orjson.JSONDecodeError:
+            held = {}
+        if isinstance(held, dict):
+            signals = {str(k): float(v) for k, v in held.items() if _number(v)}
+        return key, _Held(name, meta.get("resourceVersion", ""), entry, signals)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the ledger
+
+class Ledger:
+    """The ledger of one controller: loaded once per term, written one entry at a time, fenced."""
+
+    def __init__(self, gw: gateway.Gateway, *, namespace: str, name: str,
+                 retention_seconds: Callable[[], float]) -> None:
+        self._gw = gw
+        self.namespace = namespace
+        self.name = name
+        self._retention = retention_seconds
+        self._entries: dict[str, _Held] = {}
+        self._loaded = False
+        self._load_lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._completed: dict[str, str] = {}
+        """Unit key -> id of an intent carried out here; the unit's next write drops it."""
+        self._restart_times: list[float] = []
+        """Every unit's restart times, sorted: the cluster-wide count in a window without reading every entry."""
+        self._cordon_times: list[float] = []
+        self._doomed: list[str] = []
+        self.writes = 0
+        self.conflicts = 0
+
+    @classmethod
+    def offline(cls, entries: Mapping[str, Entry] | None = None, *, signals: Mapping[str, float] | None = None,
+                name: str = "kcover-ledger", namespace: str = "kcover-system") -> Ledger:
+        """A loaded ledger holding `entries` (key -> entry) and `signals` (`<signal>|<key>` -> time), built
+        without I/O: what the plan reads in table tests, through the product's own model. It cannot write."""
+        book = cls(_Offline(), namespace=namespace, name=name, retention_seconds=lambda: 3600.0)
+        held: dict[str, _Held] = {}
+        for key, entry in (entries or {}).items():
+            mine = {s: at for s, at in (signals or {}).items() if s.rpartition("|")[2] == key}
+            held[key] = _Held(object_name(name, key), "1", entry, mine)
+        for signal, at in (signals or {}).items():
+            key = signal.rpartition("|")[2]
+            if key not in held:
+                held[key] = _Held(object_name(name, key), "1", entry_for(key), {signal: at})
+        book._entries = held
+        book._reindex()
+        book._loaded = True
+        return book
+
+    # ------------------------------------------------------------------------------------ reads
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def unit(self, key: str) -> Unit | None:
+        held = self._entries.get(key)
+        return held.entry if held is not None and isinstance(held.entry, Unit) else None
+
+    def node(self, name: str) -> Node | None:
+        held = self._entries.get(f"n.{name}")
+        return held.entry if held is not None and isinstance(held.entry, Node) else None
+
+    def breaker(self) -> Breaker:
+        held = self._entries.get(BREAKER_KEY)
+        return held.entry if held is not None and isinstance(held.entry, Breaker) else Breaker()
+
+    def acted_on(self, signal: str, key: str) -> float | None:
+        """When `signal` moved the entry `key`, or None (also for an empty signal)."""
+        if not signal:
+            return None
+        held = self._entries.get(key)
+        return held.signals.get(f"{signal}|{key}") if held is not None else None
+
+    def restarts_since(self, since: float) -> int:
+        """Restarts of every unit at or after `since` (epoch seconds)."""
+        return len(self._restart_times) - bisect.bisect_left(self._restart_times, since)
+
+    def cordons_since(self, since: float) -> int:
+        return len(self._cordon_times) - bisect.bisect_left(self._cordon_times, since)
 
     def pending(self) -> dict[str, Intent]:
-        """Intents the ConfigMap holds as pending, less those completed here (ledger key -> intent)."""
-        return {k: i for k, i in self._state.intents.items() if self._completed.get(k) != i.id}
+        """Intents held as pending, less those completed here (unit key -> intent)."""
+        out = {}
+        for key, held in self._entries.items():
+            if isinstance(held.entry, Unit) and held.entry.intent is not None \
+                    and self._completed.get(key) != held.entry.intent.id:
+                out[key] = held.entry.intent
+        return out
+
+    def held(self) -> dict[str, HeldRestart]:
+        """Restarts held for later (unit key -> the hold)."""
+        return {key: h.entry.held for key, h in self._entries.items()
+                if isinstance(h.entry, Unit) and h.entry.held is not None}
+
+    def entry_keys(self) -> list[str]:
+        return list(self._entries)
 
     def complete(self, key: str, intent_id: str) -> None:
-        """Mark an intent carried out; the next write drops it from the ConfigMap (no write of its own)."""
+        """Mark an intent carried out; the unit's next write drops it (no write of its own)."""
         self._completed[key] = intent_id
 
-    def dry_update(self, mutate: Callable[[State], T | None], *, now: float) -> T | None:
-        """`update()` for a dry run: `mutate` sees the ledger plus earlier dry records; kept in memory only."""
-        state = self._state.merged(self._dry)
-        refusal = mutate(state)
-        if refusal is None:
-            state.intents.clear()
-            state.prune(now - self._retention())
-            self._dry = state
-        return refusal
+    # ------------------------------------------------------------------------------------ load
 
     async def load(self) -> None:
-        """Read the ConfigMap (absent means empty), or every object of the per-unit layout."""
-        if self._store is not None:
-            self._state, self._exists, self._loaded = State.decode(await self._store.load()), True, True
-            return
+        """List every entry of this ledger; `errors.LedgerUnavailable` when LedgerEntries are not served."""
         try:
-            obj = await self._kube.request("GET", self.path)
-        except errors.NotFoundError:
-            self._state, self._rv, self._exists = State(), None, False
-        else:
-            data = obj.get("data") or {}
-            self._state = State.decode({str(k): str(v) for k, v in data.items()})
-            self._rv = str(obj["metadata"]["resourceVersion"])
-            self._exists = True
+            items = await self._gw.list_ledger_entries(self.namespace, self.name)
+        except errors.NotFoundError as exc:
+            self._loaded = False
+            raise errors.LedgerUnavailable(
+                f"LedgerEntries (kcover.io/v1alpha1) are not served in namespace {self.namespace}: is the "
+                f"LedgerEntry CRD installed? kcover does not act without its ledger ({exc})") from exc
+        entries: dict[str, _Held] = {}
+        for item in items:
+            parsed = _parse(item)
+            if parsed is not None:
+                entries[parsed[0]] = parsed[1]
+        self._entries = entries
+        self._completed = {}
+        self._reindex()
         self._loaded = True
 
     async def ensure_loaded(self) -> None:
-        """Read the ConfigMap once, however many callers ask at the same time."""
-        async with self._lock:
+        async with self._load_lock:
             if not self._loaded:
                 await self.load()
 
-    async def update(self, mutate: Callable[[State], T | None], *, now: float) -> T | None:
-        """Apply `mutate` to a copy of the current state and write it with the RV as precondition.
+    def forget(self) -> None:
+        """Drop what was loaded (the next `ensure_loaded` lists again): a new term, or the CRD went away."""
+        self._loaded = False
 
-        `mutate` returns None to write, or a refusal (anything else) to write nothing and return it.
-        On 409 the ledger is re-read and `mutate` runs again on what the other writer left.
-        """
-        async with self._lock:
-            if not self._loaded:
-                await self.load()
-            for _attempt in range(MAX_ATTEMPTS):
-                state = self._state.copy()
-                finished = state.finish(self._completed)
-                refusal = mutate(state)
+    def _reindex(self) -> None:
+        self._restart_times = sorted(t for h in self._entries.values() if isinstance(h.entry, Unit)
+                                     for t in h.entry.restarts)
+        self._cordon_times = sorted(h.entry.cordoned_at for h in self._entries.values()
+                                    if isinstance(h.entry, Node) and h.entry.cordoned_at is not None)
+
+    def _replace(self, key: str, new: _Held | None) -> None:
+        old = self._entries.get(key)
+        if old is not None:
+            if isinstance(old.entry, Unit):
+                for t in old.entry.restarts:
+                    i = bisect.bisect_left(self._restart_times, t)
+                    if i < len(self._restart_times) and self._restart_times[i] == t:
+                        del self._restart_times[i]
+            elif isinstance(old.entry, Node) and old.entry.cordoned_at is not None:
+                i = bisect.bisect_left(self._cordon_times, old.entry.cordoned_at)
+                if i < len(self._cordon_times) and self._cordon_times[i] == old.entry.cordoned_at:
+                    del self._cordon_times[i]
+            del self._entries[key]
+        if new is not None:
+            self._entries[key] = new
+            if isinstance(new.entry, Unit):
+                for t in new.entry.restarts:
+                    bisect.insort(self._restart_times, t)
+            elif isinstance(new.entry, Node) and new.entry.cordoned_at is not None:
+                bisect.insort(self._cordon_times, new.entry.cordoned_at)
+
+    # ------------------------------------------------------------------------------------ writes
+
+    async def update(self, key: str, mutate: Callable[[Entry, dict[str, float]], T | None], *, now: float) -> T | None:
+        """Run `mutate(entry, signals)` on a copy of `key`'s entry and write it (fenced, preconditioned).
+
+        `mutate` changes the copy in place and returns None to have it written, or a refusal (anything
+        else) to write nothing and return it. On a conflict only this entry is read again and `mutate`
+        runs on what the other writer left."""
+        await self.ensure_loaded()
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            for attempt in range(MAX_ATTEMPTS):
+                held = self._entries.get(key)
+                entry = copy.deepcopy(held.entry) if held is not None else entry_for(key)
+                signals = dict(held.signals) if held is not None else {}
+                dropped = self._drop_completed(key, entry)
+                refusal = mutate(entry, signals)
                 if refusal is not None:
                     return refusal
-                pruning = self._store is None or now - self._pruned_at >= PER_UNIT_PRUNE_SECONDS
-                if pruning:
-                    state.prune(now - self._retention(), self._max_signals)
+                self._prune_signals(signals, now)
                 try:
-                    if self._store is not None and not self._store.taking_over:  # only the units that changed
-                        await self._store.write_units(state.encode_units(state.changed_units(self._state)),
-                                                      guard=self._guard)
-                        self.writes += 1
-                    else:
-                        await self._write(self._bounded(state))
-                    if pruning:
-                        self._pruned_at = now
+                    written = await self._write(key, held, entry, signals)
                 except errors.ConflictError:
                     self.conflicts += 1
-                    log.info("ledger_conflict", name=self.name, attempt=_attempt + 1)
-                    if self._store is not None:  # only the objects that conflicted are read again
-                        self._state = State.decode(await self._store.refresh())
-                    else:
-                        await self.load()
+                    log.info("ledger_conflict", key=key, attempt=attempt + 1)
+                    await self._refresh(key)
                     continue
-                except errors.NotFoundError:
-                    if not self._exists:
-                        raise
-                    self._exists = False
-                    self._rv = None
-                    continue
-                self._state = state
-                for key in finished:
+                self._replace(key, written)
+                if dropped:
                     self._completed.pop(key, None)
+                await self._delete_expired(now)
                 return None
-            raise errors.KubeError(f"ledger {self.namespace}/{self.name}: still conflicting after "
+            raise errors.KubeError(f"ledger {self.namespace}/{self.name}: entry {key} still conflicting after "
                                    f"{MAX_ATTEMPTS} attempts", status=409)
 
-    def _bounded(self, state: State) -> dict[str, str]:
-        data = state.encode()
-        if self._store is not None:
-            return data  # per unit: no object grows with the number of workloads
-        size = sum(len(k) + len(v) for k, v in data.items())
-        if size <= SIZE_LIMIT:
-            return data
-        log.warning("ledger_full", name=self.name, bytes=size)
-        oldest = sorted(state.restarts, key=lambda k: state.restarts[k][-1])
-        while oldest and size > SIZE_LIMIT:
-            key = oldest.pop(0)
-            size -= len(key) + len(data.pop(key))
-            del state.restarts[key]
-            state.notes.pop(key, None)
-            state.intents.pop(key, None)
-        return data
+    def _drop_completed(self, key: str, entry: Entry) -> bool:
+        done = self._completed.get(key)
+        if isinstance(entry, Unit) and entry.intent is not None and entry.intent.id == done:
+            entry.intent = None
+            return True
+        return False
 
-    def _guard(self) -> None:
-        if not self._is_leader():
-            raise errors.NotLeaderError("not leading: ledger not written")
+    def _prune_signals(self, signals: dict[str, float], now: float) -> None:
+        before = now - self._retention()
+        for signal in [s for s, at in signals.items() if at < before]:
+            del signals[signal]
 
-    async def _write(self, data: dict[str, str]) -> None:
-        if self._store is not None:
-            await self._store.write(data, guard=self._guard)
-            self.writes += 1
-            return
-        self._guard()
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
-                                "metadata": {"name": self.name, "namespace": self.namespace,
-                                             "labels": {"app.kubernetes.io/managed-by": "kcover"}},
-                                "data": data}
-        if self._exists:
-            body["metadata"]["resourceVersion"] = self._rv
-            result = await self._kube.request("PUT", self.path, body=body, fence=self._fence)
-        else:
-            result = await self._kube.request("POST", f"/api/v1/namespaces/{self.namespace}/configmaps",
-                                              body=body, fence=self._fence)
+    async def _write(self, key: str, held: _Held | None, entry: Entry, signals: dict[str, float]) -> _Held:
+        name = held.name if held is not None else object_name(self.name, key)
+        data = {key: orjson.dumps(entry.encode()).decode()}
+        if signals:
+            data[SIGNALS] = orjson.dumps(dict(sorted(signals.items()))).decode()
+        meta: gateway.Meta = {"name": name, "namespace": self.namespace,
+                              "labels": {gateway.LEDGER_LABEL: self.name, "app.kubernetes.io/managed-by": "kcover"}}
+        body: gateway.DataBody = {"apiVersion": gateway.LEDGER_GROUP_VERSION, "kind": "LedgerEntry", "metadata": meta,
+                                  "data": data}
+        try:
+            if held is None:
+                result = await self._gw.create_ledger_entry(body)
+            else:
+                meta["resourceVersion"] = held.rv
+                result = await self._gw.replace_ledger_entry(body)
+        except errors.NotFoundError as exc:
+            if held is None:  # the collection itself is not served: the CRD is missing
+                self._loaded = False
+                raise errors.LedgerUnavailable(f"LedgerEntries are not served: {exc}") from exc
+            raise errors.ConflictError(f"ledger entry {name} was deleted meanwhile", status=409) from exc
         self.writes += 1
-        self._rv = str(result["metadata"]["resourceVersion"])
-        self._exists = True
+        return _Held(name, result.get("metadata", {}).get("resourceVersion", ""), entry, signals)
+
+    async def _refresh(self, key: str) -> None:
+        """Read one entry again after a conflict."""
+        held = self._entries.get(key)
+        name = held.name if held is not None else object_name(self.name, key)
+        found = await self._gw.get_ledger_entry(self.namespace, name)
+        parsed = _parse(found) if found is not None else None
+        self._replace(key, parsed[1] if parsed is not None and parsed[0] == key else None)
+
+    async def _delete_expired(self, now: float) -> None:
+        """Delete a few entries past retention (no pending intent, no hold): no object lingers for ever."""
+        if not self._doomed:
+            before = now - self._retention()
+            self._doomed = [k for k, h in self._entries.items() if _expired(h.entry, before)][:64]
+        for key in self._doomed[:DELETES_PER_WRITE]:
+            held = self._entries.get(key)
+            if held is None or not _expired(held.entry, now - self._retention()):
+                continue
+            try:
+                await self._gw.delete_ledger_entry(self.namespace, held.name, held.rv)
+            except errors.ConflictError:
+                continue  # written meanwhile: no longer expired
+            self._replace(key, None)
+        del self._doomed[:DELETES_PER_WRITE]
+
+
+class _Offline:
+    """The gateway of an offline ledger: every call is refused (it holds what it was given)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise errors.KcoverError(f"an offline ledger cannot {name}")
+
+
+def _expired(entry: Entry, before: float) -> bool:
+    if isinstance(entry, Unit):
+        return entry.intent is None and entry.held is None and entry.newest() < before
+    if isinstance(entry, Node):
+        return entry.newest() < before
+    return False
+
+
+def restarts_within(unit: Unit | None, since: float) -> list[float]:
+    return [t for t in (unit.restarts if unit is not None else ()) if t > since]

@@ -41,7 +41,6 @@ from kcover.kube import projections as proj
 log = structlog.get_logger()
 
 INDEX = "index.json"
-CHUNK = 64 * 1024
 FETCH_SHARE = 0.8
 """Part of `timeout_seconds` given to fetching and writing logs; the index and pruning get 10% each,
 so the whole save ends within `timeout_seconds` and a caller's own time box never cuts the index."""
@@ -346,7 +345,7 @@ async def _read_tail(client: client_.KubeClient, path: str, query: dict[str, str
     total = 0
     try:
         async with client.stream(path, query=query, read_timeout=read_timeout) as response:
-            async for chunk in response.content.iter_chunked(CHUNK):
+            async for chunk in response.content.iter_any():
                 buffer += chunk
                 total += len(chunk)
                 if len(buffer) > 2 * max_bytes:

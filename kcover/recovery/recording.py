@@ -13,7 +13,9 @@ since a namespaced kind cannot hold cluster-scoped objects and a node is the ope
 name is derived from the target and the fault (`name_for`), so a retried write, a resumed restart and
 its verification all land on the same object.
 
-A dry run writes no Recovery (it writes only its Events). It decides nothing. `Recorder.note()` is synchronous and never waits: it merges the change into a
+`Records` is the coordinator hook that notes each outcome (a held restart is `Held`: pending, with what
+it waits for). A dry run writes its Recoveries too, their decision marked `dryRun: true`. It decides
+nothing. `Recorder.note()` is synchronous and never waits: it merges the change into a
 bounded queue, keyed by object, that `Recorder.run()` drains in its own task (create, then merge-patch
 `/status`, the custom-resource way). A write that keeps failing is retried `WRITE_ATTEMPTS` times and
 then dropped; every drop (queue full, API errors, lost leadership) is logged and counted in
@@ -40,9 +42,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kcover import errors, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import client as kube_client
-from kcover.kube import retrying
-from kcover.recovery import actions
+from kcover.kube import gateway
+from kcover.recovery import steps as st
 
 log = structlog.get_logger()
 
@@ -73,6 +74,8 @@ class Phase(enum.StrEnum):
     """kcover could not carry the action out; `message` says why."""
     REFUSED = "Refused"
     """kcover decided not to act; `cause` is the refusal code."""
+    HELD = "Held"
+    """Pending: refused for a blocker that lifts (`cause`), planned again once it does, until `message`'s time."""
 
 
 def collection(namespace: str) -> str:
@@ -138,41 +141,57 @@ class Target:
         return f"{self.kind}/{where}" + (f" {self.unit}" if self.unit else "")
 
 
-def target_of(action: actions.Action) -> Target | None:
-    """What an action is about, or None for actions that leave no record (a report without an object)."""
-    if isinstance(action, actions.RestartWorkload):
-        w = action.workload
-        node = action.cause.target.node
-        return Target(w.kind, w.name, w.namespace, w.uid, w.api_version, node=node, unit=action.unit)
-    if isinstance(action, actions.CordonNode | actions.UncordonNode):
-        return Target("Node", action.node)
-    if isinstance(action, actions.Skip) and action.about is not None:
-        a = action.about
+def target_of(step: st.Step) -> Target | None:
+    """What a step is about, or None for steps that leave no record (a report without an object)."""
+    restart = step.restart if isinstance(step, st.Hold | st.Resume) else step
+    if isinstance(restart, st.Restart):
+        w = restart.workload
+        return Target(w.kind, w.name, w.namespace, w.uid, w.api_version, node=restart.node, unit=restart.unit)
+    if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
+        return Target("Node", step.node)
+    if isinstance(step, st.Refuse) and step.about is not None:
+        a = step.about
         return Target(a.kind, a.name, a.namespace, a.uid, a.api_version)
     return None
 
 
-def decision(action: actions.Action) -> str:
-    if isinstance(action, actions.RestartWorkload):
+def decision(step: st.Step) -> str:
+    if isinstance(step, st.Restart | st.Resume | st.Hold):
         return "RestartWorkload"
-    if isinstance(action, actions.CordonNode):
+    if isinstance(step, st.Cordon):
         return "CordonNode"
-    if isinstance(action, actions.UncordonNode):
+    if isinstance(step, st.Uncordon):
         return "UncordonNode"
-    return "Skip" if isinstance(action, actions.Skip) else "Report"
+    if isinstance(step, st.TaintDevice):
+        return "TaintDevice"
+    if isinstance(step, st.UntaintDevice):
+        return "UntaintDevice"
+    return "Skip" if isinstance(step, st.Refuse) else "Report"
 
 
-def identity_of(action: actions.Action) -> tuple[str, ...]:
+def _unit_key(step: st.Step) -> str:
+    if isinstance(step, st.Restart):
+        return step.unit_key
+    if isinstance(step, st.Hold):
+        return step.restart.unit_key
+    if isinstance(step, st.Resume):
+        return step.key
+    return ""
+
+
+def identity_of(step: st.Step) -> tuple[str, ...]:
     """What makes two notes the same Recovery: the unit or node, the cause, the decision."""
-    cause = getattr(action, "cause", None)
+    cause = st.cause_of(step)
     cause_id = cause.id if cause is not None else ""
-    if isinstance(action, actions.RestartWorkload):
-        return ("restart", action.ledger_key, cause_id)
-    if isinstance(action, actions.CordonNode | actions.UncordonNode):
-        return (decision(action), action.node, cause_id)
-    if isinstance(action, actions.Skip):
-        about = action.about
-        return ("skip", action.code.value, about.describe() if about else "", about.uid if about else "", cause_id)
+    if isinstance(step, st.Resume):
+        return ("restart", step.key, step.intent.fault or step.intent.id)
+    if isinstance(step, st.Restart | st.Hold):
+        return ("restart", _unit_key(step), cause_id)
+    if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
+        return (decision(step), step.node, cause_id)
+    if isinstance(step, st.Refuse):
+        about = step.about
+        return ("skip", step.code.value, about.describe() if about else "", about.uid if about else "", cause_id)
     return ("other", cause_id)
 
 
@@ -204,16 +223,15 @@ class RecordMetrics:
 class Recorder:
     """Notes recoveries without waiting (`note`, `phase`) and writes them in its own task (`run`)."""
 
-    def __init__(self, kube: kube_client.KubeClient, metrics: RecordMetrics, *,
+    def __init__(self, gw: gateway.Gateway, metrics: RecordMetrics, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, identity: str,
-                 is_leader: Callable[[], bool], fence: retrying.Fence | None = None) -> None:
-        self._kube = kube
+                 is_leader: Callable[[], bool]) -> None:
+        self._gw = gw
         self.metrics = metrics
         self._recovery = recovery
         self._clock = clock
         self.identity = identity
         self._is_leader = is_leader
-        self._fence = fence
         self._queue: collections.OrderedDict[tuple[str, str], _Write] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._by_key: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
@@ -226,27 +244,31 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ noting
 
-    def note(self, action: actions.Action, phase: Phase, *, cause: str = "", message: str = "",
+    def note(self, step: st.Step, phase: Phase, *, cause: str = "", message: str = "",
              acted: bool = True) -> tuple[str, str] | None:
-        """Queue the Recovery of `action` in `phase`; returns its (namespace, name), or None if none is kept."""
+        """Queue the Recovery of `step` in `phase`; returns its (namespace, name), or None if none is kept."""
         rs = self._recovery()
-        target = target_of(action)
-        if not rs.records.enabled or rs.dry_run or target is None:
+        target = target_of(step)
+        if not rs.records.enabled or target is None:
             return None
         namespace = target.namespace if target.kind != "Node" and target.namespace else rs.ledger_namespace
-        name = name_for(f"{target.kind}-{target.name}", *identity_of(action))
+        name = name_for(f"{target.kind}-{target.name}", *identity_of(step))
         now = self._clock.now()
-        source = getattr(action, "cause", None)
+        source = st.cause_of(step)
         spec: dict[str, Any] = {"target": target.spec(),
-                                "decision": {"action": decision(action), "leader": self.identity}}
-        if isinstance(action, actions.Skip):
-            spec["decision"]["code"] = action.code.value
-            spec["decision"]["text"] = model.fit(action.text, 512)
-        if isinstance(action, actions.RestartWorkload):
-            spec["decision"]["selector"] = action.selector.render()
-            spec["decision"]["ledgerKey"] = action.ledger_key
-        if isinstance(action, actions.CordonNode):
-            spec["decision"]["text"] = model.fit(action.reason, 512)
+                                "decision": {"action": decision(step), "leader": self.identity}}
+        if rs.dry_run:
+            spec["decision"]["dryRun"] = True
+        if isinstance(step, st.Refuse):
+            spec["decision"]["code"] = step.code.value
+            spec["decision"]["text"] = model.fit(step.text, 512)
+        restart = step.restart if isinstance(step, st.Hold | st.Resume) else step
+        if isinstance(restart, st.Restart):
+            spec["decision"]["selector"] = restart.selector.render()
+            spec["decision"]["ledgerKey"] = restart.unit_key
+            spec["decision"]["removal"] = restart.removal.value
+        if isinstance(step, st.Cordon):
+            spec["decision"]["text"] = model.fit(step.reason, 512)
         if source is not None:
             spec["fault"] = fault_spec(source)
         labels = {**MANAGED, TARGET_LABEL: _target_hash(target.kind, target.namespace, target.name)}
@@ -255,7 +277,7 @@ class Recorder:
         status: dict[str, Any] = {"phase": phase.value}
         if source is not None:
             status["detectedAt"] = _time(source.observed_at)
-        if acted and phase is not Phase.REFUSED:
+        if acted and phase not in (Phase.REFUSED, Phase.HELD):
             status["actedAt"] = _time(now)
         if cause:
             status["cause"] = cause
@@ -264,9 +286,10 @@ class Recorder:
         if phase is Phase.RECOVERED:
             status["recoveredAt"] = _time(now)
         self._put(namespace, name, body, status)
-        if isinstance(action, actions.RestartWorkload):
-            self._by_key.pop(action.ledger_key, None)
-            self._by_key[action.ledger_key] = (namespace, name)
+        key = _unit_key(step)
+        if key:
+            self._by_key.pop(key, None)
+            self._by_key[key] = (namespace, name)
             while len(self._by_key) > rs.records.queue_size:
                 self._by_key.popitem(last=False)
         return namespace, name
@@ -350,18 +373,16 @@ class Recorder:
     async def _write(self, write: _Write) -> None:
         if not self._is_leader():
             raise errors.NotLeaderError("not leading: Recovery not written")
-        base = collection(write.namespace)
         if not write.created:
             try:
-                await self._kube.request("POST", base, body=write.body, fence=self._fence)
+                await self._gw.create_recovery(write.body)  # type: ignore[arg-type]
                 self.metrics.written.inc()
             except errors.ConflictError:
                 pass  # AlreadyExists: an earlier write (or a resumed restart's) made it
             write.created = True
         if write.status:
             try:
-                await self._kube.request("PATCH", f"{base}/{write.name}/status", body={"status": write.status},
-                                         content_type=kube_client.MERGE_PATCH, fence=self._fence)
+                await self._gw.patch_recovery_status(write.namespace, write.name, write.status)
             except errors.NotFoundError:
                 if not write.body:
                     return  # pruned meanwhile, and this leader never had its spec: nothing to keep
@@ -390,23 +411,19 @@ class Recorder:
         """Delete recoveries past the age limit, and per target all but the newest `retention_per_target`."""
         rec = self._recovery().records
         items: list[dict[str, Any]] = []
-        query: dict[str, str | int] = {"labelSelector": "app.kubernetes.io/managed-by=kcover", "limit": 500}
+        token = ""
         while True:
-            page = await self._kube.request("GET", f"/apis/{API_VERSION}/{PLURAL}", query=query)
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
+            page, token = await self._gw.list_recoveries(limit=500, continue_token=token)
+            items += [dict(i) for i in page
+                      if (i.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "kcover"]
             if not token:
                 break
-            query = {**query, "continue": token}
         doomed = retained(items, now=self._clock.now(), max_age_seconds=rec.retention_age_seconds,
                           per_target=rec.retention_per_target)
         for namespace, name in doomed:
             if not self._is_leader():
                 raise errors.NotLeaderError("not leading: retention stopped")
-            try:
-                await self._kube.request("DELETE", f"{collection(namespace)}/{name}", fence=self._fence)
-            except errors.NotFoundError:
-                continue
+            await self._gw.delete_recovery(namespace, name)
             self.metrics.pruned.inc()
         if doomed:
             log.info("recovery_records_pruned", deleted=len(doomed), kept=len(items) - len(doomed))
@@ -435,3 +452,38 @@ def retained(items: list[dict[str, Any]], *, now: dt.datetime, max_age_seconds: 
         members.sort(reverse=True)
         doomed += [(ns, name) for _, ns, name in members[per_target:]]
     return doomed
+
+
+class Records:
+    """The coordinator hook noting every outcome's Recovery (`Recorder.note`)."""
+
+    def __init__(self, recorder: Recorder, *, verifying: Callable[[], bool]) -> None:
+        self.recorder = recorder
+        self._verifying = verifying
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
+        note = self.recorder.note
+        if isinstance(step, st.Emit | st.CallPerson | st.Drain | st.RequestRemediation | st.LatchBreaker
+                      | st.ResetBreaker | st.RequestValidation | st.Report):
+            return []
+        if isinstance(outcome, st.Held):
+            until = clock_.rfc3339(dt.datetime.fromtimestamp(outcome.until, dt.UTC))
+            note(step, Phase.HELD, cause=outcome.code.value, message=f"{outcome.text}; held until {until}", acted=False)
+        elif isinstance(outcome, st.Refused):
+            if outcome.code is st.Code.INTENT_REFUSED or (outcome.audit and not (isinstance(step, st.Refuse) and not step.audit)):
+                note(step, Phase.REFUSED, cause=outcome.code.value, message=outcome.text, acted=False)
+        elif isinstance(outcome, st.Failed):
+            if isinstance(step, st.Resume):
+                note(step, Phase.FAILED, cause="DeleteFailed", message=outcome.error)
+            elif isinstance(step, st.Restart):
+                note(step, Phase.ACTING, cause="DeleteFailed", message=f"taking pods away failed and is retried: "
+                                                                       f"{outcome.error}")
+        elif not outcome.noop:
+            if isinstance(step, st.Restart | st.Resume):
+                verified = self._verifying()
+                note(step, Phase.VERIFYING if verified else Phase.RECOVERED, cause="" if verified else "NotVerified",
+                     message=f"took {outcome.removed} pods away"
+                     + ("" if verified else "; recovery.verify.enabled is off"))
+            elif isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
+                note(step, Phase.RECOVERED, message=f"{decision(step)} done")
+        return []

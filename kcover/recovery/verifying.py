@@ -12,10 +12,10 @@ the cause from the pods the cache holds (Pending and unschedulable with the sche
 image pull error, a crash again, the operator not recreating pods) and the escalation ladder's last
 step, a person, follows (`kcover_recovery_stalled_total{cause}`, `kcover_escalation_steps_total`).
 
-The decisions (`assess`, `diagnose`) are pure functions of the cache's projections. I/O: the
-Events (`KcoverRecoveryVerified`, `KcoverRecoveryStalled`, `KcoverEscalated`) are written by
-`flush()`, which the leader's periodic pass calls (`recovery.resume_interval_seconds`), because the
-cache callback may not await. Memory: at most `recovery.verify.max_followed` recoveries, the oldest
+The decisions (`assess`, `diagnose`) are pure functions of the cache's projections. `Verify` is the
+coordinator hook that starts following a restart once it is done. The Events (`KcoverRecoveryVerified`,
+`KcoverRecoveryStalled`, `KcoverEscalated`) are the `Emit` steps `flush()` returns, which the leader's
+periodic pass (`recovery.resume_interval_seconds`) runs, because the cache callback may not await. Memory: at most `recovery.verify.max_followed` recoveries, the oldest
 dropped (logged); `history` keeps the last `HISTORY` outcomes. A new leader does not follow the
 restarts of the old one (documented in the runbook). It never raises into the cache.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from kcover import settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import actions
+from kcover.recovery import steps as st
 
 log = structlog.get_logger()
 
@@ -43,8 +43,6 @@ IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImag
 CRASH_REASONS = frozenset({"CrashLoopBackOff", "RunContainerError", "CreateContainerError"})
 MTTR_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
-Emit = Callable[..., Awaitable[None]]
-"""`executing.Executor.emit(about, *, reason, action, message, warning)`."""
 
 
 class Outcome(enum.StrEnum):
@@ -67,8 +65,8 @@ class Followed:
 
     key: str
     """The restart unit's ledger key."""
-    workload: actions.WorkloadRef
-    selector: actions.MemberSelector
+    workload: st.WorkloadRef
+    selector: st.Selector
     what: str
     old_uids: frozenset[str]
     expected: int
@@ -162,18 +160,17 @@ class Verifier:
     """Follows restarted units through the cache; `flush()` writes what became of them."""
 
     def __init__(self, cache: caching.ClusterCache | None, metrics: VerifyMetrics, *,
-                 settings_: Callable[[], settings.VerifySettings], emit: Emit,
+                 settings_: Callable[[], settings.VerifySettings],
                  on_end: Callable[[Record], None] | None = None) -> None:
         self._cache = cache
         self._on_end = on_end
         """Told synchronously of every outcome (the Recovery resource's phase); must not raise or block."""
         self._metrics = metrics
         self._settings = settings_
-        self._emit = emit
         self.followed: dict[str, Followed] = {}
         """Ledger key -> the restart of that unit being followed (a newer restart replaces it)."""
         self.history: collections.deque[Record] = collections.deque(maxlen=HISTORY)
-        self._unwritten: list[tuple[Record, actions.WorkloadRef]] = []
+        self._unwritten: list[tuple[Record, st.WorkloadRef]] = []
         self._now: Callable[[], float] = lambda: 0.0
         self._subscribed = False
 
@@ -231,6 +228,9 @@ class Verifier:
                  mttr_seconds=None if mttr is None else round(mttr, 3),
                  since_restart_seconds=round(now - f.restarted_at, 3))
 
+    def count_step(self, ladder: str, step: str) -> None:
+        self._metrics.steps.labels(ladder=ladder, step=step).inc()
+
     def stalled(self, now: float) -> list[Record]:
         """Recoveries past their deadline: diagnosed, counted, and taken off the followed set."""
         out: list[Record] = []
@@ -248,29 +248,61 @@ class Verifier:
             log.warning("recovery_stalled", workload=f.what, cause=cause.value, detail=detail)
         return out
 
-    async def flush(self, now: float) -> None:
-        """Find the stalled recoveries and write the Events of everything that ended since the last flush."""
+    def flush(self, now: float) -> list[st.Step]:
+        """Find the stalled recoveries; the Events of everything that ended since the last flush."""
         self.stalled(now)
         pending, self._unwritten = self._unwritten, []
+        out: list[st.Step] = []
         for record, workload in pending:
-            await self._write(record, workload)
+            out += self._events(record, workload)
+        return out
 
-    async def _write(self, record: Record, workload: actions.WorkloadRef) -> None:
+    def _events(self, record: Record, workload: st.WorkloadRef) -> list[st.Step]:
         if record.outcome is Outcome.RECOVERED:
-            await self._emit(workload, reason="KcoverRecoveryVerified", action="Verify", warning=False,
-                             message=f"{record.what} runs again: every pod Running with a new uid, "
-                                     f"{record.mttr_seconds:.3f}s after the fault (MTTR)")
-        elif record.outcome is Outcome.FINISHED:
-            await self._emit(workload, reason="KcoverRecoveryVerified", action="Verify", warning=False,
-                             message=f"{record.what} finished after its restart")
-        else:
-            deadline = self._settings().deadline_seconds
-            assert record.cause is not None
-            await self._emit(workload, reason="KcoverRecoveryStalled", action="Verify", warning=True,
-                             message=f"Stalled: {record.cause.value}: {record.what} is not running again "
-                                     f"{deadline:g}s after its restart: {record.detail}")
-            self._metrics.steps.labels(ladder="workload", step="person").inc()
-            await self._emit(workload, reason="KcoverEscalated", action="Person", warning=True,
-                             message=f"{record.what}: its restart stalled ({record.cause.value}) and kcover will "
-                                     "not restart it again for that: a person must look (see the "
-                                     "KcoverRecoveryStalled Event)")
+            return [st.Emit(workload, "KcoverRecoveryVerified", "Verify", warning=False,
+                            message=f"{record.what} runs again: every pod Running with a new uid, "
+                                    f"{record.mttr_seconds:.3f}s after the fault (MTTR)")]
+        if record.outcome is Outcome.FINISHED:
+            return [st.Emit(workload, "KcoverRecoveryVerified", "Verify", warning=False,
+                            message=f"{record.what} finished after its restart")]
+        deadline = self._settings().deadline_seconds
+        assert record.cause is not None
+        self._metrics.steps.labels(ladder="workload", step="person").inc()
+        return [st.Emit(workload, "KcoverRecoveryStalled", "Verify",
+                        message=f"Stalled: {record.cause.value}: {record.what} is not running again {deadline:g}s "
+                                f"after its restart: {record.detail}"),
+                st.Emit(workload, "KcoverEscalated", "Person",
+                        message=f"{record.what}: its restart stalled ({record.cause.value}) and kcover will not restart "
+                                "it again for that: a person must look (see the KcoverRecoveryStalled Event)")]
+
+
+class Verify:
+    """The coordinator hook that follows every restart done until the workload runs again."""
+
+    def __init__(self, verifier: Verifier, *, recovery: Callable[[], settings.RecoverySettings],
+                 now: Callable[[], float]) -> None:
+        self.verifier = verifier
+        self._recovery = recovery
+        self._now = now
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
+        if isinstance(outcome, st.Refused | st.Held) and outcome.code is st.Code.BUDGET_EXHAUSTED:
+            self.verifier.count_step("workload", "stop")
+        if not isinstance(outcome, st.Done) or outcome.noop:
+            return []
+        restart = step.restart if isinstance(step, st.Resume) else step
+        if not isinstance(restart, st.Restart):
+            return []
+        self.verifier.count_step("workload", "restart")
+        if not self._recovery().verify.enabled:
+            return []
+        now = self._now()
+        old = {m.uid for m in restart.members} | ({restart.pod.uid} if restart.pod is not None else set())
+        cause = restart.cause
+        fault_at = step.intent.at if isinstance(step, st.Resume) else cause.observed_at.timestamp()
+        self.verifier.follow(Followed(
+            key=restart.unit_key, workload=restart.workload, selector=restart.selector, what=restart.what,
+            old_uids=frozenset(old), expected=len(old), fault_at=fault_at, restarted_at=now,
+            deadline=now + self._recovery().verify.deadline_seconds,
+            fault=f"{cause.reason} from {cause.detector}", node=restart.node), self._now)
+        return []

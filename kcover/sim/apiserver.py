@@ -1,4 +1,4 @@
-"""HTTP front of the simulated cluster: Kubernetes REST paths on aiohttp, served on loopback.
+"""The simulated cluster's API server: Kubernetes REST paths in, the real server's answers out.
 
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
@@ -6,7 +6,9 @@ verbs get, list, watch, create, update, patch, delete, deletecollection, pods/lo
 (`evicting`), request bodies as JSON or protobuf (`protobuf`), the recorded `/openapi/v3` documents
 (`openapi`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
-exception answers 500 InternalError rather than closing the connection.
+exception answers 500 InternalError rather than closing the connection. It answers
+`exchange.Request`s with `exchange.Reply`/`exchange.Stream`; how they travel (loopback HTTP in
+`server`, or in-process in `inprocess`) is not its business.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
@@ -28,6 +29,7 @@ from kcover.sim import (
     devicetaints,
     discovery,
     evicting,
+    exchange,
     faults,
     openapi,
     patching,
@@ -70,12 +72,12 @@ def parse_int(query: Any, name: str) -> int | None:
         raise status.bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax') from None
 
 
-def _json(body: Obj | bytes, code: int = 200) -> web.Response:
+def _json(body: Obj | bytes, code: int = 200) -> exchange.Reply:
     data = body if isinstance(body, bytes) else deepjson.dumps(body)
-    return web.Response(body=data, status=code, content_type=_JSON)
+    return exchange.Reply(status=code, body=data, content_type=_JSON)
 
 
-def _is_protobuf(request: web.Request) -> bool:
+def _is_protobuf(request: exchange.Request) -> bool:
     return (request.headers.get("Content-Type") or "").split(";")[0].strip().lower() == protobuf.MEDIA_TYPE
 
 
@@ -128,12 +130,11 @@ class ApiServer:
         self.server_address = "127.0.0.1:0"
         self._rng = rng or random.Random()
         self.openapi = openapi.Documents()
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
-        self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
 
     # --- routing ------------------------------------------------------------------------------
 
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: exchange.Request) -> exchange.Answer:
+        """Answer one request as kube-apiserver would."""
         try:
             parts = [p for p in request.path.split("/") if p]
             target = self._target(parts)
@@ -170,18 +171,18 @@ class ApiServer:
                                                 "resource"))
         return Target(res, None, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else "")
 
-    def _non_resource(self, parts: list[str]) -> web.StreamResponse:
+    def _non_resource(self, parts: list[str]) -> exchange.Answer:
         reg = self.store.registry
         path = "/" + "/".join(parts)
         doc: Obj | None = None
         if path in ("/healthz", "/readyz", "/livez"):
-            return web.Response(text="ok", content_type="text/plain")
+            return exchange.Reply(body=b"ok", content_type="text/plain")
         if path == "/openapi/v3":
             return _json(self.openapi.index(openapi.served_paths(reg.group_versions())))
         if path.startswith("/openapi/v3/"):
             found = self.openapi.document(path.removeprefix("/openapi/v3/"))
             if found is not None:
-                return web.Response(body=found[0], content_type=_JSON, headers={"ETag": f'"{found[1]}"'})
+                return exchange.Reply(body=found[0], content_type=_JSON, headers={"ETag": f'"{found[1]}"'})
         if path == "/version":
             doc = discovery.version()
         elif path == "/api":
@@ -199,13 +200,13 @@ class ApiServer:
                                                 "resource"))
         return _json(doc)
 
-    async def _resource(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _resource(self, request: exchange.Request, t: Target) -> exchange.Answer:
         method, query = request.method, request.query
         sub = t.subresource
         if sub and sub not in t.resource.subresources:
             raise status.ApiError(status.status(404, "NotFound", "the server could not find the requested "
                                                 "resource"))
-        handler: Callable[[web.Request, Target], Awaitable[web.StreamResponse]]
+        handler: Callable[[exchange.Request, Target], Awaitable[exchange.Answer]]
         if method == "GET" and t.name is None:
             verb = "WATCH" if parse_bool(query, "watch") else "LIST"
             handler = self._watch if verb == "WATCH" else self._list
@@ -236,12 +237,13 @@ class ApiServer:
         if decision.delay_seconds:
             await asyncio.sleep(decision.delay_seconds)
         if decision.throttle == "text":
-            return web.Response(status=429, text="Too many requests, please try again later.\n",
-                                headers={"Retry-After": str(decision.retry_after_seconds)})
+            return exchange.Reply(status=429, body=b"Too many requests, please try again later.\n",
+                                  content_type="text/plain",
+                                  headers={"Retry-After": str(decision.retry_after_seconds)})
         if decision.throttle == "status":
             err = status.too_many_requests(decision.retry_after_seconds)
-            return web.Response(status=429, body=orjson.dumps(err.status_obj), content_type=_JSON,
-                                headers={"Retry-After": str(decision.retry_after_seconds)})
+            return exchange.Reply(status=429, body=orjson.dumps(err.status_obj), content_type=_JSON,
+                                  headers={"Retry-After": str(decision.retry_after_seconds)})
         if decision.error_code:
             code = decision.error_code
             reason = "ServiceUnavailable" if code == 503 else "InternalError"
@@ -258,7 +260,7 @@ class ApiServer:
     def _render_obj(self, t: Target, obj: Obj) -> Obj:
         return strategy.event_from_core(obj) if t.new_events else obj
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: exchange.Request) -> Any:
         data = await request.read()
         if not data:
             raise status.bad_request("the body of the request is empty")
@@ -269,7 +271,7 @@ class ApiServer:
         except orjson.JSONDecodeError as exc:
             raise status.bad_request(f"the object provided is unrecognized: {exc}") from None
 
-    def _filter(self, request: web.Request, t: Target) -> tables.Filter:
+    def _filter(self, request: exchange.Request, t: Target) -> tables.Filter:
         query = request.query
         fields = selectors.parse_fields(query.get("fieldSelector"), t.resource.field_labels)
         if t.new_events:
@@ -309,7 +311,7 @@ class ApiServer:
 
     # --- verbs --------------------------------------------------------------------------------
 
-    async def _get(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _get(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         self._check_rv(request.query.get("resourceVersion"))
         entry = self.store.entry(t.resource.key, t.namespace or "", t.name)
@@ -318,7 +320,7 @@ class ApiServer:
                                         now=self.store.clock.now()))
         return _json(self._render(t, entry.raw))
 
-    async def _list(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _list(self, request: exchange.Request, t: Target) -> exchange.Answer:
         query = request.query
         limit = parse_int(query, "limit") or 0
         token = query.get("continue") or None
@@ -348,7 +350,7 @@ class ApiServer:
         return self._list_response(t, result.entries, list_rv, cont, result.remaining, request)
 
     def _list_response(self, t: Target, entries: list[tables.Entry], rv: int, cont: str | None,
-                       remaining: int | None, request: web.Request | None = None) -> web.Response:
+                       remaining: int | None, request: exchange.Request | None = None) -> exchange.Reply:
         meta: Obj = {"resourceVersion": str(rv)}
         if cont:
             meta["continue"] = cont
@@ -359,14 +361,14 @@ class ApiServer:
                                         include=request.query.get("includeObject", ""), now=self.store.clock.now()))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version, "metadata": meta})
         items = b",".join(self._list_item(t, self._render(t, e.raw)) for e in entries)
-        return web.Response(body=head[:-1] + b',"items":[' + items + b"]}", content_type=_JSON)
+        return exchange.Reply(body=head[:-1] + b',"items":[' + items + b"]}", content_type=_JSON)
 
-    async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _watch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         options = watching.parse_options(request.query, parse_bool, parse_int)
         flt = self._filter(request, t)
         return await watching.serve(request, self, t, flt, options)
 
-    async def _create(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _create(self, request: exchange.Request, t: Target) -> exchange.Answer:
         body = await self._body(request)
         if not isinstance(body, dict):
             raise status.bad_request("the object provided is not an object")
@@ -387,7 +389,7 @@ class ApiServer:
         created = self.store.create(t.resource.key, obj)
         return _json(self._render_obj(t, created), 201)
 
-    async def _write(self, t: Target, new: Obj, old: Obj) -> web.Response:
+    async def _write(self, t: Target, new: Obj, old: Obj) -> exchange.Reply:
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -406,7 +408,7 @@ class ApiServer:
         updated = self.store.update(t.resource.key, prepared)
         return _json(self._render_obj(t, updated))
 
-    async def _update(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _update(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         body = await self._body(request)
         if not isinstance(body, dict):
@@ -418,7 +420,7 @@ class ApiServer:
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         return await self._write(t, body, old)
 
-    async def _patch(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         accepted = [patching.JSON_PATCH, patching.MERGE_PATCH, patching.APPLY_PATCH]
@@ -431,7 +433,7 @@ class ApiServer:
         patched = patching.apply(self._render_obj(t, old), body, content_type)
         return await self._write(t, patched, old)
 
-    async def _delete_options(self, request: web.Request) -> tuple[int | None, str | None, str | None]:
+    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None]:
         data = await request.read()
         options: Obj = {}
         if data and _is_protobuf(request):
@@ -452,7 +454,7 @@ class ApiServer:
         pre = options.get("preconditions") or {}
         return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"))
 
-    async def _delete(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _delete(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         grace, uid, rv = await self._delete_options(request)
         obj, gone = self.store.delete(t.resource.key, t.namespace or "", t.name, grace_seconds=grace, uid=uid,
@@ -464,7 +466,7 @@ class ApiServer:
             return _json(status.success(t.resource.plural, t.resource.group, t.name, meta["uid"]))
         return _json(self._render_obj(t, obj))
 
-    async def _delete_collection(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _delete_collection(self, request: exchange.Request, t: Target) -> exchange.Answer:
         grace, _, _ = await self._delete_options(request)
         flt = self._filter(request, t)
         matched = self.store.list(t.resource.key, flt).entries
@@ -481,9 +483,9 @@ class ApiServer:
             items.append(self._list_item(t, deepjson.dumps(self._render_obj(t, obj))))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version,
                              "metadata": {"resourceVersion": str(self.store.resource_version)}})
-        return web.Response(body=head[:-1] + b',"items":[' + b",".join(items) + b"]}", content_type=_JSON)
+        return exchange.Reply(body=head[:-1] + b',"items":[' + b",".join(items) + b"]}", content_type=_JSON)
 
-    async def _bind(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _bind(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         body = await self._body(request)
         node = str(((body or {}).get("target") or {}).get("name") or "")
@@ -495,7 +497,7 @@ class ApiServer:
         self.store.update("pods", pod)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
 
-    async def _evict(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _evict(self, request: exchange.Request, t: Target) -> exchange.Answer:
         """The Eviction API, PodDisruptionBudgets honoured (`evicting`): 201 and a Success Status."""
         assert t.name is not None
         body = await self._body(request)
@@ -507,7 +509,7 @@ class ApiServer:
             self.logs.forget_pod(t.namespace or "", t.name)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
 
-    async def _log(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _log(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
         query = request.query
         options = podlogs.LogOptions(previous=parse_bool(query, "previous"),
@@ -532,6 +534,6 @@ class ApiServer:
         if container not in names + init_names:
             raise status.bad_request(f"container {container} is not valid for pod {t.name}")
         if not spec.get("nodeName"):  # no kubelet to ask: a real server answers 204 No Content
-            return web.Response(status=204)
+            return exchange.Reply(status=204, content_type="text/plain")
         text = self.logs.read(t.namespace or "", t.name, container, options)
-        return web.Response(text=text, content_type="text/plain")
+        return exchange.Reply(body=text.encode(), content_type="text/plain")

@@ -5,9 +5,9 @@ Owns four scenarios, played like the others (`scenarios.Run`, `scenarios.Scenari
 the scheduler's message, and a person is called), `node-repaired` (XID 79, cordon, the GPU recovers;
 the node's agent runs the `dcgmi diag` the controller asks for, where the simulated node's
 `dcgmi.FakeDcgmi` prints a recorded pass; un-cordon after the hold; an admin-cordoned bystander is
-left alone), `pause` (paused workload, namespace and global scope are skipped with Events; resumed, kcover acts) and `breaker-latch` (the
-breaker latches open on a refused cordon, refuses restarts until `kcover breaker reset`, then holds
-back for its cooldown). How it fails: as `scenarios` does (a timed-out wait fails the run).
+left alone), `pause` (a failure under a paused workload, namespace or global scope is held with an Event;
+lifted, the held restart runs) and `breaker-latch` (the breaker latches open on a refused cordon and holds
+restarts until `kcover breaker reset` and its cooldown, then runs them). How it fails: as `scenarios` does (a timed-out wait fails the run).
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+
 from kcover import codec
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
-from kcover.recovery import controls, returning
+from kcover.kube import gateway
+from kcover.recovery import controls, ledger, returning
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as sc
 
@@ -29,6 +32,7 @@ VERIFIED = "KcoverRecoveryVerified"
 UNCORDONED = "KcoverUncordonedNode"
 VALIDATION = returning.VALIDATION
 LATCHED = "KcoverBreakerLatched"
+HELD = "KcoverRecoveryHeld"
 CONTROLS = "kcover-controls"
 LEDGER_NS = "kcover-system"
 
@@ -179,30 +183,40 @@ async def pause(run: sc.Run) -> None:
     for resource, namespace, name, scope, job in scopes:
         _set_annotation(c, resource, namespace, name, controls.PAUSED, "true")
         run.note("pause", f"{controls.PAUSED}=true on {resource} {namespace + '/' if namespace else ''}{name}")
+        await asyncio.sleep(sc.SETTLE)  # the controllers' caches see the annotation
         pod = sc._worker(c, job)
+        old = c.pod_uids(job)
+        before = len(run.api_events(sc.RESTARTED, job))
         f = run.fault("container-error", f"Pod {NS}/{pod}", f"exits with code 1 while {scope} is paused")
         sc._fail(c, pod, "worker group failed (exitcode: 1)")
         await run.detected(f, sc._about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
 
-        def paused(e: cluster_.ApiEvent, job: str = job, scope: str = scope) -> bool:
-            return e.reason == sc.SKIPPED and e.name == job and "Paused" in e.message and scope in e.message
+        def held(e: cluster_.ApiEvent, job: str = job, scope: str = scope) -> bool:
+            return e.reason == HELD and e.name == job and "Paused" in e.message and scope in e.message
 
-        found = await run.acted(f, paused, f"a Paused {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
-        run.note("skipped", found.message[:140], found.at)
+        found = await run.acted(f, held, f"a Paused {HELD} Event for PyTorchJob {NS}/{job}")
+        run.note("held", found.message[:140], found.at)
+        await asyncio.sleep(sc.SETTLE)
+        run.check(f"nothing was restarted while {scope} was paused", len(run.api_events(sc.RESTARTED, job)) == before)
         _set_annotation(c, resource, namespace, name, controls.PAUSED, None)
-    run.check("nothing was restarted while paused", not run.api_events(sc.RESTARTED))
-    job = first
-    pod = sc._worker(c, job)
-    old = c.pod_uids(job)
-    f = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 after the pauses were lifted")
-    sc._fail(c, pod, "worker group failed (exitcode: 1)")
-    await run.acted(f, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
-    await run.recovered(f, job, old)
-    await asyncio.sleep(sc.SETTLE)
-    run.check("kcover acted again once resumed", len(run.api_events(sc.RESTARTED, job)) == 1)
+        run.note("resume", f"{controls.PAUSED} taken off {resource} {namespace + '/' if namespace else ''}{name}")
+        await run.acted(f, sc._is_restart_of(job), f"the held restart of PyTorchJob {NS}/{job} once the pause is lifted")
+        await run.recovered(f, job, old)
+        await asyncio.sleep(sc.SETTLE)
+        run.check(f"the held restart ran once after {scope} was resumed",
+                  len(run.api_events(sc.RESTARTED, job)) == before + 1)
 
 
 # ---------------------------------------------------------------------------------------------- breaker-latch
+
+def _breaker(c: cluster_.SimCluster) -> ledger.Breaker:
+    """The breaker as the ledger in the simulated cluster holds it."""
+    for obj in c.srv.store.iter_objects("ledgerentries.kcover.io"):
+        raw = (obj.get("data") or {}).get(ledger.BREAKER_KEY)
+        if raw:
+            return ledger.Breaker.decode(orjson.loads(raw))
+    return ledger.Breaker()
+
 
 async def breaker_latch(run: sc.Run) -> None:
     c = run.cluster
@@ -217,27 +231,26 @@ async def breaker_latch(run: sc.Run) -> None:
     c.agents[second].nvml.xid(79, 0)
     latched = await run.acted(g, lambda e: e.reason == LATCHED, f"a {LATCHED} Event")
     run.note("latched", latched.message[:160], latched.at)
-    cm = c.srv.store.get("configmaps", LEDGER_NS, CONTROLS)
-    run.check("the controls ConfigMap holds the open breaker",
-              (cm["metadata"].get("annotations") or {}).get(controls.BREAKER) == controls.OPEN)
+    run.check("the ledger holds the latched breaker", _breaker(c).latched)
     await asyncio.sleep(sc.SETTLE)
     job = c.jobs[0]
     pod = sc._worker(c, job)
     h = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 while the breaker is latched")
     sc._fail(c, pod, "worker group failed (exitcode: 1)")
-    await run.acted(h, lambda e: e.reason == sc.SKIPPED and e.name == job and "BreakerLatched" in e.message,
-                    f"a BreakerLatched {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
+    await run.acted(h, lambda e: e.reason == HELD and e.name == job and "BreakerLatched" in e.message,
+                    f"a BreakerLatched {HELD} Event for PyTorchJob {NS}/{job}")
     cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
     run.check(f"only {first} was cordoned", cordoned == [first], ", ".join(cordoned))
     async with client_.from_configuration(c.srv.kube_configuration()) as kube:
-        was_open = await controls.reset(kube, namespace=LEDGER_NS, name=CONTROLS, now=clock_.utcnow())
-    run.check("`kcover breaker reset` closed it", was_open)
+        await controls.request_reset(gateway.Http(kube), namespace=LEDGER_NS, name=CONTROLS, now=clock_.utcnow())
     run.note("reset", "a person ran `kcover breaker reset`")
+    await c.until(lambda: not _breaker(c).latched, 10.0, "the leader to close the breaker")
+    run.check("`kcover breaker reset` closed it", not _breaker(c).latched)
     pod = sc._worker(c, job)
     i = run.fault("container-error", f"Pod {NS}/{pod}", "exits with code 1 during the breaker's cooldown")
     sc._fail(c, pod, "worker group failed (exitcode: 1)")
-    await run.acted(i, lambda e: e.reason == sc.SKIPPED and e.name == job and "BreakerCooldown" in e.message,
-                    f"a BreakerCooldown {sc.SKIPPED} Event for PyTorchJob {NS}/{job}")
+    await run.acted(i, lambda e: e.reason == HELD and e.name == job and "BreakerCooldown" in e.message,
+                    f"a BreakerCooldown {HELD} Event for PyTorchJob {NS}/{job}")
     cooldown = float(BREAKER_LATCH.overrides["recovery"]["breaker_cooldown_seconds"])
     await asyncio.sleep(cooldown)
     pod = sc._worker(c, job)
@@ -264,9 +277,9 @@ NODE_REPAIRED = sc.Scenario(
     agent_overrides={"agent": {"condition_hold_seconds": 0.5, "validation": {"enabled": True, "timeout_seconds": 10.0}},
                      "detectors": {"entries": {"nvml": {"config": {"health_interval_seconds": 0.2}}}}})
 PAUSE = sc.Scenario(
-    "pause", "kcover.io/paused=true on a job, its namespace, then globally: each failure is skipped with a Paused "
-    "Event; lifted, the next failure is restarted", pause,
-    overrides={"recovery": {"workload_cooldown_seconds": 0.5}})
+    "pause", "kcover.io/paused=true on a job, its namespace, then globally: each failure is held with a Paused "
+    "Event and nothing restarts; lifted, the held restart runs, once", pause,
+    overrides={"recovery": {"workload_cooldown_seconds": 0.5, "resume_interval_seconds": 0.3}})
 BREAKER_LATCH = sc.Scenario(
     "breaker-latch", "a cordon past max_cordoned_fraction latches the breaker: restarts are refused until "
     "`kcover breaker reset`, then for its cooldown, then kcover acts again", breaker_latch,

@@ -230,9 +230,12 @@ class Registry:
         self._by_key: dict[str, Resource] = {}
         for r in resources:
             self._by_key.setdefault(r.key, r)
+        self.unserved: set[str] = set()
+        """Store keys whose paths answer 404 (a custom resource whose CRD was deleted: `SimServer.delete_crd`)."""
 
     def by_url(self, group: str, version: str, plural: str) -> Resource | None:
-        return self._by_url.get((group, version, plural))
+        found = self._by_url.get((group, version, plural))
+        return None if found is None or found.key in self.unserved else found
 
     def by_key(self, key: str) -> Resource:
         try:

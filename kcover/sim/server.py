@@ -8,8 +8,11 @@
         srv.request_counts["LIST pods"]         # "<VERB> <resource key>[/<subresource>]"
         srv.append_log("default", "p", "c", "hello")
 
-Owns the lifecycle (bind, serve, close every watch on exit) and wiring of store, logs, faults and
-the aiohttp app. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
+Owns the lifecycle (bind, serve, close every watch on exit), the wiring of store, logs, faults and
+the API server, and its two fronts: loopback HTTP on aiohttp (`url`, `kubeconfig()`, for kubectl and
+subprocesses) and an in-process transport with no socket (`client()`, `kcover.sim.inprocess`), which
+answer from the same `apiserver.ApiServer`. `SimServer(listen=False)` serves in-process only (no
+port is bound), which is what virtual-time tests use. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
 --port 8001 --kubeconfig-out /tmp/kc` serves until interrupted.
 """
 
@@ -27,7 +30,7 @@ import yaml
 from aiohttp import web
 
 from kcover.aio import clock as clocks
-from kcover.sim import apiserver, faults, podlogs
+from kcover.sim import apiserver, exchange, faults, inprocess, podlogs
 from kcover.sim import store as stores
 
 TOKEN = "kcover-sim-token"
@@ -38,8 +41,10 @@ class SimServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, clock: clocks.Clock | None = None,
                  seed: int | None = None, history: int = stores.HISTORY_PER_RESOURCE,
-                 bookmark_interval: float = 60.0) -> None:
+                 bookmark_interval: float = 60.0, listen: bool = True) -> None:
         self.host = host
+        self.listen = listen
+        """Serve loopback HTTP too; False: in-process clients only (`client()`)."""
         self.port = port
         rng = random.Random(seed)
         self.store = stores.Store(clock=clock, history=history, rng=rng)
@@ -48,6 +53,11 @@ class SimServer:
         self.api = apiserver.ApiServer(self.store, self.logs, self.faults, rng=rng,
                                        bookmark_interval=bookmark_interval)
         self._runner: web.AppRunner | None = None
+        self.front = inprocess.Front(self.api)
+        """The in-process front: `client()` builds `KubeClient`s on it; `front.up` is False while the server
+        is stopped (its clients then get connection errors, as over HTTP)."""
+        self._app = web.Application(client_max_size=64 * 1024 * 1024)
+        self._app.router.add_route("*", "/{tail:.*}", self._http)
 
     @property
     def request_counts(self) -> dict[str, int]:
@@ -58,10 +68,40 @@ class SimServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def client(self, *, request_timeout: float = 30.0, retry: Any = None) -> Any:
+        """A `kcover.kube.client.KubeClient` talking to this server in-process (no socket, no HTTP)."""
+        return self.front.client(request_timeout=request_timeout, retry=retry)
+
+    async def _http(self, request: web.Request) -> web.StreamResponse:
+        """The loopback HTTP front: an aiohttp request in, the API server's answer out."""
+        transport = request.transport
+        asked = exchange.Request(request.method, request.path, request.query, request.headers, await request.read(),
+                                 connected=lambda: transport is not None and not transport.is_closing())
+        answer = await self.api.handle(asked)
+        if isinstance(answer, exchange.Reply):
+            return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type,
+                                headers=answer.headers)
+        response = web.StreamResponse(status=answer.status, headers={"Content-Type": answer.content_type,
+                                                                     **answer.headers})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            async for chunk in answer.chunks:
+                await response.write(chunk)
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            await answer.chunks.aclose()  # type: ignore[attr-defined]
+        return response
+
     async def start(self) -> None:
+        self.front.up = True
+        if not self.listen:
+            return
         # handler_cancellation: a request whose client went away before it was served is not carried out,
         # as kube-apiserver drops a request whose context was cancelled before it reached storage
-        self._runner = web.AppRunner(self.api.app, access_log=None, handle_signals=False,
+        self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False,
                                      shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -75,6 +115,7 @@ class SimServer:
     async def restart(self, down_seconds: float = 1.0) -> None:
         """Stop serving (every watch and connection ends), stay down `down_seconds`, serve again on the same
         port with the same store, as a kube-apiserver restarted over the same etcd."""
+        self.front.up = False
         self.store.close_watchers()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -83,6 +124,7 @@ class SimServer:
         await self.start()
 
     async def stop(self) -> None:
+        self.front.up = False
         self.store.close_watchers()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -118,6 +160,22 @@ class SimServer:
         cfg.api_key = {"authorization": TOKEN}
         cfg.api_key_prefix = {"authorization": "Bearer"}
         return cfg
+
+    # --- custom resource definitions ----------------------------------------------------------
+
+    def delete_crd(self, key: str) -> int:
+        """Delete a custom resource's CRD, as kube-apiserver does: every object of it goes, its watches end,
+        and its paths answer 404 until `create_crd`. Returns how many objects went."""
+        gone = [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in self.store.iter_objects(key)]
+        for namespace, name in gone:
+            self.store.delete(key, namespace, name, grace_seconds=0)
+        self.store.close_watchers(key)
+        self.store.registry.unserved.add(key)
+        return len(gone)
+
+    def create_crd(self, key: str) -> None:
+        """Serve a custom resource again (its CRD installed)."""
+        self.store.registry.unserved.discard(key)
 
     # --- kubelet-side helpers -----------------------------------------------------------------
 

@@ -204,8 +204,10 @@ class Store:
     def generate_name(self, prefix: str) -> str:
         return prefix + "".join(self._rng.choice(_SUFFIX_ALPHABET) for _ in range(5))
 
-    def create(self, key: str, obj: Obj) -> Obj:
-        """Store a new object as given (status included) and return it with server-set fields."""
+    def create(self, key: str, obj: Obj, *, keep_uid: bool = False) -> Obj:
+        """Store a new object as given (status included) and return it with server-set fields. `keep_uid`
+        (seeding a scenario, never the API): a uid the object carries is kept, so seeded owner references
+        and uid labels hold."""
         table = self.table(key)
         res = table.resource
         obj = dict(obj)
@@ -234,7 +236,8 @@ class Store:
             raise status.already_exists(res.plural, res.group, name)
         obj = {"apiVersion": res.api_version, "kind": res.kind,
                **{k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}}
-        meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        if not (keep_uid and meta.get("uid")):
+            meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = self._now()
         for dropped in ("deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(dropped, None)

@@ -5,21 +5,20 @@ sendInitialEvents with resourceVersionMatch) and the stream itself: HTTP 200, th
 per line, written as soon as it exists; initial ADDEDs, then changes with selector transitions,
 BOOKMARKs when asked for, a 410 ERROR event for a resourceVersion that is too old, and a clean end
 at `timeoutSeconds` or when the store closes the watcher (fault injection, slow consumer). A client
-that goes away ends the stream at the next write or periodic check.
+that goes away ends the stream at the next write or periodic check (`Request.connected`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
 
-from kcover.sim import status, tables
+from kcover.sim import exchange, status, tables
 
 if TYPE_CHECKING:
     from kcover.sim import apiserver
@@ -76,8 +75,10 @@ def _bookmark(t: apiserver.Target, rv: int, initial_end: bool = False) -> bytes:
                                            "metadata": meta}))
 
 
-async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: tables.Filter,
-                options: WatchOptions) -> web.StreamResponse:
+async def serve(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: tables.Filter,
+                options: WatchOptions) -> exchange.Stream:
+    """Open a watch: a refusal raises `status.ApiError` before anything is streamed; otherwise the
+    stream's chunks are the watch events, from the first (initial ADDEDs or a 410 ERROR) to its end."""
     store = server.store
     key = t.resource.key
     rv_text = options.resource_version
@@ -104,15 +105,19 @@ async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.
             if err.status != 410:
                 raise
             expired = err
-    response = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
-                                                       "Cache-Control": "no-cache, private"})
-    response.enable_chunked_encoding()
-    await response.prepare(request)
-    if expired is not None or watcher is None:
+    if watcher is None:
         assert expired is not None
-        await response.write(_line("ERROR", orjson.dumps(expired.status_obj)))
-        await response.write_eof()
-        return response
+        return exchange.Stream(_one(_line("ERROR", orjson.dumps(expired.status_obj))))
+    return exchange.Stream(_events(request, server, t, watcher, options))
+
+
+async def _one(chunk: bytes) -> AsyncIterator[bytes]:
+    yield chunk
+
+
+async def _events(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target,
+                  watcher: tables.Watcher, options: WatchOptions) -> AsyncIterator[bytes]:
+    store = server.store
     loop = asyncio.get_running_loop()
     timeout = options.timeout_seconds
     if timeout is None:
@@ -120,22 +125,23 @@ async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.
     deadline = loop.time() + timeout
     snapshot_rv = store.resource_version
     try:
-        await _send_initial(response, server, t, watcher)
+        for chunk in _initial(server, t, watcher):
+            yield chunk
         if options.send_initial_events:
-            await response.write(_bookmark(t, snapshot_rv, initial_end=True))
+            yield _bookmark(t, snapshot_rv, initial_end=True)
         next_bookmark = loop.time() + server.bookmark_interval
         while True:
             now = loop.time()
             if now >= deadline:
                 break
             if options.bookmarks and now >= next_bookmark and watcher.queue.empty():
-                await response.write(_bookmark(t, store.resource_version))
+                yield _bookmark(t, store.resource_version)
                 next_bookmark = now + server.bookmark_interval
             wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
             try:
                 change = await asyncio.wait_for(watcher.queue.get(), min(wait, _LIVENESS_CHECK_SECONDS))
             except TimeoutError:
-                if request.transport is None or request.transport.is_closing():
+                if not request.connected():
                     break
                 continue
             if change is None:
@@ -149,19 +155,14 @@ async def serve(request: web.Request, server: apiserver.ApiServer, t: apiserver.
                     break
                 change = watcher.queue.get_nowait()
             if lines:
-                await response.write(b"".join(lines))
+                yield b"".join(lines)
             if change is None:
                 break
-        await response.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        pass
     finally:
         watcher.close()
-    return response
 
 
-async def _send_initial(response: web.StreamResponse, server: apiserver.ApiServer, t: apiserver.Target,
-                        watcher: tables.Watcher) -> None:
+def _initial(server: apiserver.ApiServer, t: apiserver.Target, watcher: tables.Watcher) -> Iterator[bytes]:
     lines: list[bytes] = []
     while watcher.initial:
         change = watcher.initial.popleft()
@@ -169,7 +170,7 @@ async def _send_initial(response: web.StreamResponse, server: apiserver.ApiServe
         if event is not None:
             lines.append(_line(event[0], server._render(t, event[1].raw)))
         if len(lines) >= BATCH:
-            await response.write(b"".join(lines))
+            yield b"".join(lines)
             lines = []
     if lines:
-        await response.write(b"".join(lines))
+        yield b"".join(lines)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kcover import settings
+from kcover import kinds, settings
 from kcover.kube import caching, client, watching
 
 simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
@@ -121,7 +121,8 @@ async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeCli
 
 async def test_missing_workload_kind_is_not_fatal(cluster: tuple[Any, client.KubeClient]) -> None:
     _, kube = cluster
-    bogus = caching.WorkloadKind("Widget", "example.com", "v1", "widgets")
+    bogus = caching.WorkloadKind("Widget", "example.com", "v1", "widgets", kinds.Family.BATCH_JOB,
+                                 "example.com/widget-name", kinds.Removal.DELETE)
     cache = caching.ClusterCache(kube, workload_kinds=[bogus], watch_events=False, options=OPTIONS)
     stop = asyncio.Event()
     task = asyncio.create_task(cache.run(stop), name="cache")

@@ -87,22 +87,6 @@ async def test_the_fence_bounds_each_attempt_and_refuses_once_the_term_is_over()
         await retrying.call(Script(), policy=FAST, timeout=30.0, what="DELETECOLLECTION pods", fence=term)
 
 
-async def test_before_retry_can_end_the_loop_with_a_result() -> None:
-    script = Script(errors.KubeError("lost answer", status=0), errors.KubeError("again", status=0))
-    checks = 0
-
-    async def already_done() -> str | None:
-        nonlocal checks
-        checks += 1
-        return "done before"
-
-    got = await retrying.call(script, policy=FAST, timeout=1.0, what="DELETECOLLECTION pods",
-                              before_retry=already_done)
-    assert got == "done before"
-    assert checks == 1
-    assert len(script.timeouts) == 1  # the request was not sent again
-
-
 @pytest.fixture
 async def srv() -> AsyncIterator[simserver.SimServer]:
     async with simserver.SimServer(seed=7) as server:

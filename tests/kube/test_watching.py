@@ -1,13 +1,14 @@
 """The reflector against the simulated API server: list, watch, re-list, throttling, pagination.
 
 What is asserted is what a consumer of the store sees: every change delivered exactly once, in order,
-and a store equal to what the API server holds, whatever the connection did in between.
+and a store equal to what the API server holds, whatever the connection did in between. Each test runs
+twice: over loopback HTTP in real time, and through the in-process front on virtual time (looptime),
+where every wait is exact (`[inprocess]`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,10 +23,11 @@ FAST = watching.ReflectorOptions(page_size=2, watch_timeout_seconds=30, inactivi
                                  backoff_initial_seconds=0.05, backoff_max_seconds=0.2, missing_retry_seconds=0.2)
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[tuple[Any, client.KubeClient]]:
-    async with simserver.SimServer() as srv:
-        kube = client.from_configuration(srv.kube_configuration())
+@pytest.fixture(params=["http", pytest.param("inprocess", marks=pytest.mark.looptime)])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Any, client.KubeClient]]:
+    inprocess = request.param == "inprocess"
+    async with simserver.SimServer(listen=not inprocess) as srv:
+        kube = srv.client() if inprocess else client.from_configuration(srv.kube_configuration())
         try:
             yield srv, kube
         finally:
@@ -51,9 +53,10 @@ class Recorder:
 
 
 async def until(predicate: Any, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
     while not predicate():
-        if time.monotonic() > deadline:
+        if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
 
@@ -80,8 +83,8 @@ async def finish(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
     await asyncio.wait_for(task, 5)
 
 
-async def test_lists_paginated_then_watches_every_change_once(cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+async def test_lists_paginated_then_watches_every_change_once(served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     for i in range(5):
         srv.store.create("pods", raw_pod(f"p{i}"))
     rec = Recorder()
@@ -100,8 +103,8 @@ async def test_lists_paginated_then_watches_every_change_once(cluster: tuple[Any
         await finish(stop, task)
 
 
-async def test_forced_410_relists_without_missing_or_repeating_changes(cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+async def test_forced_410_relists_without_missing_or_repeating_changes(served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     for i in range(4):
         srv.store.create("pods", raw_pod(f"p{i}"))
     rec = Recorder()
@@ -126,8 +129,8 @@ async def test_forced_410_relists_without_missing_or_repeating_changes(cluster: 
         await finish(stop, task)
 
 
-async def test_dropped_watch_resumes_from_its_resource_version(cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+async def test_dropped_watch_resumes_from_its_resource_version(served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     srv.store.create("pods", raw_pod("p0"))
     rec = Recorder()
     reflector, stop, task = await start(kube, rec)
@@ -146,8 +149,8 @@ async def test_dropped_watch_resumes_from_its_resource_version(cluster: tuple[An
         await finish(stop, task)
 
 
-async def test_plain_text_429_retry_after_is_honoured(cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+async def test_plain_text_429_retry_after_is_honoured(served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     srv.store.create("pods", raw_pod("p0"))
     srv.faults.throttle_rate = 1.0
     srv.faults.throttle_style = "text"
@@ -168,8 +171,8 @@ async def test_plain_text_429_retry_after_is_honoured(cluster: tuple[Any, client
         await finish(stop, task)
 
 
-async def test_missing_collection_counts_as_synced_and_is_retried(cluster: tuple[Any, client.KubeClient]) -> None:
-    _, kube = cluster
+async def test_missing_collection_counts_as_synced_and_is_retried(served: tuple[Any, client.KubeClient]) -> None:
+    _, kube = served
     rec = Recorder()
     reflector, stop, task = await start(kube, rec, path="/apis/example.com/v1/widgets")
     try:
@@ -180,8 +183,8 @@ async def test_missing_collection_counts_as_synced_and_is_retried(cluster: tuple
         await finish(stop, task)
 
 
-async def test_inactive_watch_is_restarted(cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+async def test_inactive_watch_is_restarted(served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     srv.store.create("pods", raw_pod("p0"))
     rec = Recorder()
     options = watching.ReflectorOptions(watch_timeout_seconds=30, inactivity_timeout_seconds=0.3,

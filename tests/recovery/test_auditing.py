@@ -4,7 +4,8 @@ import datetime as dt
 
 import pytest
 
-from kcover.recovery import actions, auditing
+from kcover.recovery import auditing
+from kcover.recovery import steps as actions
 
 NOW = dt.datetime(2026, 11, 29, 9, 0, 0, 120000, tzinfo=dt.UTC)
 

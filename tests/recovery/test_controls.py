@@ -1,118 +1,67 @@
-"""The breaker reset through `kcover.io/breaker-reset=true` (kcover/recovery/controls.py) when another
-write lands between the leader's read of the controls ConfigMap and its write.
+"""Operator controls (kcover/recovery/controls.py): whose pause holds what, and the breaker's reset request.
 
-Runs `Controls` with its own client and cache against the simulated API server over HTTP. The other
-writer is a person (an unrelated annotation, or `kcover breaker reset`) whose write the test slips in
-just before the leader's PUT. What is asserted is what the server ends up holding and the Events the
-leader asked for: the reset still happens once, the person's write is kept, and the action is judged
-(refused for the cooldown), never failed with a conflict.
+The pause table is in tests/recovery/test_planning.py (the plan reads the controls); here: which reset
+request the leader acts on, and `kcover breaker reset`'s write of it against the simulated API server.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from harness import engines
 
-from kcover import model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import caching
-from kcover.kube import client as client_
-from kcover.recovery import actions, controls
-from kcover.sim import server as simserver
+from kcover.kube import caching, gateway
+from kcover.recovery import controls, ledger
 
+CM = "kcover-controls"
 NS = "kcover-system"
-NAME = "kcover-controls"
-PATH = f"/api/v1/namespaces/{NS}/configmaps/{NAME}"
 
 
-@pytest.fixture
-async def srv() -> AsyncIterator[simserver.SimServer]:
-    server = simserver.SimServer(seed=1)
-    await server.start()
-    server.store.create("configmaps", {"metadata": {"name": NAME, "namespace": NS, "annotations": {
-        controls.BREAKER: controls.OPEN, controls.BREAKER_REASON: "too many nodes cordoned",
-        controls.BREAKER_OPENED_AT: "2026-01-01T00:00:00Z", controls.BREAKER_RESET: "true"}}})
-    yield server
-    await server.stop()
+def view(annotations: dict[str, str] | None) -> caching.ClusterCache:
+    objs: list[dict[str, Any]] = []
+    if annotations is not None:
+        objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": CM, "namespace": NS, "annotations": annotations}})
+    return caching.ClusterCache.offline(objs)
 
 
-def _cordon() -> actions.CordonNode:
-    cause = model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="NodeConditionBad",
-                                 target=model.Target(kind=model.TargetKind.NODE, name="gpu-node-3"))
-    return actions.CordonNode("gpu-node-3", "NodeConditionBad", cause)
+LATCHED = ledger.Breaker(opened_at=100.0, reason="2 of 10 GPU nodes cordoned")
 
 
-async def _judge_with_a_write_before_the_put(srv: simserver.SimServer,
-                                             other: Callable[[client_.KubeClient], Awaitable[None]],
-                                             ) -> tuple[tuple[actions.SkipCode, str] | None, list[dict[str, Any]], int]:
-    """The leader judges one cordon; `other` writes the ConfigMap right before the leader's first PUT of it.
-    Returns the refusal, the Events the leader emitted, and how many PUTs it sent."""
-    emitted: list[dict[str, Any]] = []
-    puts = 0
-
-    async def emit(about: actions.ObjectRef, **event: Any) -> None:
-        emitted.append({"about": about, **event})
-
-    async with client_.from_configuration(srv.kube_configuration()) as kube, \
-            client_.from_configuration(srv.kube_configuration()) as person:
-        request = kube.request
-
-        async def racing(method: str, path: str, **kwargs: Any) -> Any:
-            nonlocal puts
-            if method == "PUT" and path == PATH:
-                puts += 1
-                if puts == 1:
-                    await other(person)
-            return await request(method, path, **kwargs)
-
-        vars(kube)["request"] = racing
-        cache = caching.ClusterCache(kube, watch_events=False, workload_kinds=caching.workload_kinds([]))
-        stop = asyncio.Event()
-        task = asyncio.create_task(cache.run(stop), name="cache")
-        try:
-            await cache.wait_synced()
-            rs = settings.RecoverySettings(ledger_namespace=NS, controls_name=NAME, breaker_latch=True,
-                                           breaker_cooldown_seconds=60.0)
-            judge = controls.Controls(kube, cache, recovery=lambda: rs, clock=clock_.SystemClock(),
-                                      is_leader=lambda: True, emit=emit)
-            refusal = await judge.refusal(_cordon())
-        finally:
-            stop.set()
-            await task
-    return refusal, emitted, puts
+@pytest.mark.parametrize(("annotations", "breaker", "expected"), [
+    ({controls.BREAKER_RESET: "2026-01-01T00:00:00Z"}, LATCHED, "2026-01-01T00:00:00Z"),
+    ({controls.BREAKER_RESET: "true"}, LATCHED, "true"),
+    ({controls.BREAKER_RESET: "false"}, LATCHED, ""),
+    ({controls.BREAKER_RESET: ""}, LATCHED, ""),
+    ({}, LATCHED, ""),
+    (None, LATCHED, ""),
+    # a request acted on once does not reset a later latch
+    ({controls.BREAKER_RESET: "true"}, ledger.Breaker(opened_at=200.0, reason="x", reset_request="true"), ""),
+    # on a breaker that is not latched a request changes nothing (and is not even looked at)
+    ({controls.BREAKER_RESET: "2026-01-01T00:00:00Z"}, ledger.Breaker(), ""),
+])
+def test_which_reset_request_the_leader_acts_on(annotations: dict[str, str] | None, breaker: ledger.Breaker,
+                                                expected: str) -> None:
+    assert controls.reset_request(view(annotations), breaker) == expected
 
 
-async def test_a_persons_write_before_the_reset_is_kept_and_the_reset_still_happens(
-        srv: simserver.SimServer) -> None:
-    async def annotate(person: client_.KubeClient) -> None:
-        await person.request("PATCH", PATH, body={"metadata": {"annotations": {"team": "on-call"}}},
-                             content_type="application/merge-patch+json")
-
-    refusal, emitted, puts = await _judge_with_a_write_before_the_put(srv, annotate)
-    annotations = srv.store.get("configmaps", NS, NAME)["metadata"]["annotations"]
-    assert refusal is not None
-    assert refusal[0] is actions.SkipCode.BREAKER_COOLDOWN
-    assert puts == 2  # the first conflicted, the second, on the fresh read, went through
-    assert annotations.get("team") == "on-call"
-    assert controls.BREAKER not in annotations
-    assert controls.BREAKER_RESET not in annotations
-    assert controls.BREAKER_CLOSED_AT in annotations
-    assert [e["reason"] for e in emitted] == [controls.RESET_REASON]
-    assert emitted[0]["about"].name == NAME
+def test_describe_says_what_the_breaker_is_doing() -> None:
+    assert controls.describe(LATCHED, now=200.0, cooldown_seconds=300).startswith("latched open since ")
+    assert controls.describe(ledger.Breaker(closed_at=150.0), now=200.0, cooldown_seconds=300) == \
+        "reset 50s ago; cooling down for 250s"
+    assert controls.describe(ledger.Breaker(closed_at=150.0), now=500.0, cooldown_seconds=300) == "closed"
 
 
-async def test_a_reset_by_someone_else_meanwhile_is_taken_as_it_is(srv: simserver.SimServer) -> None:
-    async def breaker_reset(person: client_.KubeClient) -> None:
-        assert await controls.reset(person, namespace=NS, name=NAME, now=clock_.utcnow())
-
-    refusal, emitted, puts = await _judge_with_a_write_before_the_put(srv, breaker_reset)
-    annotations = srv.store.get("configmaps", NS, NAME)["metadata"]["annotations"]
-    assert refusal is not None
-    assert refusal[0] is actions.SkipCode.BREAKER_COOLDOWN
-    assert puts == 1  # the conflict's fresh read showed the latch closed: nothing left to write
-    assert controls.BREAKER not in annotations
-    assert controls.BREAKER_RESET not in annotations
-    assert emitted == []  # the person's reset, not the leader's: no KcoverBreakerReset from the leader
+@pytest.mark.looptime
+async def test_the_reset_request_is_written_without_losing_a_persons_annotations() -> None:
+    async with engines.rig() as r:
+        gw = gateway.Http(r.kube)
+        value = await controls.request_reset(gw, namespace=NS, name=CM, now=clock_.utcnow())
+        cm = r.store.get("configmaps", NS, CM)
+        assert cm["metadata"]["annotations"] == {controls.BREAKER_RESET: value}  # created when missing
+        r.store.mutate("configmaps", NS, CM, lambda c: c["metadata"]["annotations"].update({"team": "gpu-ops"}))
+        again = await controls.request_reset(gw, namespace=NS, name=CM, now=clock_.utcnow())
+        annotations = r.store.get("configmaps", NS, CM)["metadata"]["annotations"]
+        assert annotations == {controls.BREAKER_RESET: again, "team": "gpu-ops"}

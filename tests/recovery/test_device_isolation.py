@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from harness import objects as o
 
-from kcover import model, settings
+from kcover import kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import actions, adapters, policy
+from kcover.recovery import planning
+from kcover.recovery import steps as actions
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
 OPT = {proj.OPT_IN_LABEL: "true"}
@@ -38,9 +39,9 @@ def world() -> caching.ClusterCache:
     a = o.workload(KF, "PyTorchJob", "a", uid="a-uid", labels=OPT)
     b = o.workload(KF, "PyTorchJob", "b", uid="b-uid", labels=OPT)
     pods = [
-        _holding(o.pod("a-worker-0", uid="a-0", node="n1", labels={adapters.KUBEFLOW_JOB_NAME: "a"}, owner=a),
+        _holding(o.pod("a-worker-0", uid="a-0", node="n1", labels={kinds.KUBEFLOW_JOB_NAME: "a"}, owner=a),
                  DEV3.resource_id, "Unhealthy"),
-        _holding(o.pod("b-worker-0", uid="b-0", node="n1", labels={adapters.KUBEFLOW_JOB_NAME: "b"}, owner=b),
+        _holding(o.pod("b-worker-0", uid="b-0", node="n1", labels={kinds.KUBEFLOW_JOB_NAME: "b"}, owner=b),
                  "gpu.nvidia.com/n1/gpu-5"),
     ]
     nodes = [o.node(f"n{i}", uid=f"node-{i}") for i in range(1, 12)]
@@ -65,60 +66,67 @@ def agent(*, xid: int | None = 79, recommended: model.Action = model.Action.CORD
         recommended=recommended, observed_at=NOW)
 
 
-def summary(planned: list[actions.Action]) -> list[str]:
+def summary(planned: list[actions.Step]) -> list[str]:
     out: list[str] = []
     for a in planned:
         if isinstance(a, actions.TaintDevice):
-            out.append(f"taint {a.device.resource_id} fallback=[{'; '.join(summary(list(a.fallback)))}]")
+            out.append(f"taint {a.device.resource_id}")
         elif isinstance(a, actions.UntaintDevice):
             out.append(f"untaint {a.device.resource_id}")
-        elif isinstance(a, actions.RestartWorkload):
+        elif isinstance(a, actions.Restart):
             out.append(f"restart {a.workload.name}")
-        elif isinstance(a, actions.CordonNode):
+        elif isinstance(a, actions.Cordon):
             out.append(f"cordon {a.node}")
-        elif isinstance(a, actions.UncordonNode):
+        elif isinstance(a, actions.Uncordon):
             out.append(f"uncordon {a.node}")
-        elif isinstance(a, actions.Skip):
+        elif isinstance(a, actions.Refuse):
             out.append(f"skip {a.code.value}")
         else:
-            out.append("report")
+            out.append(type(a).__name__.lower())
     return out
 
 
-ROWS: list[tuple[str, model.CollectorEvent, dict[str, Any], list[str]]] = [
+SERVED = planning.History()
+UNSERVED = planning.History(device_taints_served=False)
+
+ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], list[str]]] = [
     ("kubelet reports the device Unhealthy: taint it, restart its pod's job, no cordon",
-     dra_health(), {}, ["taint gpu.nvidia.com/n1/gpu-3 fallback=[]", "restart a"]),
-    ("device healthy again: untaint", dra_health(cleared=True), {}, ["untaint gpu.nvidia.com/n1/gpu-3"]),
-    ("agent XID 79 naming the pods on the GPU: taint, restart those only; fallback cordons and sweeps",
-     agent(pods=("ml/a-worker-0",)), {},
-     ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1; restart b]", "restart a"]),
+     dra_health(), SERVED, {}, ["taint gpu.nvidia.com/n1/gpu-3", "restart a"]),
+    ("device healthy again: untaint", dra_health(cleared=True), SERVED, {}, ["untaint gpu.nvidia.com/n1/gpu-3"]),
+    ("agent XID 79 naming the pods on the GPU: taint, restart those only",
+     agent(pods=("ml/a-worker-0",)), SERVED, {}, ["taint gpu.nvidia.com/n1/gpu-3", "restart a"]),
     ("agent XID without pod names: holders from allocatedResourcesStatus",
-     agent(), {}, ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1; restart b]", "restart a"]),
-    ("cordon-only judgement: taint only; fallback cordons",
-     agent(xid=None, recommended=model.Action.CORDON_NODE, check="row_remap_failure"), {},
-     ["taint gpu.nvidia.com/n1/gpu-3 fallback=[cordon n1]"]),
+     agent(), SERVED, {}, ["taint gpu.nvidia.com/n1/gpu-3", "restart a"]),
+    ("cordon-only judgement: taint only",
+     agent(xid=None, recommended=model.Action.CORDON_NODE, check="row_remap_failure"), SERVED, {},
+     ["taint gpu.nvidia.com/n1/gpu-3"]),
     ("application XID 13: restart the holders, no taint",
-     agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), {}, ["restart a"]),
+     agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), SERVED, {}, ["restart a"]),
+    ("no DeviceTaintRules served: the node-level answer, cordon and sweep",
+     agent(pods=("ml/a-worker-0",)), UNSERVED, {}, ["cordon n1", "restart a", "restart b"]),
+    ("no DeviceTaintRules served, cordon-only: cordon", agent(xid=None, recommended=model.Action.CORDON_NODE),
+     UNSERVED, {}, ["cordon n1"]),
+    ("no DeviceTaintRules served, dra-health: restart only", dra_health(), UNSERVED, {}, ["restart a"]),
     ("device taints off: today's node-level answer",
-     agent(pods=("ml/a-worker-0",)), {"device_taints": {"enabled": False}}, ["cordon n1", "restart a", "restart b"]),
-    ("device taints off, dra-health: restart only", dra_health(), {"device_taints": {"enabled": False}}, ["restart a"]),
-    ("device taints off, cleared: nothing", dra_health(cleared=True), {"device_taints": {"enabled": False}}, []),
+     agent(pods=("ml/a-worker-0",)), SERVED, {"device_taints": {"enabled": False}}, ["cordon n1", "restart a", "restart b"]),
+    ("device taints off, dra-health: restart only", dra_health(), SERVED, {"device_taints": {"enabled": False}},
+     ["restart a"]),
+    ("device taints off, cleared: nothing", dra_health(cleared=True), SERVED, {"device_taints": {"enabled": False}}, []),
 ]
 
 
-@pytest.mark.parametrize(("event", "overrides", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_device_isolation(event: model.CollectorEvent, overrides: dict[str, Any], expected: list[str]) -> None:
+@pytest.mark.parametrize(("event", "history", "overrides", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_device_isolation(event: model.CollectorEvent, history: planning.History, overrides: dict[str, Any],
+                          expected: list[str]) -> None:
     rs = settings.RecoverySettings(**overrides)
-    assert summary(policy.plan(event, world(), policy.History(), rs, NOW)) == expected
+    assert summary(planning.plan(event, world(), history, rs, NOW)) == expected
 
 
 def test_a_taint_leaves_the_breaker_alone() -> None:
     """The breaker counts cordons: a fault answered by a device taint plans none, even with the breaker at its limit."""
-    planned = policy.plan(agent(xid=None, recommended=model.Action.CORDON_NODE), world(), policy.History(),
-                          settings.RecoverySettings(max_cordoned_fraction=0.0), NOW)
-    taint = planned[0]
-    assert isinstance(taint, actions.TaintDevice)
-    assert [a.code for a in taint.fallback if isinstance(a, actions.Skip)] == [actions.SkipCode.BREAKER_OPEN]
+    planned = planning.plan(agent(xid=None, recommended=model.Action.CORDON_NODE), world(), SERVED,
+                            settings.RecoverySettings(max_cordoned_fraction=0.0), NOW)
+    assert summary(planned) == ["taint gpu.nvidia.com/n1/gpu-3"]
 
 
 def _healthy_word(node: str) -> model.CollectorEvent:
@@ -142,6 +150,6 @@ def test_a_devices_return_undoes_only_the_devices_isolation(overrides: dict[str,
     assert node is not None
     assert node.cordoned_by_kcover
     rs = settings.RecoverySettings(uncordon_enabled=True, **overrides)
-    assert summary(policy.plan(_healthy_word("n1"), cache, policy.History(), rs, NOW)) == expected
+    assert summary(planning.plan(_healthy_word("n1"), cache, SERVED, rs, NOW)) == expected
     no_device = _healthy_word("n1").model_copy(update={"fault": model.NO_FAULT})
-    assert summary(policy.plan(no_device, cache, policy.History(), rs, NOW)) == ["uncordon n1"]
+    assert summary(planning.plan(no_device, cache, SERVED, rs, NOW)) == ["uncordon n1"]

@@ -1,7 +1,7 @@
 """The Recovery writer: names, retention, and a Recorder that never blocks and never drops silently.
 
-A fake gateway stands in for the API server (recording only makes plain requests), and the simulated API
-server where a retention pass meets a leadership change; the metrics are the ones /metrics exports. Retention and naming are pure functions, tested with tables.
+The Recorder writes through the product's gateway to the simulated API server in-process, on virtual
+time; the metrics are the ones /metrics exports. Retention and naming are pure functions, tested with tables.
 """
 
 from __future__ import annotations
@@ -13,36 +13,15 @@ from typing import Any
 
 import pytest
 
-from kcover import errors, metrics, model, settings
+from kcover import kinds, metrics, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import client as client_
-from kcover.recovery import actions, recording
+from kcover.kube import gateway
+from kcover.recovery import recording
+from kcover.recovery import steps as st
 from kcover.sim import server as simserver
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-class Clock:
-    def now(self) -> dt.datetime:
-        return NOW
-
-    def monotonic(self) -> float:
-        return 0.0
-
-
-class Kube:
-    """Records requests; `fail` makes every request raise it."""
-
-    def __init__(self, fail: errors.KcoverError | None = None) -> None:
-        self.requests: list[tuple[str, str, Any]] = []
-        self.fail = fail
-
-    async def request(self, method: str, path: str, **kw: Any) -> Any:
-        self.requests.append((method, path, kw.get("body")))
-        if self.fail is not None:
-            raise self.fail
-        return {}
 
 
 def _cause(**kw: Any) -> model.CollectorEvent:
@@ -52,18 +31,27 @@ def _cause(**kw: Any) -> model.CollectorEvent:
                                 fault=model.Fault(xid=79, gpu_index=3), recommended=model.Action.CORDON_NODE, **kw)
 
 
-def _restart(cause_id: str = "c1") -> actions.RestartWorkload:
-    workload = actions.WorkloadRef("PyTorchJob", "kubeflow.org/v1", "train", "ml", "uid-1")
-    return actions.RestartWorkload(workload, actions.MemberSelector((("job", "train"),)), "w.uid-1", None,
-                                   _cause().model_copy(update={"id": cause_id}))
+def _restart(cause_id: str = "c1") -> st.Restart:
+    workload = st.WorkloadRef("PyTorchJob", "kubeflow.org/v1", "train", "ml", "uid-1")
+    return st.Restart(workload=workload, unit_key="w.uid-1", unit="", selector=st.Selector((("job", "train"),)),
+                      members=(), removal=kinds.Removal.DELETE, pod=None,
+                      cause=_cause().model_copy(update={"id": cause_id}))
 
 
-def _recorder(kube: Kube, **records: Any) -> tuple[recording.Recorder, metrics.Metrics]:
+def _recorder(srv: simserver.SimServer, *, leading: Any = None, **settings_: Any
+              ) -> tuple[recording.Recorder, metrics.Metrics]:
     mets = metrics.Metrics()
-    rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", "records": records})
-    rec = recording.Recorder(kube, recording.RecordMetrics(mets.registry),  # type: ignore[arg-type]
-                             recovery=lambda: rs, clock=Clock(), identity="ctl-a", is_leader=lambda: True)
+    rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", **settings_})
+    rec = recording.Recorder(gateway.Http(srv.client()), recording.RecordMetrics(mets.registry),
+                             recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                             is_leader=leading or (lambda: True))
     return rec, mets
+
+
+def _server() -> simserver.SimServer:
+    srv = simserver.SimServer(listen=False)
+    srv.store.create("namespaces", {"metadata": {"name": "ml"}})
+    return srv
 
 
 @pytest.mark.parametrize(("target", "identity"), [
@@ -97,90 +85,104 @@ def test_retention_by_age_and_per_target(items: list[dict[str, Any]], max_age: f
     assert sorted(recording.retained(items, now=NOW, max_age_seconds=max_age, per_target=per_target)) == doomed
 
 
+@pytest.mark.looptime
 async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> None:
-    kube = Kube()
-    rec, mets = _recorder(kube)
-    ref = rec.note(_restart(), recording.Phase.VERIFYING, message="deleted 2 pods")
-    assert ref is not None
-    assert ref[0] == "ml"
-    assert kube.requests == []  # noting never waits on the API
-    assert rec.phase("w.uid-1", recording.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
-    await rec.flush()
-    (m1, p1, body), (m2, p2, patch) = kube.requests
-    assert (m1, p1) == ("POST", "/apis/kcover.io/v1alpha1/namespaces/ml/recoveries")
-    assert body["spec"]["fault"]["identity"] == {"xid": 79, "gpu_index": 3}
-    assert body["spec"]["fault"]["recommendedAction"] == "cordon-node"
-    assert body["spec"]["decision"] == {"action": "RestartWorkload", "leader": "ctl-a", "selector": "job=train",
-                                        "ledgerKey": "w.uid-1"}
-    assert (m2, p2) == ("PATCH", f"/apis/kcover.io/v1alpha1/namespaces/ml/recoveries/{ref[1]}/status")
-    assert patch["status"]["phase"] == "Recovered"
-    assert patch["status"]["mttrSeconds"] == 2.0
-    assert patch["status"]["detectedAt"] == "2026-05-01T11:59:58Z"
-    assert mets.registry.get_sample_value("kcover_recovery_records_written_total") == 2.0
-
-
-async def test_a_node_action_lives_in_the_release_namespace_and_dry_run_writes_none() -> None:
-    kube = Kube()
-    rec, _ = _recorder(kube)
-    ref = rec.note(actions.CordonNode("gpu-1", "XID79", _cause()), recording.Phase.RECOVERED)
-    assert ref is not None
-    assert ref[0] == "kcover-system"
-    dry = settings.RecoverySettings.model_validate({"dry_run": True})
-    rec._recovery = lambda: dry
-    assert rec.note(_restart("c9"), recording.Phase.VERIFYING) is None
-
-
-async def test_a_full_queue_and_a_failing_api_are_counted_not_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    rec, mets = _recorder(Kube(errors.KubeError("boom", status=500)), queue_size=2)
-    for i in range(3):
-        rec.note(_restart(f"c{i}"), recording.Phase.VERIFYING)
-    assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "queue_full"}) == 1.0
-    monkeypatch.setattr(recording, "RETRY_DELAY_SECONDS", 0.0)
-    for _ in range(recording.WRITE_ATTEMPTS):
+    async with _server() as srv:
+        rec, mets = _recorder(srv)
+        ref = rec.note(_restart(), recording.Phase.VERIFYING, message="deleted 2 pods")
+        assert ref is not None
+        assert ref[0] == "ml"
+        assert "CREATE recoveries.kcover.io" not in srv.request_counts  # noting never waits on the API
+        assert rec.phase("w.uid-1", recording.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
         await rec.flush()
-    assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "api_error"}) == 2.0
-    assert mets.registry.get_sample_value("kcover_recovery_records_queued") == 0.0
+        assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
+        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
+        obj = srv.store.get("recoveries.kcover.io", "ml", ref[1])
+        assert obj["spec"]["fault"]["identity"] == {"xid": 79, "gpu_index": 3}
+        assert obj["spec"]["fault"]["recommendedAction"] == "cordon-node"
+        assert obj["spec"]["decision"] == {"action": "RestartWorkload", "leader": "ctl-a", "selector": "job=train",
+                                           "ledgerKey": "w.uid-1", "removal": "delete"}
+        assert obj["status"]["phase"] == "Recovered"
+        assert obj["status"]["mttrSeconds"] == 2.0
+        assert obj["status"]["detectedAt"] == "2026-05-01T11:59:58Z"
+        assert mets.registry.get_sample_value("kcover_recovery_records_written_total") == 2.0
 
 
+@pytest.mark.looptime
+async def test_a_node_action_lives_in_the_release_namespace_and_a_dry_runs_says_so() -> None:
+    async with _server() as srv:
+        rec, _ = _recorder(srv)
+        ref = rec.note(st.Cordon("gpu-1", "XID79", _cause()), recording.Phase.RECOVERED)
+        assert ref is not None
+        assert ref[0] == "kcover-system"
+        dry, _ = _recorder(srv, dry_run=True)
+        ref = dry.note(_restart("c9"), recording.Phase.VERIFYING)
+        assert ref is not None
+        await dry.flush()
+        assert srv.store.get("recoveries.kcover.io", ref[0], ref[1])["spec"]["decision"]["dryRun"] is True
+
+
+@pytest.mark.looptime
+async def test_a_full_queue_and_a_failing_api_are_counted_not_silent() -> None:
+    async with _server() as srv:
+        srv.faults.resources = frozenset({"recoveries.kcover.io"})
+        srv.faults.error_rate = 1.0
+        rec, mets = _recorder(srv, records={"queue_size": 2})
+        for i in range(3):
+            rec.note(_restart(f"c{i}"), recording.Phase.VERIFYING)
+        assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "queue_full"}) == 1.0
+        for _ in range(recording.WRITE_ATTEMPTS):
+            await rec.flush()
+        assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "api_error"}) == 2.0
+        assert mets.registry.get_sample_value("kcover_recovery_records_queued") == 0.0
+
+
+@pytest.mark.looptime
 async def test_run_writes_in_its_own_task_and_ends_on_stop() -> None:
-    kube = Kube()
-    rec, _ = _recorder(kube)
-    stop = asyncio.Event()
-    task = asyncio.create_task(rec.run(stop), name="records")
-    rec.note(_restart(), recording.Phase.VERIFYING)
-    for _ in range(50):
-        if len(kube.requests) >= 2:
-            break
-        await asyncio.sleep(0.01)
-    stop.set()
-    await asyncio.wait_for(task, 2.0)
-    assert [m for m, _, _ in kube.requests[:2]] == ["POST", "PATCH"]
+    async with _server() as srv:
+        rec, _ = _recorder(srv)
+        stop = asyncio.Event()
+        task = asyncio.create_task(rec.run(stop), name="records")
+        rec.note(_restart(), recording.Phase.VERIFYING)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(task, 2.0)
+        assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
+        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
 
 
+@pytest.mark.looptime
 async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_writer() -> None:
     """A term that ends mid-pass (the Lease lost to a slow or restarting API server) stops the pass; the
     writer's task goes on (a NotLeaderError out of it ended the controller's task group and the replica)."""
-    async with simserver.SimServer() as srv:
-        srv.store.create("namespaces", {"metadata": {"name": "ml"}})
+    async with _server() as srv:
         for i in range(3):  # one target, three rows: retention_per_target=1 dooms two
             srv.store.create("recoveries.kcover.io", {
                 "apiVersion": "kcover.io/v1alpha1", "kind": "Recovery",
                 "metadata": {"name": f"r{i}", "namespace": "ml",
                              "labels": {"app.kubernetes.io/managed-by": "kcover", recording.TARGET_LABEL: "job"}},
                 "spec": {}})
-        answers = iter([True, True])  # the pass's first check and the first delete; then the term is over
-        async with client_.from_configuration(srv.kube_configuration()) as kube:
-            rs = settings.RecoverySettings.model_validate(
-                {"ledger_namespace": "kcover-system", "records": {"retention_per_target": 1,
-                                                                   "prune_interval_seconds": 1}})
-            rec = recording.Recorder(kube, recording.RecordMetrics(metrics.Metrics().registry),
-                                     recovery=lambda: rs, clock=clock_.SystemClock(), identity="ctl-a",
-                                     is_leader=lambda: next(answers, False))
-            stop = asyncio.Event()
-            task = asyncio.create_task(rec.run(stop), name="records")
-            await asyncio.sleep(0.3)
-            assert not task.done(), task.exception() if task.done() else ""
-            stop.set()
-            await asyncio.wait_for(task, 2.0)
+        answers = iter([True, True])  # the pass's check and the first delete; then the term is over
+
+        class Term:
+            def __init__(self) -> None:
+                self.left = 1
+
+            def write_seconds_left(self) -> float:
+                self.left -= 1
+                return 10.0 if self.left >= 0 else 0.0
+
+        mets = metrics.Metrics()
+        rs = settings.RecoverySettings.model_validate(
+            {"ledger_namespace": "kcover-system", "records": {"retention_per_target": 1, "prune_interval_seconds": 1}})
+        rec = recording.Recorder(gateway.Http(srv.client(), fence=Term()), recording.RecordMetrics(mets.registry),
+                                 recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                                 is_leader=lambda: next(answers, False))
+        stop = asyncio.Event()
+        task = asyncio.create_task(rec.run(stop), name="records")
+        await asyncio.sleep(3.0)
+        assert not task.done(), task.exception() if task.done() else ""
+        stop.set()
+        await asyncio.wait_for(task, 2.0)
         left = [o["metadata"]["name"] for o in srv.store.iter_objects("recoveries.kcover.io")]
         assert len(left) == 2, "one deleted while leading, none after"

@@ -11,10 +11,11 @@ from prometheus_client import CollectorRegistry
 from kcover import settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import actions, verifying
+from kcover.recovery import steps as actions
+from kcover.recovery import verifying
 
 JOB = "training.kubeflow.org/job-name"
-SEL = actions.MemberSelector(labels=((JOB, "train"),))
+SEL = actions.Selector(labels=((JOB, "train"),))
 OLD = frozenset({"old-0", "old-1"})
 
 
@@ -102,11 +103,8 @@ def test_a_followed_restart_is_assessed_on_its_own_pods_changes_only() -> None:
     cache = CountingCache.offline([_job("train", "u"), _member("train", "u", "old-0"), _member("train", "u", "old-1"),
                                    *others])
 
-    async def emit(*_: Any, **__: Any) -> None:
-        pass
-
     verifier = verifying.Verifier(cache, verifying.VerifyMetrics(CollectorRegistry()),
-                                  settings_=lambda: settings.VerifySettings(), emit=emit)
+                                  settings_=lambda: settings.VerifySettings())
     verifier.follow(_followed(), lambda: 5.0)
     assert cache.lookups == 1  # the first look, when following starts
     others[1]["status"]["phase"] = "Failed"
@@ -117,3 +115,7 @@ def test_a_followed_restart_is_assessed_on_its_own_pods_changes_only() -> None:
     cache.load([_job("train", "u"), _member("train", "u", "new-0"), _member("train", "u", "new-1"), *others])
     assert [(r.key, r.outcome) for r in verifier.history] == [("w.u", verifying.Outcome.RECOVERED)]
     assert verifier.followed == {}
+    (event,) = verifier.flush(6.0)
+    assert isinstance(event, actions.Emit)
+    assert event.reason == "KcoverRecoveryVerified"
+    assert "5.000s after the fault (MTTR)" in event.message

@@ -33,7 +33,7 @@ import structlog
 from pydantic import BaseModel
 
 from kcover import bus as bus_
-from kcover import errors
+from kcover import errors, kinds
 from kcover.detectors import contract
 from kcover.kube import client as client_
 from kcover.kube import projections, watching
@@ -78,7 +78,7 @@ def project(raw: Mapping[str, Any], init_container: str) -> PreflightPod | None:
     if not meta.get("uid"):
         return None
     labels = meta.get("labels") or {}
-    workload = next((str(labels[k]) for k in projections.MEMBERSHIP_LABELS if labels.get(k)), "")
+    workload = next((str(labels[k]) for k in kinds.MEMBERSHIP_LABELS if labels.get(k)), "")
     owner = projections.controller_of(meta)
     workload_uid = str(labels.get("jobset.sigs.k8s.io/jobset-uid") or (owner.uid if owner else ""))
     finished: dt.datetime | None = None

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kcover import kinds
 from kcover.kube import ownership
 from kcover.kube import projections as proj
 from kcover_preflight import resources
@@ -102,7 +103,7 @@ def vet(r: resources.Stored, cache: Cache) -> Vetted | Refused | None:
         return Refused(r, Refusal.OWNER_NOT_A_WORKLOAD, f"pod {pod.name} belongs to no workload: {resolved.text}")
     workload = resolved.workload
     controllers = {c.uid for c in resolved.chain} | ({pod.owner.uid} if pod.owner is not None else set())
-    labels = {value for key, value in pod.labels if key in proj.MEMBERSHIP_LABELS}
+    labels = {value for key, value in pod.labels if key in kinds.MEMBERSHIP_LABELS}
     if (r.workload_uid and r.workload_uid not in controllers) or r.workload not in labels | {workload.name} \
             or r.report.workload != r.workload:
         return Refused(r, Refusal.WORKLOAD_MISMATCH,

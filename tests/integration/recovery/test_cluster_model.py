@@ -16,74 +16,15 @@ unschedulable and tainted by kcover, which pods were deleted, what the ledger re
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-from typing import Any
 
-import orjson
 import pytest
+from enginekit import Clock, Cluster, Rig, done, items, ledger_data
 
-from kcover import errors, metrics, model, settings
-from kcover.kube import caching
+from kcover import errors, kinds, model
 from kcover.kube import projections as proj
-from kcover.recovery import adapters, engine, executing, ledger
+from kcover.recovery import steps as st
 
-Cluster = Any  # tests/backends.py's Cluster
-LEDGER = "kcover-ledger"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.moment = dt.datetime.now(dt.UTC)
-
-    def now(self) -> dt.datetime:
-        return self.moment
-
-    def monotonic(self) -> float:
-        return self.moment.timestamp()
-
-
-async def items(cluster: Cluster, path: str) -> list[dict[str, Any]]:
-    listed = await cluster.harness.kube.request("GET", path)
-    out = listed.get("items") or []
-    for item in out:
-        item.setdefault("apiVersion", listed.get("apiVersion"))
-        item.setdefault("kind", str(listed.get("kind", "")).removesuffix("List"))
-    return list(out)
-
-
-async def cluster_objects(cluster: Cluster) -> list[dict[str, Any]]:
-    ns = cluster.namespace
-    out = [*await items(cluster, f"/api/v1/namespaces/{ns}/pods"), *await items(cluster, "/api/v1/nodes"),
-           *await items(cluster, "/apis/resource.k8s.io/v1/resourceslices")]
-    for path in (f"/apis/batch/v1/namespaces/{ns}/jobs", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"):
-        out += await items(cluster, path)
-    return out
-
-
-class Rig:
-    """Engine and executor over an offline `ClusterCache` of what the server holds."""
-
-    def __init__(self, cluster: Cluster, snap: caching.ClusterCache, **overrides: Any) -> None:
-        self.cluster = cluster
-        self.snap = snap
-        self.clock = Clock()
-        self.recovery = settings.RecoverySettings(ledger_namespace=cluster.namespace, ledger_name=LEDGER,
-                                                  **{"save_logs": {"enabled": False}, **overrides})
-        self.ledger = ledger.Ledger(cluster.client, namespace=cluster.namespace, name=LEDGER, is_leader=lambda: True,
-                                    retention_seconds=lambda: 3600.0)
-        self.executor = executing.Executor(cluster.client, snap, self.ledger, recovery=self.recovery,
-                                           metrics_=metrics.Metrics(), clock=self.clock, identity="test-replica",
-                                           is_leader=lambda: True)
-        self.engine = engine.RecoveryEngine(None, snap, self.ledger, self.executor, recovery=self.recovery,
-                                            clock=self.clock, is_leader=lambda: True)
-
-    @classmethod
-    async def make(cls, cluster: Cluster, **overrides: Any) -> Rig:
-        return cls(cluster, caching.ClusterCache.offline(await cluster_objects(cluster)), **overrides)
-
-    async def refresh(self) -> None:
-        self.snap.load(await cluster_objects(self.cluster))
 
 
 def node_fault(node: str, clock: Clock) -> model.CollectorEvent:
@@ -143,16 +84,15 @@ async def _drop_slices(cluster: Cluster) -> None:
 async def test_the_breaker_counts_gpu_nodes_by_the_one_rule(cluster: Cluster, flavour: str) -> None:
     try:
         gpu_nodes, cpu_nodes = await _make_nodes(cluster, flavour)
-        rig = await Rig.make(cluster, max_cordoned_fraction=FRACTION,
+        rig = await Rig.make(cluster, Clock(), max_cordoned_fraction=FRACTION,
                              rules=[{"detector": "node-condition", "action": "cordon-node"}])
         ours = {n for n in rig.snap.nodes if n.startswith(cluster.namespace)}
         assert {n for n in ours if rig.snap.is_gpu_node(rig.snap.nodes[n])} == set(gpu_nodes)
         outcomes = []
         for name in gpu_nodes[:3]:
-            outcomes += [(type(r.action).__name__, r.outcome.value)
-                         for r in await rig.engine.handle_event(node_fault(name, rig.clock))]
+            outcomes += [o for o in done(await rig.handle(node_fault(name, rig.clock))) if o.startswith(("cordon", "refuse"))]
             await rig.refresh()
-        assert outcomes == [("CordonNode", "done"), ("CordonNode", "done"), ("Skip", "skipped")]
+        assert outcomes == ["cordon_node:done", "cordon_node:done", "refuse:BreakerOpen"]
 
         held = {}
         for name in [*gpu_nodes, *cpu_nodes]:
@@ -186,7 +126,7 @@ async def test_a_jobset_restart_deletes_and_records_all_its_pods(cluster: Cluste
             "restartPolicy": "Never", "containers": [{"name": "c", "image": "trainer"}]}}}}}]}})
     js_ref = {"apiVersion": JOBSET_API, "kind": "JobSet", "name": "llm", "uid": js["metadata"]["uid"],
               "controller": True}
-    members = {adapters.JOBSET_NAME: "llm", adapters.JOBSET_UID: js["metadata"]["uid"]}
+    members = {kinds.JOBSET_NAME: "llm", kinds.JOBSET_UID: js["metadata"]["uid"]}
     pods: dict[str, str] = {}
     for j in range(2):
         job = await kube.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body={
@@ -201,11 +141,11 @@ async def test_a_jobset_restart_deletes_and_records_all_its_pods(cluster: Cluste
             await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": ns, "ownerReferences": [job_ref],
-                             "labels": {**members, adapters.BATCH_JOB_NAME: job["metadata"]["name"]}},
+                             "labels": {**members, kinds.BATCH_JOB_NAME: job["metadata"]["name"]}},
                 "spec": {"nodeName": f"{ns}-gpu-{2 * j + p}", "restartPolicy": "Never",
                          "containers": [{"name": "c", "image": "trainer"}]}})
             pods[name] = (await cluster.harness.run_pod(ns, name))["metadata"]["uid"]
-    rig = await Rig.make(cluster)
+    rig = await Rig.make(cluster, Clock())
     assert sorted(p.name for p in rig.snap.pods_of_workload(js["metadata"]["uid"])) == sorted(pods)
 
     faulting = "llm-worker-1-0"
@@ -213,13 +153,15 @@ async def test_a_jobset_restart_deletes_and_records_all_its_pods(cluster: Cluste
                                  message="exit code 1", observed_at=rig.clock.now(),
                                  target=model.Target(kind=model.TargetKind.POD, namespace=ns, name=faulting,
                                                      uid=pods[faulting]))
-    [result] = await rig.engine.handle_event(event)
-    assert (result.outcome, result.deleted) == (executing.Outcome.DONE, 4)
+    [result] = await rig.handle(event)
+    assert isinstance(result, st.Done)
+    assert result.removed == 4
+    assert rig.kube.request_counts["CREATE pods/eviction"] == 4  # a JobSet's pods are evicted
     alive = {o["metadata"]["name"] for o in await items(cluster, f"/api/v1/namespaces/{ns}/pods")
              if not o["metadata"].get("deletionTimestamp")}
     assert alive == set()
-    cm = await kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{LEDGER}")
-    [entry] = [orjson.loads(v) for k, v in cm["data"].items() if k == f"w.{js['metadata']['uid']}"]
+    entry = (await ledger_data(cluster))[f"w.{js['metadata']['uid']}"]
     intent = entry["p"]
     assert intent["u"][0] == pods[faulting]  # the faulting pod first, then every other pod of the JobSet
     assert sorted(intent["u"]) == sorted(pods.values())
+    assert intent["a"] is True, "every member is recorded"

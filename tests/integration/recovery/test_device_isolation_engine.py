@@ -15,31 +15,19 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from enginekit import KF, Clock, Cluster, Rig, done
 
-from kcover import metrics, model, settings
-from kcover.kube import caching, client
+from kcover import kinds, model
+from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import adapters, devicetainting, engine, executing, ledger
+from kcover.recovery import devicetainting
 from kcover.sim import registry
 
-KF = "kubeflow.org/v1"
 RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
-Cluster = Any
 
 
 def _device(node: str, name: str) -> model.DraDevice:
     return model.DraDevice(driver="gpu.nvidia.com", pool=node, device=name)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.moment = dt.datetime.now(dt.UTC)
-
-    def now(self) -> dt.datetime:
-        return self.moment
-
-    def monotonic(self) -> float:
-        return self.moment.timestamp()
 
 
 async def _seed(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
@@ -61,7 +49,7 @@ async def _seed(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
         pod = f"{job}-worker-0"
         await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": ns, "labels": {adapters.KUBEFLOW_JOB_NAME: job},
+            "metadata": {"name": pod, "namespace": ns, "labels": {kinds.KUBEFLOW_JOB_NAME: job},
                          "ownerReferences": [{"apiVersion": KF, "kind": "PyTorchJob", "name": job,
                                               "uid": created["metadata"]["uid"], "controller": True}]},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "trainer",
@@ -97,20 +85,6 @@ async def _objects(cluster: Cluster) -> list[dict[str, Any]]:
     return out
 
 
-class Rig:
-    def __init__(self, cluster: Cluster, snap: caching.ClusterCache, **overrides: Any) -> None:
-        self.kube: client.KubeClient = cluster.client
-        self.clock = Clock()
-        self.metrics = metrics.Metrics()
-        recovery = settings.RecoverySettings(**overrides)
-        self.ledger = ledger.Ledger(self.kube, namespace=cluster.namespace, name="kcover-ledger", is_leader=lambda: True,
-                                    retention_seconds=lambda: recovery.restart_window_seconds)
-        self.executor = executing.Executor(self.kube, snap, self.ledger, recovery=recovery, metrics_=self.metrics,
-                                           clock=self.clock, identity="test-replica", is_leader=lambda: True)
-        self.engine = engine.RecoveryEngine(None, snap, self.ledger, self.executor, recovery=recovery,
-                                            clock=self.clock, is_leader=lambda: True)
-
-
 def _fault(cluster: Cluster, pod: dict[str, Any], device: model.DraDevice, *, cleared: bool = False,
            clock: Clock) -> model.CollectorEvent:
     return model.CollectorEvent(
@@ -130,14 +104,13 @@ async def test_an_unhealthy_device_is_tainted_its_job_restarted_and_the_node_lef
     node = "dra-" + cluster.namespace
     await _seed(cluster, node)
     kube = cluster.harness.kube
-    rig = Rig(cluster, caching.ClusterCache.offline(await _objects(cluster)))
+    rig = Rig(cluster, Clock(), caching.ClusterCache.offline(await _objects(cluster)))
     dev3 = _device(node, "gpu-3")
     await _health(cluster, "a-worker-0", dev3, "Unhealthy")
     pod = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/pods/a-worker-0")
     try:
-        results = await rig.engine.handle_event(_fault(cluster, pod, dev3, clock=rig.clock))
-        assert [(type(r.action).__name__, r.outcome) for r in results] == [
-            ("TaintDevice", executing.Outcome.DONE), ("RestartWorkload", executing.Outcome.DONE)]
+        results = await rig.handle(_fault(cluster, pod, dev3, clock=rig.clock))
+        assert done(results) == ["taint_device:done", "restart_workload:done"]
         rule = await kube.request("GET", f"{RULES}/{devicetainting.rule_name(dev3)}")
         assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-3"}
         assert rule["spec"]["taint"]["effect"] == "NoSchedule"
@@ -153,8 +126,8 @@ async def test_an_unhealthy_device_is_tainted_its_job_restarted_and_the_node_lef
         assert rig.metrics.registry.get_sample_value("kcover_device_taints_served") == 1
 
         rig.clock.moment += dt.timedelta(seconds=30)
-        results = await rig.engine.handle_event(_fault(cluster, pod, dev3, cleared=True, clock=rig.clock))
-        assert [(type(r.action).__name__, r.outcome) for r in results] == [("UntaintDevice", executing.Outcome.DONE)]
+        results = await rig.handle(_fault(cluster, pod, dev3, cleared=True, clock=rig.clock))
+        assert done(results) == ["untaint_device:done"]
         listed = await kube.request("GET", RULES)
         assert devicetainting.rule_name(dev3) not in {r["metadata"]["name"] for r in listed["items"]}
         assert "KcoverUntaintedDevice" in await _node_events(cluster, node)
@@ -171,7 +144,7 @@ async def test_without_device_taints_the_node_is_cordoned_and_that_is_said_once(
     node = "dra-" + cluster.namespace
     await _seed(cluster, node)
     kube = cluster.harness.kube
-    rig = Rig(cluster, caching.ClusterCache.offline(await _objects(cluster)))
+    rig = Rig(cluster, Clock(), caching.ClusterCache.offline(await _objects(cluster)))
     dev3 = _device(node, "gpu-3")
     await _health(cluster, "a-worker-0", dev3, "Unhealthy")
     pod = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/pods/a-worker-0")
@@ -180,14 +153,13 @@ async def test_without_device_taints_the_node_is_cordoned_and_that_is_said_once(
         target=model.Target(kind=model.TargetKind.DEVICE, name=node, node=node, device_id="GPU-3"),
         fault=model.Fault(xid=79, gpu_index=3, dra=dev3, pods=(f"{cluster.namespace}/a-worker-0",)),
         recommended=model.Action.CORDON_NODE, observed_at=rig.clock.now())
-    results = await rig.engine.handle_event(agent)
-    assert [type(r.action).__name__ for r in results] == ["TaintDevice"]
-    assert results[0].outcome is executing.Outcome.SKIPPED
+    results = await rig.handle(agent)
+    assert done(results)[0] == "cordon_node:done", "no DeviceTaintRules: the node-level answer at once"
     live = await kube.request("GET", f"/api/v1/nodes/{node}")
     assert live["spec"].get("unschedulable") is True
     assert rig.metrics.registry.get_sample_value("kcover_device_taints_served") == 0
     assert rig.metrics.registry.get_sample_value("kcover_device_taint_fallbacks_total") == 1
     # a second device fault: answered at node level again (here, a restart only), said no second time
-    results = await rig.engine.handle_event(_fault(cluster, pod, dev3, clock=rig.clock))
-    assert [type(r.action).__name__ for r in results] == ["TaintDevice", "RestartWorkload"]
+    results = await rig.handle(_fault(cluster, pod, dev3, clock=rig.clock))
+    assert done(results) == ["restart_workload:done"]  # its rule restarts the holder; the node is cordoned already
     assert (await _node_events(cluster, node)).count("KcoverDeviceTaintsUnavailable") == 1

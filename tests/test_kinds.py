@@ -1,4 +1,4 @@
-"""Table tests for workload adapters (restart policies, owner resolution, selectors) and ledger encoding."""
+"""Table tests of the workload kinds table (restart policies, families), owner resolution and restart units."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 from harness import objects as o
 
-from kcover.kube import caching
+from kcover import kinds
+from kcover.kube import caching, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import actions, adapters, ledger
+from kcover.recovery import planning
+from kcover.recovery import steps as st
 
 
 def obj(api_version: str, kind: str, spec: dict[str, Any], **status: Any) -> dict[str, Any]:
@@ -34,23 +36,27 @@ def obj(api_version: str, kind: str, spec: dict[str, Any], **status: Any) -> dic
     (obj("apps/v1", "Deployment", {"replicas": 0}), False),
 ])
 def test_restart_forbidden(raw: dict[str, Any], forbidden: bool) -> None:
-    assert bool(adapters.restart_forbidden(proj.workload(raw))) is forbidden
+    w = proj.workload(raw)
+    table = kinds.of(w.group, w.kind)
+    got = table.forbidden(restart_policies=[p for _, p in w.restart_policies], max_restarts=w.max_restarts,
+                          finished=w.finished) if table is not None else ""
+    assert bool(got) is forbidden
 
 
 @pytest.mark.parametrize(("group", "kind", "family"), [
-    ("kubeflow.org", "PyTorchJob", adapters.Family.KUBEFLOW_V1),
-    ("kubeflow.org", "JAXJob", adapters.Family.KUBEFLOW_V1),
+    ("kubeflow.org", "PyTorchJob", kinds.Family.KUBEFLOW_V1),
+    ("kubeflow.org", "JAXJob", kinds.Family.KUBEFLOW_V1),
     ("kubeflow.org", "Notebook", None),
-    ("trainer.kubeflow.org", "TrainJob", adapters.Family.TRAINJOB),
-    ("jobset.x-k8s.io", "JobSet", adapters.Family.JOBSET),
-    ("batch.volcano.sh", "Job", adapters.Family.VOLCANO),
-    ("batch", "Job", adapters.Family.BATCH_JOB),
-    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet", adapters.Family.LWS),
+    ("trainer.kubeflow.org", "TrainJob", kinds.Family.TRAINJOB),
+    ("jobset.x-k8s.io", "JobSet", kinds.Family.JOBSET),
+    ("batch.volcano.sh", "Job", kinds.Family.VOLCANO),
+    ("batch", "Job", kinds.Family.BATCH_JOB),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet", kinds.Family.LWS),
     ("apps", "StatefulSet", None),
     ("batch", "CronJob", None),
 ])
-def test_family(group: str, kind: str, family: adapters.Family | None) -> None:
-    assert adapters.family(group, kind) is family
+def test_family(group: str, kind: str, family: kinds.Family | None) -> None:
+    assert kinds.family(group, kind) is family
 
 
 CRON_JOB = o.workload("batch/v1", "Job", "nightly-1", uid="job-uid", owner=o.owner("batch/v1", "CronJob", "nightly", "cron-uid"))
@@ -65,51 +71,39 @@ JOBSET = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "js", uid="js-uid")
     (o.pod("x", owner=o.owner("kubeflow.org/v1", "PyTorchJob", "gone", "gone-uid")), "OwnerNotCached"),
     (o.pod("x", owner=o.owner("apps/v1", "DaemonSet", "dcgm", "ds-uid")), "UnsupportedOwner"),
     (o.pod("x"), "NoController"),
-    (o.pod("serve-0-1", labels={adapters.LWS_NAME: "serve", adapters.LWS_GROUP_INDEX: "0"},
+    (o.pod("serve-0-1", labels={kinds.LWS_NAME: "serve", kinds.LWS_GROUP_INDEX: "0"},
            owner=o.owner("apps/v1", "StatefulSet", "serve-0", "sts-uncached")), "LeaderWorkerSet serve"),
     # a JobSet's Job left out of the cache: the JobSet its labels name, only with a matching uid label
-    (o.pod("js-a-0-0", labels={adapters.JOBSET_NAME: "js", adapters.JOBSET_UID: "js-uid"},
+    (o.pod("js-a-0-0", labels={kinds.JOBSET_NAME: "js", kinds.JOBSET_UID: "js-uid"},
            owner=o.owner("batch/v1", "Job", "js-a-0", "job-uncached")), "JobSet js"),
-    (o.pod("js-a-0-0", labels={adapters.JOBSET_NAME: "js", adapters.JOBSET_UID: "other-uid"},
+    (o.pod("js-a-0-0", labels={kinds.JOBSET_NAME: "js", kinds.JOBSET_UID: "other-uid"},
            owner=o.owner("batch/v1", "Job", "js-a-0", "job-uncached")), "OwnerNotCached"),
     (o.pod("x", namespace="other", owner=CRON_JOB), "OwnerMismatch"),
 ])
 def test_resolve(pod: dict[str, Any], expected: str) -> None:
     snap = caching.ClusterCache.offline([CRON_JOB, IMPOSTOR, LWS, JOBSET])
-    found = adapters.resolve(snap, proj.pod(pod))
-    got = (f"{found.workload.kind} {found.workload.name}" if isinstance(found, adapters.Resolved)
-           else found.code.value)
+    found = ownership.resolve(snap, proj.pod(pod))
+    got = (f"{found.workload.kind} {found.workload.name}" if isinstance(found, ownership.Resolved)
+           else found.problem.value)
     assert got == expected
 
 
 def test_legacy_controller_uid_label_and_name_fallback() -> None:
     job = proj.workload(o.workload("batch/v1", "Job", "bj", uid="bj-uid"))
-    resolved = adapters.Resolved(job, adapters.Family.BATCH_JOB, (job,))
-    legacy = proj.pod(o.pod("x", labels={"controller-uid": "bj-uid", adapters.BATCH_JOB_NAME: "bj"}))
-    bare = proj.pod(o.pod("x", labels={adapters.BATCH_JOB_NAME: "bj"}))
-    assert adapters.restart_unit(resolved, legacy).selector == actions.MemberSelector(
-        (("controller-uid", "bj-uid"),), uid_bearing=True)
-    assert adapters.restart_unit(resolved, bare).selector == actions.MemberSelector(
-        ((adapters.BATCH_JOB_NAME, "bj"),), uid_bearing=False)
+    resolved = ownership.Resolved(job, kinds.Family.BATCH_JOB, (job,))
+    legacy = proj.pod(o.pod("x", labels={"controller-uid": "bj-uid", kinds.BATCH_JOB_NAME: "bj"}))
+    bare = proj.pod(o.pod("x", labels={kinds.BATCH_JOB_NAME: "bj"}))
+    assert planning.unit_of(resolved, legacy).selector == st.Selector(
+        ((kinds.BATCH_JOB_NAME, "bj"), ("controller-uid", "bj-uid")), uid_bearing=True)
+    assert planning.unit_of(resolved, bare).selector == st.Selector(((kinds.BATCH_JOB_NAME, "bj"),), uid_bearing=False)
 
 
-def test_ledger_state_round_trip_and_prune() -> None:
-    state = ledger.State(restarts={"w.a": [100.0, 200.0], "w.b": [50.0]}, notes={"w.a": "PyTorchJob ml/a"},
-                         cordons={"gpu-1": 150.0, "gpu-2": 10.0}, cordon_reasons={"gpu-1": "XID79"})
-    again = ledger.State.decode(state.encode())
-    assert again.history() == state.history()
-    again.prune(120.0)
-    assert again.restarts == {"w.a": [200.0]}
-    assert again.cordons == {"gpu-1": 150.0}
+def test_every_kind_is_one_table_entry_that_the_settings_and_the_cache_follow() -> None:
+    from kcover import settings
 
-
-def test_ledger_ignores_unreadable_entries() -> None:
-    state = ledger.State.decode({"w.a": "{not json", "n.x": '{"c": "soon"}', "w.b": '{"t": [1, "x", 2]}'})
-    assert state.restarts == {"w.b": [1.0, 2.0]}
-    assert state.cordons == {}
-
-
-def test_the_cache_keeps_every_label_the_restart_selectors_use() -> None:
-    from kcover.kube import projections
-
-    assert adapters.SELECTOR_LABELS <= projections.KEPT_POD_LABELS
+    assert settings.KubeSettings().workload_kinds == [k.key for k in kinds.KINDS]
+    assert {k.key for k in caching.WORKLOAD_KINDS} == {k.key for k in kinds.KINDS}
+    assert kinds.INDEXED_LABELS <= kinds.SELECTOR_LABELS <= proj.KEPT_POD_LABELS
+    evicted = {k.kind for k in kinds.KINDS if k.removal is kinds.Removal.EVICT}
+    assert evicted == {"Job", "JobSet", "TrainJob"}  # batch/v1 Job counts deletions towards backoffLimit
+    assert kinds.of("batch.volcano.sh", "Job").removal is kinds.Removal.DELETE  # type: ignore[union-attr]

@@ -1,0 +1,127 @@
+"""Admission: may this restart or this cordon happen now? The one home of the refusals the ledger decides.
+
+Owns the checks that read what kcover did (the ledger) and what it is doing (actions in flight): a
+replayed signal (`ALREADY_ACTED`), a pod a restart already removed (`ALREADY_RESTARTED`), the unit's
+cooldown and restart budget, the node's cooldown, and the breaker (`BREAKER_LATCHED`, `BREAKER_COOLDOWN`,
+`BREAKER_OPEN`: restarts in flight, cordons held and in flight against their caps). `planning.plan`
+calls these with the ledger as the cache-time view, and the executors call the same functions again
+inside the fenced ledger write, on the entry as the API server holds it then: so a second replica that
+believes it leads is refused by the very rule the first one passed, and no refusal has two homes.
+
+Pure: plain values in, a `Refusal` or None out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from kcover import settings
+from kcover.recovery import ledger
+from kcover.recovery.steps import Code
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: Code
+    text: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """What kcover is doing and holds right now, as the breaker counts it."""
+
+    restarts_in_flight: int = 0
+    """Restarts planned and not finished (this one not included)."""
+    cordons_in_flight: int = 0
+    """Cordons planned and not yet visible in the cache (this one not included)."""
+    cordoned: int = 0
+    """Nodes the cache shows cordoned by kcover."""
+    gpu_nodes: int = 0
+
+
+def _when(at: float) -> str:
+    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def replayed(acted_at: float | None, signal: str, what: str) -> Refusal | None:
+    """This outside signal already moved this unit or node."""
+    if acted_at is None:
+        return None
+    return Refusal(Code.ALREADY_ACTED, f"{what}: signal {signal} was already acted on at {_when(acted_at)}; "
+                                       "a signal moves a unit once")
+
+
+def breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) -> Refusal | None:
+    """The latched breaker, and the cooldown after a person reset it."""
+    if state.latched:
+        assert state.opened_at is not None
+        return Refusal(Code.BREAKER_LATCHED, f"breaker latched open since {_when(state.opened_at)} ({state.reason}); "
+                       f"a person resets it: `kcover breaker reset`, or annotate ConfigMap {rs.controls_name} "
+                       "kcover.io/breaker-reset=true")
+    if state.closed_at is not None and now - state.closed_at < rs.breaker_cooldown_seconds:
+        left = rs.breaker_cooldown_seconds - (now - state.closed_at)
+        return Refusal(Code.BREAKER_COOLDOWN, f"the breaker was reset {now - state.closed_at:.0f}s ago; kcover waits "
+                       f"{left:.0f}s more (recovery.breaker_cooldown_seconds)")
+    return None
+
+
+def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySettings, now: float,
+            breaker_state: ledger.Breaker, load: Load | None, pod_created: float | None = None,
+            pod_terminating: bool = False) -> Refusal | None:
+    """May the unit be restarted now? `pod_created`: when the faulting pod was created (epoch), if known;
+    `pod_terminating`: the faulting pod is being deleted.
+    `load` None leaves out the limits on what is in flight (checked when planning, with the reservations):
+    the fenced ledger write re-checks what another replica could have changed."""
+    latched = breaker(breaker_state, rs, now)
+    if latched is not None:
+        return latched
+    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+    # creationTimestamp has whole seconds: a pod stamped a second or more before the restart predates it
+    if times and (pod_terminating or (pod_created is not None and pod_created + 1.0 <= times[-1])):
+        return Refusal(Code.ALREADY_RESTARTED, f"{what} was restarted at {_when(times[-1])}, after its faulting pod "
+                       "was created: that restart removed (or is removing) the pod")
+    if times and now - times[-1] < rs.workload_cooldown_seconds:
+        return Refusal(Code.COOLDOWN, f"{what} was restarted {now - times[-1]:.0f}s ago; cooldown is "
+                       f"{rs.workload_cooldown_seconds:.0f}s")
+    if len(times) >= rs.max_restarts_per_window:
+        until = times[0] + rs.restart_window_seconds
+        return Refusal(Code.BUDGET_EXHAUSTED, f"restart budget exhausted: {what} was restarted {len(times)} times in "
+                       f"the last {rs.restart_window_seconds:.0f}s (max {rs.max_restarts_per_window}); kcover will "
+                       f"not restart it again before {_when(until)}")
+    if load is not None and load.restarts_in_flight >= rs.max_concurrent_restarts:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: {load.restarts_in_flight} restarts already in flight "
+                       f"(max {rs.max_concurrent_restarts})")
+    return None
+
+
+def cordon(node: ledger.Node | None, name: str, *, rs: settings.RecoverySettings, now: float,
+           breaker_state: ledger.Breaker, load: Load | None) -> Refusal | None:
+    """May `name` be cordoned now? The node's cooldown and the cordon breaker, cordons in flight counted
+    (`load` None: as for `restart`)."""
+    latched = breaker(breaker_state, rs, now)
+    if latched is not None:
+        return latched
+    last = node.cordoned_at if node is not None else None
+    if last is not None and now - last < rs.node_cooldown_seconds:
+        return Refusal(Code.COOLDOWN, f"Node {name} was cordoned {now - last:.0f}s ago; cooldown is "
+                       f"{rs.node_cooldown_seconds:.0f}s")
+    if load is None:
+        return None
+    held = load.cordoned + load.cordons_in_flight
+    if load.gpu_nodes <= 0 or held / load.gpu_nodes >= rs.max_cordoned_fraction:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover holds {load.cordoned} of {load.gpu_nodes} GPU nodes "
+                       f"cordoned and {load.cordons_in_flight} cordons in flight (max fraction "
+                       f"{rs.max_cordoned_fraction:g}); Node {name} is not cordoned")
+    return None
+
+
+def until_budget_frees(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
+    """When the unit's oldest restart in the window leaves it (a held restart may run then)."""
+    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+    return times[0] + rs.restart_window_seconds if times else now
+
+
+def until_cooldown_ends(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
+    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+    return times[-1] + rs.workload_cooldown_seconds if times else now

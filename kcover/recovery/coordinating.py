@@ -1,0 +1,358 @@
+"""The coordinator: runs a plan's steps in order through the gateway; hooks observe outcomes and add steps.
+
+Owns the one place steps are carried out. `Coordinator.run(steps)` takes the steps in order, carries each
+out with its executor (a restart by `restarting.Restarter`, a cordon here, ...), hands the typed outcome
+(`Done`, `Refused`, `Failed`, `Held`) to every hook, and runs the steps the hooks return after the current
+ones: the audit's Events, the node ladder after a cordon, the breaker's latch after a breaker refusal,
+the records and verification. Nothing re-enters `run`; no outcome is parsed from a string.
+
+Executors are idempotent and write only through the gateway, whose fence is the leadership gate: a
+replica that lost the Lease gets `errors.NotLeaderError` from its next write, which ends the run and
+propagates (the controller cancels the run on a loss anyway). An API error in a step is its `Failed`
+outcome, logged, and the next step runs; an Event that cannot be written is logged and never fails what
+it records.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import structlog
+from prometheus_client import Counter
+
+from kcover import errors, metrics, settings
+from kcover.aio import clock as clock_
+from kcover.kube import gateway
+from kcover.recovery import (
+    admission,
+    auditing,
+    cordoning,
+    devicetainting,
+    escalating,
+    ledger,
+    restarting,
+    returning,
+)
+from kcover.recovery import steps as st
+from kcover.recovery.steps import Code
+
+log = structlog.get_logger()
+
+NODE_WRITE_ATTEMPTS = 5
+
+
+class Hook(Protocol):
+    """Observes one outcome; returns the steps that follow from it (run after the current ones)."""
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]: ...
+
+
+class Counting:
+    """The hook counting every outcome (`kcover_actions_total{action,result}`), the node ladder's steps
+    (`kcover_escalation_steps_total`), and timing fault to action."""
+
+    def __init__(self, metrics_: metrics.Metrics, clock: clock_.Clock, *, escalation: Counter | None = None) -> None:
+        self._metrics = metrics_
+        self._clock = clock
+        self._escalation = escalation
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]:
+        if isinstance(step, st.Emit):
+            return ()
+        self._metrics.actions.labels(action=st.name_of(step), result=st.result_of(outcome)).inc()
+        cause = st.cause_of(step)
+        if isinstance(outcome, st.Done) and not outcome.noop and cause is not None \
+                and isinstance(step, st.Restart | st.Cordon | st.TaintDevice):
+            self._metrics.fault_to_action.observe(max((self._clock.now() - cause.observed_at).total_seconds(), 0.0))
+        if self._escalation is not None and isinstance(outcome, st.Done) and not outcome.noop:
+            rung = {st.Cordon: "cordon", st.Drain: "drain", st.CallPerson: "person"}.get(type(step))
+            if isinstance(step, st.RequestRemediation) and step.requested:
+                rung = "remediation"
+            if rung is not None:
+                self._escalation.labels(ladder="node", step=rung).inc()
+        return ()
+
+
+class Breaker:
+    """The hook that latches the breaker once it refused (`recovery.breaker_latch`), saying what tripped it."""
+
+    def __init__(self, *, recovery: Callable[[], settings.RecoverySettings], latched: Callable[[], bool]) -> None:
+        self._recovery = recovery
+        self._latched = latched
+
+    def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]:
+        if not isinstance(outcome, st.Refused | st.Held) or outcome.code is not Code.BREAKER_OPEN:
+            return ()
+        cause = st.cause_of(step)
+        if not self._recovery().breaker_latch or self._latched() or cause is None:
+            return ()
+        return (st.LatchBreaker(reason=outcome.text, cause=cause),)
+
+
+class Coordinator:
+    """Carries out steps; see the module docstring."""
+
+    def __init__(self, gw: gateway.Gateway, ledger_: ledger.Ledger, *, restarter: restarting.Restarter,
+                 devices: devicetainting.DeviceTaints, validations: returning.Validations,
+                 drainer: escalating.Drainer, recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock,
+                 identity: str, hooks: Sequence[Hook] = ()) -> None:
+        self.gateway = gw
+        self._ledger = ledger_
+        self.restarter = restarter
+        self.devices = devices
+        self.validations = validations
+        self.drainer = drainer
+        self._recovery = recovery
+        self._clock = clock
+        self.identity = identity
+        self.hooks: list[Hook] = list(hooks)
+        self.outcomes: collections.deque[st.Outcome] = collections.deque(maxlen=1000)
+        """The most recent outcomes, newest last (for tests and diagnostics)."""
+
+    async def run(self, steps: Sequence[st.Step]) -> list[st.Outcome]:
+        """Carry out `steps` in order, and the steps the hooks add after them; the outcomes, in order."""
+        queue = collections.deque(steps)
+        out: list[st.Outcome] = []
+        while queue:
+            step = queue.popleft()
+            outcome = await self._carry_out(step)
+            out.append(outcome)
+            self.outcomes.append(outcome)
+            for hook in self.hooks:  # the outcome's step: what was carried out (a Resume with its restart)
+                queue.extend(hook.after(outcome.step, outcome))
+        return out
+
+    async def _carry_out(self, step: st.Step) -> st.Outcome:
+        try:
+            return await self._execute(step)
+        except errors.NotLeaderError:
+            raise
+        except errors.KubeError as exc:
+            log.warning("recovery_step_failed", step=st.name_of(step), error=str(exc)[:300])
+            return st.Failed(step, str(exc)[:300])
+
+    async def _execute(self, step: st.Step) -> st.Outcome:
+        if isinstance(step, st.Restart):
+            return await self.restarter.restart(step)
+        if isinstance(step, st.Resume):
+            return await self.restarter.resume(step)
+        if isinstance(step, st.Cordon):
+            return await self.cordon(step)
+        if isinstance(step, st.Uncordon):
+            return await self.uncordon(step)
+        if isinstance(step, st.TaintDevice):
+            return await self.taint(step)
+        if isinstance(step, st.UntaintDevice):
+            return await self.untaint(step)
+        if isinstance(step, st.Refuse):
+            log.info("recovery_refused", code=step.code.value, text=step.text, cause=step.cause.id, audit=step.audit)
+            return st.Refused(step, step.code, step.text)
+        if isinstance(step, st.Hold):
+            return await self.hold(step)
+        if isinstance(step, st.Report):
+            return st.Done(step)
+        if isinstance(step, st.Drain):
+            return await self.drain(step)
+        if isinstance(step, st.RequestRemediation):
+            await escalating.set_remediation(self.gateway, step.node, requested=step.requested, message=step.message,
+                                             clock=self._clock)
+            return st.Done(step)
+        if isinstance(step, st.CallPerson):
+            return st.Done(step)
+        if isinstance(step, st.RequestValidation):
+            return await self.validations.ask(step)
+        if isinstance(step, st.LatchBreaker):
+            return await self.latch(step)
+        if isinstance(step, st.ResetBreaker):
+            return await self.reset(step)
+        return await self.emit(step)
+
+    # ------------------------------------------------------------------------------------ Events
+
+    async def emit(self, step: st.Emit) -> st.Outcome:
+        body = auditing.event_body(step.about, reason=step.reason, action=step.action, message=step.message,
+                                   warning=step.warning, now=self._clock.now(),
+                                   controller=auditing.REPORTING_CONTROLLER, instance=self.identity)
+        try:
+            await self.gateway.post_event(body)
+        except errors.NotLeaderError:
+            raise
+        except errors.KubeError as exc:
+            log.warning("recovery_event_failed", reason=step.reason, object=step.about.describe(), error=str(exc))
+            return st.Failed(step, str(exc)[:300])
+        return st.Done(step)
+
+    # ------------------------------------------------------------------------------------ nodes
+
+    async def _rewrite_node(self, name: str, change: Callable[[gateway.NodeBody], tuple[Code, str] | None]
+                            ) -> tuple[gateway.NodeBody, tuple[Code, str] | None]:
+        """Read-modify-write a Node with its resourceVersion as precondition, retrying on 409. `change` edits
+        it in place, or returns why not (then nothing is written)."""
+        for _ in range(NODE_WRITE_ATTEMPTS):
+            node = await self.gateway.get_node(name)
+            refused = change(node)
+            if refused is not None:
+                return node, refused
+            try:
+                return await self.gateway.replace_node(node), None
+            except errors.ConflictError:
+                continue
+        raise errors.KubeError(f"Node {name}: still conflicting after {NODE_WRITE_ATTEMPTS} attempts", status=409)
+
+    async def cordon(self, step: st.Cordon) -> st.Outcome:
+        """The node first (idempotent: a node kcover cordoned already is left as it is), then its ledger entry
+        (the node's cooldown and the signal), re-checked there against what another replica wrote."""
+        rs = self._recovery()
+        now = self._clock.now()
+        key = f"n.{step.node}"
+        signal = step.cause.signal
+        breaker = self._ledger.breaker()
+        replayed = admission.replayed(self._ledger.acted_on(signal, key), signal, f"Node {step.node}")
+        refused = replayed or admission.cordon(self._ledger.node(step.node), step.node, rs=rs, now=now.timestamp(),
+                                               breaker_state=breaker, load=None)
+        if refused is not None:
+            return st.Refused(step, refused.code, refused.text)
+        ours = cordoning.taints(rs.taint_key, step.cause.reason, no_execute=rs.taint_no_execute,
+                                now=clock_.rfc3339(now))
+        fault = f"{step.cause.reason} from {step.cause.detector}: {step.reason}"
+        _, refusal = await self._rewrite_node(step.node, lambda node: cordoning.cordon(
+            node, taint_key=rs.taint_key, ours=ours, reason=fault, now=clock_.rfc3339(now)))
+        if refusal is not None and refusal[0] is not Code.ALREADY_CORDONED:
+            return st.Refused(step, refusal[0], refusal[1])
+
+        def record(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Node)
+            entry.cordoned_at = now.timestamp()
+            entry.reason = step.reason[:120]
+            if signal:
+                signals[f"{signal}|{key}"] = now.timestamp()
+            return None
+
+        await self._ledger.update(key, record, now=now.timestamp())
+        if refusal is not None:
+            return st.Done(step, detail=refusal[1], noop=True)
+        log.info("node_cordoned", node=step.node, reason=step.reason, cause=step.cause.id)
+        return st.Done(step)
+
+    async def uncordon(self, step: st.Uncordon) -> st.Outcome:
+        rs = self._recovery()
+        taken = ""
+
+        def change(node: gateway.NodeBody) -> tuple[Code, str] | None:
+            nonlocal taken
+            refused, taken = cordoning.uncordon(node, taint_key=rs.taint_key)
+            return refused
+
+        _, refusal = await self._rewrite_node(step.node, change)
+        if refusal is not None:
+            return st.Refused(step, refusal[0], refusal[1])
+        log.info("node_uncordoned", node=step.node, handed_over=taken or None)
+        return st.Done(step, detail=taken)
+
+    # ------------------------------------------------------------------------------------ devices
+
+    async def taint(self, step: st.TaintDevice) -> st.Outcome:
+        got = await self.devices.taint(step.device, node=step.node, reason=step.reason, cause=step.cause.id)
+        rule = devicetainting.rule_name(step.device)
+        if got is devicetainting.Outcome.UNSERVED:
+            return st.Refused(step, Code.DEVICE_TAINTS_UNSERVED,
+                              f"the API server stopped serving DeviceTaintRules: device {step.device.resource_id} is "
+                              "not tainted; its next fault is answered at node level")
+        if got is devicetainting.Outcome.FOREIGN:
+            log.warning("device_taint_rule_foreign", device=step.device.resource_id, rule=rule)
+            return st.Done(step, detail=f"a DeviceTaintRule {rule} exists and is not kcover's: left alone", noop=True)
+        if got is devicetainting.Outcome.EXISTS:
+            return st.Done(step, detail=rule, noop=True)
+        log.info("device_tainted", device=step.device.resource_id, node=step.node)
+        return st.Done(step, detail=rule)
+
+    async def untaint(self, step: st.UntaintDevice) -> st.Outcome:
+        got = await self.devices.untaint(step.device)
+        if got is devicetainting.Outcome.REMOVED:
+            log.info("device_untainted", device=step.device.resource_id, node=step.node)
+            return st.Done(step, detail=devicetainting.rule_name(step.device))
+        return st.Done(step, detail=got.value, noop=True)
+
+    # ------------------------------------------------------------------------------------ holds
+
+    async def hold(self, step: st.Hold) -> st.Outcome:
+        """Keep a refused restart in the ledger, to plan it again when its blocker lifts."""
+        now = self._clock.now().timestamp()
+        held = ledger.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
+                                  cause=step.cause.model_dump_json())
+
+        def keep(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Unit)
+            if entry.held is not None and (entry.held.code, entry.held.until) == (held.code, held.until):
+                return "already held"
+            entry.held = held if entry.held is None else ledger.HeldRestart(
+                code=held.code, text=held.text, at=entry.held.at, until=min(held.until, entry.held.until),
+                cause=entry.held.cause)
+            return None
+
+        if await self._ledger.update(step.restart.unit_key, keep, now=now) is not None:
+            return st.Held(step, step.code, step.text, step.until)
+        log.info("restart_held", workload=step.restart.what, code=step.code.value, until=round(step.until, 3))
+        return st.Held(step, step.code, step.text, step.until)
+
+    async def drop_hold(self, key: str, why: str) -> None:
+        """Forget a held restart (planned again and done, expired, or recovered by itself)."""
+        def forget(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Unit)
+            if entry.held is None:
+                return "not held"
+            entry.held = None
+            return None
+
+        if await self._ledger.update(key, forget, now=self._clock.now().timestamp()) is None:
+            log.info("restart_hold_dropped", key=key, why=why)
+
+    # ------------------------------------------------------------------------------------ the ladder
+
+    async def drain(self, step: st.Drain) -> st.Outcome:
+        esc = self._recovery().escalation
+        drain = self.drainer.start(step.node, step.pods, self._clock.now().timestamp() + esc.drain_timeout_seconds)
+        await self.drainer.evict(drain)
+        return st.Done(step, detail=f"draining Node {step.node} ({esc.drain_mode.value}) through the Eviction API: "
+                                    f"{drain.evicted} of {len(step.pods)} pods evicted, {len(drain.waiting)} waiting "
+                                    f"(PodDisruptionBudgets; retried for {esc.drain_timeout_seconds:g}s)")
+
+    # ------------------------------------------------------------------------------------ the breaker
+
+    async def latch(self, step: st.LatchBreaker) -> st.Outcome:
+        now = self._clock.now().timestamp()
+
+        def open_(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Breaker)
+            if entry.latched:
+                return "already latched"
+            entry.opened_at, entry.reason = now, step.reason[:250]
+            return None
+
+        if await self._ledger.update(ledger.BREAKER_KEY, open_, now=now) is not None:
+            return st.Done(step, detail="already latched", noop=True)
+        log.warning("breaker_latched", reason=step.reason)
+        return st.Done(step)
+
+    async def reset(self, step: st.ResetBreaker) -> st.Outcome:
+        now = self._clock.now().timestamp()
+        was = ""
+
+        def close(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            nonlocal was
+            assert isinstance(entry, ledger.Breaker)
+            if entry.reset_request == step.requested_at:
+                return "this request was acted on already"
+            entry.reset_request = step.requested_at
+            if not entry.latched:
+                return None  # remembered, so it is not looked at again; nothing to close
+            was = entry.reason
+            entry.opened_at, entry.reason, entry.closed_at = None, "", now
+            return None
+
+        if await self._ledger.update(ledger.BREAKER_KEY, close, now=now) is not None or not was:
+            return st.Done(step, detail="the breaker was not latched", noop=True)
+        log.info("breaker_reset", by="request", was=was)
+        return st.Done(step, detail=f"it had latched open: {was}")

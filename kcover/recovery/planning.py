@@ -1,0 +1,499 @@
+"""The plan: `plan(event, snapshot, history, settings, now) -> list[Step]`. Pure and total.
+
+Owns what kcover does about one fault, every step of it, and every refusal that can be known before a
+write: which rule applies (`rules.decide`), the namespace allow/deny lists, owner resolution and opt-in
+(`ownership`), the workload's own restart policy (`kinds.forbidden`), the operator controls (a pause:
+`controls.paused_scope`), and, through `admission`, replays, cooldowns, budgets and the breaker (with
+what is in flight). A restart refused for a blocker that lifts (a pause, a cooldown, the budget window,
+the breaker) becomes a `Hold`, planned again when the blocker lifts; a fault on a DRA device is answered
+at device level (`TaintDevice` and the holders' restarts, the node left schedulable) where the API
+server serves DeviceTaintRules, at node level otherwise; a cleared fault returns what kcover took (its
+own device taint; its own cordon, through validation when `recovery.return_validation` asks).
+
+It sees the cluster only through `Snapshot` (the cache), the ledger only through `History`, and does no
+I/O. It never raises on odd events: unknown targets become `Refuse` steps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kcover import kinds, model, settings
+from kcover.aio import clock as clock_
+from kcover.kube import ownership
+from kcover.kube import projections as proj
+from kcover.recovery import admission, controls, cordoning, ledger, rules
+from kcover.recovery import steps as st
+from kcover.recovery.steps import Code
+
+AK = model.Action
+
+
+class Snapshot(controls.View, Protocol):
+    """What the plan reads of the cluster (`caching.ClusterCache` provides it)."""
+
+    def pod_by_name(self, namespace: str, name: str) -> proj.Pod | None: ...
+
+    def pods_of_workload(self, uid: str) -> Sequence[proj.Pod]: ...
+
+    def pods_on_node(self, name: str) -> Sequence[proj.Pod]: ...
+
+    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> proj.Workload | None: ...
+
+    def gpu_node_count(self) -> int: ...
+
+    def cordoned_by_kcover(self) -> Sequence[str]: ...
+
+
+class LedgerView(Protocol):
+    """What the plan reads of the ledger (`ledger.Ledger` provides it)."""
+
+    def unit(self, key: str) -> ledger.Unit | None: ...
+
+    def node(self, name: str) -> ledger.Node | None: ...
+
+    def breaker(self) -> ledger.Breaker: ...
+
+    def acted_on(self, signal: str, key: str) -> float | None: ...
+
+
+class _Empty:
+    def unit(self, key: str) -> ledger.Unit | None:
+        return None
+
+    def node(self, name: str) -> ledger.Node | None:
+        return None
+
+    def breaker(self) -> ledger.Breaker:
+        return ledger.Breaker()
+
+    def acted_on(self, signal: str, key: str) -> float | None:
+        return None
+
+
+EMPTY_LEDGER: LedgerView = _Empty()
+
+
+@dataclass(frozen=True)
+class History:
+    """What kcover did (the ledger) and is doing (steps in flight), as the plan sees them."""
+
+    ledger: LedgerView = EMPTY_LEDGER
+    restarts_in_flight: Mapping[str, int] = field(default_factory=dict)
+    """Unit key -> restarts of it planned and not finished."""
+    cordons_in_flight: frozenset[str] = frozenset()
+    """Nodes whose cordon is planned and not yet in the cache."""
+    device_taints_served: bool = True
+    """The API server serves DeviceTaintRules (discovered)."""
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.restarts_in_flight.values())
+
+
+def namespace_allowed(namespace: str, rs: settings.RecoverySettings) -> bool:
+    if namespace in rs.namespaces_deny:
+        return False
+    return not rs.namespaces_allow or namespace in rs.namespaces_allow
+
+
+def workload_ref(w: proj.Workload) -> st.WorkloadRef:
+    return st.WorkloadRef(kind=w.kind, api_version=w.api_version, name=w.name, namespace=w.namespace, uid=w.uid)
+
+
+def pod_ref(pod: proj.Pod) -> st.ObjectRef:
+    return st.ObjectRef("Pod", "v1", pod.name, pod.namespace, pod.uid)
+
+
+def _target_ref(target: model.Target) -> st.ObjectRef | None:
+    if target.kind is model.TargetKind.POD:
+        return st.ObjectRef("Pod", "v1", target.name, target.namespace, target.uid)
+    if target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
+        return st.node_ref(target.node or target.name)
+    return None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A workload's restart unit: the labels selecting its pods, its ledger key, and for LWS which group."""
+
+    selector: st.Selector
+    key: str
+    description: str = ""
+
+
+def unit_of(resolved: ownership.Resolved, pod: proj.Pod) -> Unit:
+    """The restart unit `pod` belongs to, from the kinds table."""
+    w = resolved.workload
+    table = kinds.of(w.group, w.kind)
+    if table is None:  # resolution returns restartable kinds only
+        return Unit(st.Selector(()), f"w.{w.uid}")
+    named = ownership.jobset_in(resolved.chain) if table.family is kinds.Family.TRAINJOB else None
+    owner_name, owner_uid = (named.name, named.uid) if named is not None else (w.name, w.uid)
+    labels: list[tuple[str, str]] = [(table.membership_label, owner_name)]
+    uid_bearing = False
+    pod_labels = dict(pod.labels)
+    for label in table.uid_labels:
+        if pod_labels.get(label) == owner_uid:
+            labels.append((label, owner_uid))
+            uid_bearing = True
+            break
+    for label in table.narrowing_labels:
+        if pod_labels.get(label):
+            labels.append((label, pod_labels[label]))
+    key, description = f"w.{w.uid}", ""
+    group = pod_labels.get(table.group_label, "") if table.group_label else ""
+    if group:
+        labels.append((table.group_label, group))
+        key, description = f"w.{w.uid}.g{group}", f"group {group}"
+    return Unit(st.Selector(tuple(labels), uid_bearing=uid_bearing), key, description)
+
+
+def members(snapshot: Snapshot, w: proj.Workload, selector: st.Selector) -> tuple[st.PodRef, ...]:
+    """The pods a restart of the unit takes away: its pods (by owner chain), not terminal, not terminating."""
+    pods = [p for p in snapshot.pods_of_workload(w.uid)
+            if selector.matches(p.labels) and not p.deleting and not p.terminal]
+    return tuple(st.PodRef(p.namespace, p.name, p.uid) for p in sorted(pods, key=lambda p: (p.namespace, p.name)))
+
+
+def _created(pod: proj.Pod) -> float | None:
+    try:
+        return clock_.parse_time(pod.created).timestamp() if pod.created else None
+    except ValueError:
+        return None
+
+
+HOLDABLE = frozenset({Code.PAUSED, Code.COOLDOWN, Code.BUDGET_EXHAUSTED, Code.BREAKER_OPEN, Code.BREAKER_LATCHED,
+                      Code.BREAKER_COOLDOWN})
+"""Refusals whose blocker lifts by itself or by a person: the restart is held and planned again."""
+
+
+@dataclass
+class _Planner:
+    event: model.CollectorEvent
+    snapshot: Snapshot
+    history: History
+    rs: settings.RecoverySettings
+    now: float
+    planned_keys: set[str] = field(default_factory=set)
+    planned_cordons: set[str] = field(default_factory=set)
+
+    def refuse(self, code: Code, text: str, about: st.ObjectRef | None) -> st.Refuse:
+        return st.Refuse(code, text, self.event, about=about)
+
+    def _load(self, *, exclude_node: str = "") -> admission.Load:
+        cordoned = [n for n in self.snapshot.cordoned_by_kcover() if n != exclude_node]
+        in_flight = (self.history.cordons_in_flight | self.planned_cordons) - set(cordoned) - {exclude_node}
+        return admission.Load(restarts_in_flight=self.history.in_flight + len(self.planned_keys),
+                              cordons_in_flight=len(in_flight), cordoned=len(cordoned),
+                              gpu_nodes=self.snapshot.gpu_node_count())
+
+    # ------------------------------------------------------------------------------------ restarts
+
+    def restart_for_pod(self, pod: proj.Pod, *, sweep: bool = False, node: str = "") -> list[st.Step]:
+        """Restart the unit `pod` belongs to. In a node sweep, pods kcover may not touch are passed over."""
+        about = pod_ref(pod)
+        if not namespace_allowed(pod.namespace, self.rs):
+            return [] if sweep else [self.refuse(Code.NAMESPACE_DENIED, f"namespace {pod.namespace} is not acted "
+                                                 "on (recovery.namespaces_allow/deny)", about)]
+        resolved = ownership.resolve(self.snapshot, pod)
+        if isinstance(resolved, ownership.Unresolved):
+            if sweep:
+                return []
+            code = Code(resolved.problem.value)
+            # audited only when the pod itself opted in: a crashing Deployment pod is not kcover's business
+            return [st.Refuse(code, resolved.text, self.event, about=about, quiet=not ownership.labelled(pod.labels))]
+        if not ownership.opted_in(pod, resolved):
+            return [] if sweep else [self.refuse(Code.NOT_OPTED_IN, f"neither Pod {pod.namespace}/{pod.name} nor its "
+                                                 f"{resolved.workload.kind} carries {proj.OPT_IN_LABEL}=true", about)]
+        w = resolved.workload
+        unit = unit_of(resolved, pod)
+        if unit.key in self.planned_keys:
+            return []
+        wref = workload_ref(w)
+        what = wref.describe() + (f" {unit.description}" if unit.description else "")
+        table = kinds.of(w.group, w.kind)
+        assert table is not None
+        forbidden = table.forbidden(restart_policies=[p for _, p in w.restart_policies],
+                                    max_restarts=w.max_restarts, finished=w.finished)
+        if forbidden:
+            return [self.refuse(Code.RESTART_POLICY, f"{what} is not restarted: {forbidden}", wref)]
+        restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
+                             members=members(self.snapshot, w, unit.selector), removal=table.removal,
+                             pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
+                             node=node or pod.node)
+        replay = admission.replayed(self.history.ledger.acted_on(self.event.signal, unit.key), self.event.signal, what)
+        if replay is not None:
+            return [self.refuse(replay.code, replay.text, wref)]
+        if self.history.restarts_in_flight.get(unit.key):
+            return [self.refuse(Code.COOLDOWN, f"a restart of {what} is in flight", wref)]
+        scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
+        if scope:
+            return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]
+        entry = self.history.ledger.unit(unit.key)
+        refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
+                                    breaker_state=self.history.ledger.breaker(), load=self._load(),
+                                    pod_created=_created(pod) if not sweep else None, pod_terminating=pod.deleting)
+        if refused is not None:
+            if refused.code in HOLDABLE:
+                held = self._hold_for(restart, refused, entry)
+                if held is not None:
+                    return [held]
+            return [self.refuse(refused.code, refused.text, wref)]
+        if not restart.members:
+            return [self.refuse(Code.NOTHING_TO_REMOVE, f"every pod of {what} is already terminal or terminating: "
+                                "its controller recreates them and counts their failures itself", wref)]
+        self.planned_keys.add(unit.key)
+        return [restart]
+
+    def _hold(self, restart: st.Restart, code: Code, text: str, until: float | None = None) -> st.Hold:
+        limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
+        return st.Hold(restart, code, text, until=min(until, limit) if until is not None else limit)
+
+    def _hold_for(self, restart: st.Restart, refused: admission.Refusal, entry: ledger.Unit | None) -> st.Hold | None:
+        """A hold for a refusal whose blocker lifts, or None when it would not lift within `hold_seconds`."""
+        limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
+        if refused.code is Code.BUDGET_EXHAUSTED:
+            frees = admission.until_budget_frees(entry, self.rs, self.now)
+            if frees > limit:
+                return None  # a crash loop: the budget frees too late; a person decides
+            return st.Hold(restart, refused.code, refused.text, until=limit)
+        return st.Hold(restart, refused.code, refused.text, until=limit)
+
+    def restart_workload(self, uid: str) -> list[st.Step]:
+        pods = [p for p in self.snapshot.pods_of_workload(uid) if not p.deleting]
+        if not pods:
+            w = self.snapshot.workload(uid)
+            return [self.refuse(Code.TARGET_UNKNOWN, f"workload {uid} has no pods in the cache",
+                                workload_ref(w) if w else None)]
+        failing = [p for p in pods if _failing(p)]
+        return self.restart_for_pod((failing or pods)[0])
+
+    def restarts_on_device(self, node: str, pods: Sequence[str]) -> list[st.Step]:
+        """Restart what holds the faulting device: the named pods' workloads, if they still run on `node`."""
+        out: list[st.Step] = []
+        for key in sorted(set(pods)):
+            namespace, _, name = key.partition("/")
+            pod = self.snapshot.pod_by_name(namespace, name)
+            if pod is not None and pod.node == node and not pod.deleting:
+                out += self.restart_for_pod(pod, sweep=True, node=node)
+        return out
+
+    def restarts_using_device(self, node: str, resource_id: str) -> list[st.Step]:
+        """Restart the workloads whose pods on `node` report the DRA device in `allocatedResourcesStatus`."""
+        out: list[st.Step] = []
+        for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
+            if not pod.deleting and any(r.resource_id == resource_id for c in pod.containers for r in c.resources):
+                out += self.restart_for_pod(pod, sweep=True, node=node)
+        return out
+
+    def restarts_on_node(self, node: str) -> list[st.Step]:
+        out: list[st.Step] = []
+        for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
+            if not pod.deleting and not pod.terminal:
+                out += self.restart_for_pod(pod, sweep=True, node=node)
+        return out
+
+    # ------------------------------------------------------------------------------------ nodes and devices
+
+    def _reason(self) -> str:
+        return f"{self.event.reason}: {self.event.message}" if self.event.message else self.event.reason
+
+    def cordon(self, name: str) -> list[st.Step]:
+        node = self.snapshot.node(name)
+        if node is None:
+            return [self.refuse(Code.TARGET_UNKNOWN, f"Node {name} is not in the cache", st.node_ref(name))]
+        about = st.node_ref(name, node.uid)
+        if name in self.planned_cordons:
+            return []
+        refused = cordoning.refusal(cordoned_by_kcover=node.cordoned_by_kcover, unschedulable=node.unschedulable,
+                                    node=name)
+        if refused is not None:
+            return [self.refuse(refused[0], refused[1], about)]
+        if name in self.history.cordons_in_flight:
+            return [self.refuse(Code.ALREADY_CORDONED, f"a cordon of Node {name} is in flight", about)]
+        replay = admission.replayed(self.history.ledger.acted_on(self.event.signal, f"n.{name}"), self.event.signal,
+                                    f"Node {name}")
+        if replay is not None:
+            return [self.refuse(replay.code, replay.text, about)]
+        scope = controls.paused_scope(self.snapshot, node=name)
+        if scope:
+            return [self.refuse(Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true): Node {name} is "
+                                "not cordoned", about)]
+        refusal = admission.cordon(self.history.ledger.node(name), name, rs=self.rs, now=self.now,
+                                   breaker_state=self.history.ledger.breaker(), load=self._load(exclude_node=name))
+        if refusal is not None:
+            return [self.refuse(refusal.code, refusal.text, about)]
+        self.planned_cordons.add(name)
+        return [st.Cordon(node=name, reason=self._reason(), cause=self.event)]
+
+    def isolate_device(self, dra: model.DraDevice, node: str, kind: model.Action, pod: proj.Pod | None) -> list[st.Step]:
+        """Device-level isolation under DRA: taint the device (not the node) and restart what holds it; where
+        DeviceTaintRules are not served, the node-level answer. An application error on the device (a
+        restart-workload for a fault naming an XID) restarts the holders and taints nothing."""
+        restart = kind in (AK.RESTART_WORKLOAD, AK.CORDON_NODE_AND_RESTART)
+        holders: list[st.Step] = []
+        if restart:
+            if pod is not None:
+                holders = self.restart_for_pod(pod)
+            elif self.event.fault.pods:
+                holders = self.restarts_on_device(node, self.event.fault.pods)
+            else:
+                holders = self.restarts_using_device(node, dra.resource_id)
+        if kind is AK.RESTART_WORKLOAD and self.event.fault.xid is not None:
+            return holders or [self.refuse(Code.NO_WORKLOADS, f"no opted-in workload holds device {dra.resource_id} "
+                                           f"on Node {node}", st.node_ref(node))]
+        if not self.history.device_taints_served:  # the node-level answer (said once by the engine)
+            out = [] if kind is AK.RESTART_WORKLOAD else self.cordon(node)
+            out += holders
+            if kind is AK.CORDON_NODE_AND_RESTART:
+                out += self.restarts_on_node(node)
+            return out
+        scope = controls.paused_scope(self.snapshot, node=node)
+        if scope:
+            return [self.refuse(Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true): device "
+                                f"{dra.resource_id} is not tainted", st.node_ref(node)), *holders]
+        return [st.TaintDevice(device=dra, node=node, reason=self._reason(), cause=self.event), *holders]
+
+    def give_back(self, name: str) -> list[st.Step]:
+        """Return a node kcover cordoned to service (an admin's cordon is never undone), through its validation
+        when `recovery.return_validation` asks for one."""
+        node = self.snapshot.node(name)
+        if node is None or cordoning.refusal_to_return(cordoned_by_kcover=node.cordoned_by_kcover, node=name):
+            return []
+        scope = controls.paused_scope(self.snapshot, node=name)
+        if scope:
+            return [self.refuse(Code.PAUSED, f"kcover is paused for {scope}: Node {name} stays cordoned",
+                                st.node_ref(name, node.uid))]
+        if self.rs.return_validation.enabled:
+            return [st.RequestValidation(node=name, cause=self.event)]
+        return [st.Uncordon(node=name, cause=self.event)]
+
+
+def _failed_since(pod: proj.Pod, at: float) -> bool:
+    """A container of the pod ended with an error at or after `at` (whole seconds), or the pod failed."""
+    if pod.phase == "Failed":
+        return True
+    for c in pod.containers:
+        for term in (c.terminated, c.last_terminated):
+            if term is not None and term.exit_code != 0:
+                try:
+                    if clock_.parse_time(term.finished_at).timestamp() + 1.0 >= at:
+                        return True
+                except ValueError:
+                    return True
+    return False
+
+
+def _failing(pod: proj.Pod) -> bool:
+    """A container of the pod ended with an error (now or in its last instance), or the pod failed."""
+    if pod.phase == "Failed":
+        return True
+    return any((c.terminated is not None and c.terminated.exit_code != 0) for c in pod.containers)
+
+
+def plan(event: model.CollectorEvent, snapshot: Snapshot, history: History, rs: settings.RecoverySettings,
+         now: dt.datetime, *, rules_: Sequence[rules.Rule] | None = None) -> list[st.Step]:
+    """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`."""
+    p = _Planner(event, snapshot, history, rs, now.timestamp())
+    target = event.target
+    node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    dra = event.fault.dra if rs.device_taints.enabled else None
+    if event.cleared:
+        if event.fault.dra is not None:
+            # the device is healthy again: kcover's own rule goes (the executor checks it is kcover's); a
+            # device's health says nothing of its node, so a node kcover cordoned stays cordoned
+            return [st.UntaintDevice(device=dra, node=node_name, cause=event)] if dra is not None else []
+        if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
+            return p.give_back(node_name)
+        return []
+    kind = rules.decide(event, rules.parse_rules(rs.rules) if rules_ is None else rules_, rs.node_judgement)
+    if kind is AK.IGNORE:
+        return []
+    if kind is AK.REPORT:
+        return [st.Report(p._reason(), event, about=about_event(event, snapshot))]
+    pod: proj.Pod | None = None
+    if target.kind is model.TargetKind.POD:
+        pod = snapshot.pod(target.uid) if target.uid else None
+        if pod is None:
+            return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} (uid {target.uid or 'unset'}) is not in the "
+                             "cache", _target_ref(target))]
+        node_name = node_name or pod.node
+    if dra is not None and node_name:
+        return p.isolate_device(dra, node_name, kind, pod)
+    if kind is AK.RESTART_WORKLOAD:
+        if pod is not None:
+            return p.restart_for_pod(pod)
+        if target.kind is model.TargetKind.WORKLOAD:
+            return p.restart_workload(target.uid)
+        if node_name:
+            if event.fault.pods:  # the node knows which pods hold the faulting device: only those
+                found = p.restarts_on_device(node_name, event.fault.pods)
+                where = f"{event.fault.describe() or 'the faulting device'} on Node {node_name}"
+            else:
+                found = p.restarts_on_node(node_name)
+                where = f"Node {node_name}"
+            return found or [p.refuse(Code.NO_WORKLOADS, f"no opted-in workload has pods on {where}",
+                                      st.node_ref(node_name))]
+        return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} names nothing kcover can restart", None)]
+    if not node_name:
+        return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} names no node to cordon", None)]
+    out = p.cordon(node_name)
+    if kind is AK.CORDON_NODE_AND_RESTART:
+        out += p.restarts_on_node(node_name)
+    return out
+
+
+def replan_held(key: str, held: ledger.HeldRestart, snapshot: Snapshot, history: History,
+                rs: settings.RecoverySettings, now: dt.datetime,
+                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], str]:
+    """Plan a held restart again: (steps, why it was dropped). Dropped (no steps) when it expired, when its
+    cause cannot be read, or when the workload recovered by itself meanwhile: its faulting pod was replaced
+    (by its operator) and no pod of it failed since, or, for a node's fault, none of its pods is left on
+    that node. A container restarted in place by its kubelet is no recovery of the job: the pod is still
+    there, and the restart of the unit still runs."""
+    if now.timestamp() >= held.until:
+        return [], "it was held past recovery.hold_seconds"
+    try:
+        cause = model.CollectorEvent.model_validate_json(held.cause)
+    except ValueError:
+        return [], "its cause could not be read"
+    workload_uid = key[2:].split(".g")[0]
+    if cause.target.kind is model.TargetKind.POD:
+        pod = snapshot.pod(cause.target.uid)
+        if pod is None or pod.deleting:  # replaced meanwhile: planned again only on a pod failing since
+            failing = sorted((p for p in snapshot.pods_of_workload(workload_uid)
+                              if not p.deleting and _failed_since(p, held.at)), key=lambda p: (p.namespace, p.name))
+            if not failing:
+                return [], "it recovered by itself: its faulting pod was replaced and none failed since"
+            pod = failing[0]
+            cause = cause.model_copy(update={"target": model.Target(
+                kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node)})
+    steps = plan(cause, snapshot, history, rs, now, rules_=rules_)
+    mine = [s for s in steps if isinstance(s, st.Restart | st.Hold) and _key_of(s) == key]
+    if not mine:
+        return [], "the fault no longer calls for a restart of it"
+    step = mine[0]
+    restart = step.restart if isinstance(step, st.Hold) else step
+    if cause.target.kind is not model.TargetKind.POD and restart.node and not any(
+            p.node == restart.node for p in snapshot.pods_of_workload(workload_uid) if not p.deleting):
+        return [], f"none of its pods runs on Node {restart.node} any more"
+    if isinstance(step, st.Hold):
+        return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], ""
+    return [step], ""
+
+
+def about_event(event: model.CollectorEvent, snapshot: Snapshot) -> st.ObjectRef | None:
+    """The object an Event about `event` itself goes on: its pod, node or workload."""
+    about = _target_ref(event.target)
+    if about is None and event.target.kind is model.TargetKind.WORKLOAD and event.target.uid:
+        w = snapshot.workload(event.target.uid)
+        about = workload_ref(w) if w is not None else None
+    return about
+
+
+def _key_of(step: st.Restart | st.Hold) -> str:
+    return step.restart.unit_key if isinstance(step, st.Hold) else step.unit_key

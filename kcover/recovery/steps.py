@@ -1,0 +1,377 @@
+"""The vocabulary of recovery: the steps a plan is made of, and the typed outcome of carrying one out.
+
+Owns the steps (`Restart` a workload's pods, `Cordon` / `Uncordon` a node, `TaintDevice` / `UntaintDevice`,
+`Report`, `Refuse` with a reason, `Hold` a restart for later, the node ladder's `Drain` /
+`RequestRemediation` / `CallPerson`, `RequestValidation`, `LatchBreaker` / `ResetBreaker`, and `Emit`, an
+Event to write), the references they carry, the refusal codes (`Code`) and the four outcomes (`Done`,
+`Refused`, `Failed`, `Held`). Steps are frozen values: `planning.plan` and the hooks make them, the
+`coordinating.Coordinator` runs them. It does no I/O and makes no decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kcover import kinds, model
+from kcover.recovery import ledger
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about (`involvedObject`)."""
+
+    kind: str
+    api_version: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}"
+
+
+@dataclass(frozen=True)
+class WorkloadRef(ObjectRef):
+    pass
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+def node_ref(name: str, uid: str = "") -> ObjectRef:
+    return ObjectRef("Node", "v1", name, "", uid)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Labels that select a restart unit's pods (for people and for the followers of a restart).
+
+    `uid_bearing`: one label carries the workload's uid, so no other workload's pod can match. A restart
+    never removes pods by selector: it removes the pods the plan resolved to the workload, one by one,
+    each with its uid as precondition (`Restart.members`)."""
+
+    labels: tuple[tuple[str, str], ...]
+    uid_bearing: bool = False
+
+    def render(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.labels)
+
+    def matches(self, labels: Mapping[str, str] | Iterable[tuple[str, str]]) -> bool:
+        found = labels if isinstance(labels, Mapping) else dict(labels)
+        return all(found.get(k) == v for k, v in self.labels)
+
+
+class Code(enum.StrEnum):
+    """Why a step was refused or held: each produced by exactly one function (named below)."""
+
+    NAMESPACE_DENIED = "NamespaceDenied"
+    """`planning.namespace_allowed`: recovery.namespaces_allow/deny."""
+    NOT_OPTED_IN = "NotOptedIn"
+    """`planning`, by `ownership.opted_in`."""
+    NO_CONTROLLER = "NoController"
+    """`ownership.resolve`: a bare pod (nothing would recreate it)."""
+    UNSUPPORTED_OWNER = "UnsupportedOwner"
+    OWNER_NOT_CACHED = "OwnerNotCached"
+    OWNER_MISMATCH = "OwnerMismatch"
+    TARGET_UNKNOWN = "TargetUnknown"
+    """`planning`: the fault names nothing in the cache kcover can act on."""
+    RESTART_POLICY = "RestartPolicyForbids"
+    """`kinds.forbidden`, through `planning`."""
+    NO_WORKLOADS = "NoWorkloads"
+    """`planning`: no opted-in workload has pods where the fault is."""
+    PAUSED = "Paused"
+    """`controls.paused_scope`: `kcover.io/paused=true` at the global, namespace, workload, pod or node scope."""
+    COOLDOWN = "Cooldown"
+    """`admission.admit_restart` / `admit_cordon`: the unit or node was acted on within its cooldown."""
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    """`admission.admit_restart`: the unit's restarts within the window reached the budget."""
+    ALREADY_ACTED = "AlreadyActedOn"
+    """`admission`: this outside signal already moved this unit (a replay); a signal moves a unit once."""
+    ALREADY_RESTARTED = "AlreadyRestarted"
+    """`admission.admit_restart`: the faulting pod was one a restart of its unit already removed."""
+    BREAKER_OPEN = "BreakerOpen"
+    """`admission.breaker`: a limit on restarts or cordons in flight or per window was reached."""
+    BREAKER_LATCHED = "BreakerLatched"
+    """`admission.breaker`: the breaker tripped and stays open until a person resets it."""
+    BREAKER_COOLDOWN = "BreakerCooldown"
+    """`admission.breaker`: a latched breaker was reset less than `recovery.breaker_cooldown_seconds` ago."""
+    ALREADY_CORDONED = "AlreadyCordoned"
+    """`cordoning.refusal`: kcover already cordoned the node."""
+    CORDONED_BY_OTHERS = "CordonedByOthers"
+    """`cordoning.refusal`: someone else made the node unschedulable; kcover leaves it alone."""
+    NOT_CORDONED_BY_KCOVER = "NotCordonedByKcover"
+    """`cordoning.refusal_to_return`: kcover only ever un-cordons a node it cordoned."""
+    SAVE_LOGS_FAILED = "SaveLogsFailed"
+    """`restarting`: saving the logs failed and `save_logs.proceed_on_failure` is off."""
+    INTENT_REFUSED = "IntentRefused"
+    """`restarting.vet`: a pending intent no longer matches the cluster (workload, opt-in)."""
+    DEVICE_TAINTS_UNSERVED = "DeviceTaintsUnserved"
+    """`coordinating`: the API server stopped serving DeviceTaintRules since the plan; the next fault on the
+    device is answered at node level."""
+    NOTHING_TO_REMOVE = "NothingToRemove"
+    """`planning`: every pod of the unit is already terminal or terminating: its controller recreates them."""
+
+
+ROUTINE = frozenset({Code.NAMESPACE_DENIED, Code.NOT_OPTED_IN, Code.COOLDOWN, Code.ALREADY_CORDONED,
+                     Code.CORDONED_BY_OTHERS, Code.NOT_CORDONED_BY_KCOVER, Code.ALREADY_ACTED,
+                     Code.ALREADY_RESTARTED, Code.TARGET_UNKNOWN, Code.NO_WORKLOADS, Code.NOTHING_TO_REMOVE})
+"""Refusals that are logged and counted, never written as Events: a 1,000-pod job failing at once writes
+one Event, not 1,000."""
+
+
+# ------------------------------------------------------------------------------------------ steps
+
+@dataclass(frozen=True)
+class Restart:
+    """Take a restart unit's pods away so its controller recreates them."""
+
+    workload: WorkloadRef
+    unit_key: str
+    """The ledger key of the restart unit (`w.<uid>`, or `w.<uid>.g<group>` for a LeaderWorkerSet group)."""
+    unit: str
+    """Human name of the unit when smaller than the workload (`group 2`), else ""."""
+    selector: Selector
+    members: tuple[PodRef, ...]
+    """The pods to take away: the unit's pods the plan resolved to the workload, not terminal (their
+    controller counts those) and not already terminating, each removed with its uid as precondition."""
+    removal: kinds.Removal
+    pod: PodRef | None
+    """The faulting pod, when the fault named one."""
+    cause: model.CollectorEvent
+    node: str = ""
+    """Where the fault is (the faulting pod's node, or the faulting node)."""
+
+    @property
+    def what(self) -> str:
+        return self.workload.describe() + (f" {self.unit}" if self.unit else "")
+
+
+@dataclass(frozen=True)
+class Cordon:
+    node: str
+    reason: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class Uncordon:
+    node: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class TaintDevice:
+    """Isolate one DRA device with kcover's DeviceTaintRule; the node stays schedulable."""
+
+    device: model.DraDevice
+    node: str
+    reason: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class UntaintDevice:
+    """Remove kcover's own DeviceTaintRule of a device that is healthy again (never another's)."""
+
+    device: model.DraDevice
+    node: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class Report:
+    """The `report` action: an Event a person reads, nothing else."""
+
+    text: str
+    cause: model.CollectorEvent
+    about: ObjectRef | None = None
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """A refusal decided by the plan: logged, counted, and (unless routine) an Event on `about`."""
+
+    code: Code
+    text: str
+    cause: model.CollectorEvent
+    about: ObjectRef | None = None
+    quiet: bool = False
+    """Logged and counted only, whatever the code (an owner problem of a pod that never opted in)."""
+
+    @property
+    def audit(self) -> bool:
+        return self.code not in ROUTINE and not self.quiet
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A restart refused for a blocker that lifts (a pause, a cooldown, the budget window, the breaker):
+    kept in the ledger and planned again when the blocker lifts, unless the workload recovered meanwhile."""
+
+    restart: Restart
+    code: Code
+    text: str
+    until: float
+    """Epoch seconds after which the held restart is given up (`recovery.hold_seconds` after the fault)."""
+
+    @property
+    def cause(self) -> model.CollectorEvent:
+        return self.restart.cause
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Finish (or forget, or give up) a restart the ledger holds as pending: an earlier leader's, or this
+    leader's own whose removals failed. `restart` is what it stands for, once vetted against the cluster."""
+
+    key: str
+    intent: ledger.Intent
+    restart: Restart | None = None
+
+    @property
+    def cause(self) -> model.CollectorEvent | None:
+        return self.restart.cause if self.restart is not None else None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """The node ladder's drain of a cordoned node (`recovery.escalation.drain_mode`)."""
+
+    node: str
+    pods: tuple[PodRef, ...]
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class RequestRemediation:
+    """Ask an external remediator for the node (label and condition), or take the request back."""
+
+    node: str
+    requested: bool
+    message: str
+    cause: model.CollectorEvent | None = None
+
+
+@dataclass(frozen=True)
+class CallPerson:
+    """The ladder's last step: an Event saying what kcover did and what is left to a person."""
+
+    about: ObjectRef
+    message: str
+    cause: model.CollectorEvent | None = None
+
+
+@dataclass(frozen=True)
+class RequestValidation:
+    """Ask the node's agent to validate it (`dcgmi diag`) before kcover returns it to service."""
+
+    node: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class LatchBreaker:
+    """Latch the breaker open after it refused (`recovery.breaker_latch`), with what tripped it."""
+
+    reason: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class ResetBreaker:
+    """Close a latched breaker on a person's request (the controls ConfigMap's reset annotation)."""
+
+    requested_at: str
+    """The request's value, so one request resets once."""
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Write one Event (the audit hook makes these; a failed Event never fails what it records)."""
+
+    about: ObjectRef
+    reason: str
+    action: str
+    message: str
+    warning: bool = True
+
+
+Step = (Restart | Resume | Cordon | Uncordon | TaintDevice | UntaintDevice | Report | Refuse | Hold | Drain
+        | RequestRemediation | CallPerson | RequestValidation | LatchBreaker | ResetBreaker | Emit)
+
+
+def name_of(step: Step) -> str:
+    """The metric label of a step."""
+    return _NAMES[type(step)]
+
+
+_NAMES: dict[type, str] = {
+    Restart: "restart_workload", Resume: "restart_workload", Cordon: "cordon_node", Uncordon: "uncordon_node", TaintDevice: "taint_device",
+    UntaintDevice: "untaint_device", Report: "report", Refuse: "refuse", Hold: "hold", Drain: "drain",
+    RequestRemediation: "remediation", CallPerson: "call_person", RequestValidation: "request_validation",
+    LatchBreaker: "latch_breaker", ResetBreaker: "reset_breaker", Emit: "event",
+}
+
+
+def cause_of(step: Step) -> model.CollectorEvent | None:
+    return getattr(step, "cause", None)
+
+
+# ------------------------------------------------------------------------------------------ outcomes
+
+@dataclass(frozen=True)
+class Done:
+    step: Step
+    detail: str = ""
+    removed: int = 0
+    """Pods a restart took away (or would have, in a dry run)."""
+    noop: bool = False
+    """The cluster already held what the step asked for (a node kcover had cordoned): nothing was written."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    step: Step
+    code: Code
+    text: str
+
+    @property
+    def audit(self) -> bool:
+        return self.code not in ROUTINE
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The API kept refusing. `recorded`: a restart's intent is pending in the ledger and the resume pass
+    tries again; otherwise nothing was recorded and the engine retries the fault itself."""
+
+    step: Step
+    error: str
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class Held:
+    step: Step
+    code: Code
+    text: str
+    until: float
+
+
+Outcome = Done | Refused | Failed | Held
+
+
+def result_of(outcome: Outcome) -> str:
+    """The metric label of an outcome: `done`, `failed`, or the refusal/hold code."""
+    if isinstance(outcome, Done):
+        return "done"
+    if isinstance(outcome, Failed):
+        return "failed"
+    return outcome.code.value

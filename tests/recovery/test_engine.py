@@ -1,0 +1,285 @@
+"""The recovery engine end to end, on virtual time, against the simulated cluster in-process (no socket).
+
+Built as the controller builds it (`recovering.build`), fed events as the controller feeds a leader;
+every assertion is on what the API server ends up holding, what it was asked, and what Events say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+import orjson
+import pytest
+from harness import engines
+from harness import objects as o
+
+from kcover import kinds, model
+from kcover.kube import projections as proj
+from kcover.recovery import controls, ledger
+from kcover.recovery import steps as st
+
+pytestmark = pytest.mark.looptime
+
+OPT = {proj.OPT_IN_LABEL: "true"}
+KF = "kubeflow.org/v1"
+
+
+def pytorchjob(name: str = "train", pods: int = 4, *, node: str = "n1") -> list[o.Obj]:
+    job = o.workload(KF, "PyTorchJob", name, uid=f"{name}-uid", labels=OPT)
+    labels = {kinds.KUBEFLOW_JOB_NAME: name, kinds.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
+    return [job, *(o.pod(f"{name}-worker-{i}", uid=f"{name}-{i}", node=node, labels=labels, owner=job)
+                   for i in range(pods))]
+
+
+def jobset(name: str, pods: int) -> list[o.Obj]:
+    js = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", name, uid=f"{name}-uid", labels=OPT)
+    labels = {kinds.JOBSET_NAME: name, kinds.JOBSET_UID: f"{name}-uid"}
+    return [js, *(o.pod(f"{name}-w-{i}", uid=f"{name}-{i}", node=f"n{i % 4}", labels=labels,
+                        owner=o.owner("batch/v1", "Job", f"{name}-w", "child-uid")) for i in range(pods))]
+
+
+def failing(pod: o.Obj) -> o.Obj:
+    pod["status"]["containerStatuses"] = [{"name": "c", "restartCount": 1, "state": {"terminated": {
+        "exitCode": 1, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}}}]
+    return pod
+
+
+def pod_fault(uid: str, *, at: dt.datetime | None = None) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
+                                message="exit 1", target=model.Target(kind=model.TargetKind.POD, namespace="ml",
+                                                                      name=uid, uid=uid),
+                                observed_at=at or engines.START)
+
+
+def node_fault(node: str) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="XID79",
+                                message="GPU fell off the bus", recommended=model.Action.CORDON_NODE,
+                                target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                                observed_at=engines.START)
+
+
+def nodes(n: int) -> list[o.Obj]:
+    return [o.node(f"n{i}") for i in range(n)]
+
+
+async def test_a_pod_fault_restarts_its_job_with_one_ledger_write_and_one_delete_per_pod() -> None:
+    async with engines.rig([*nodes(2), *pytorchjob()]) as r:
+        before = r.pod_uids()
+        lists = r.requests.get("LIST pods", 0)
+        await r.handle(pod_fault("train-0"))
+        assert r.pod_uids() == set(), "every pod of the job is taken away (its operator recreates them)"
+        assert before == {f"train-{i}" for i in range(4)}
+        writes = r.writes()
+        assert writes.get("DELETE pods") == 4
+        assert writes.get("CREATE ledgerentries.kcover.io") == 1
+        assert r.requests.get("LIST pods", 0) == lists, "a restart lists nothing: its members come from the cache"
+        (event,) = r.events("KcoverRestartedWorkload")
+        assert event["involvedObject"]["name"] == "train"
+        assert "deleted 4 pods" in event["message"]
+
+
+async def test_a_large_jobset_is_evicted_concurrently_within_the_bound() -> None:
+    """1,024 pods, 16 in flight: with 10 ms per request the removals take 64 rounds, not 1,024."""
+    async with engines.rig([*nodes(4), *jobset("big", 1024)],
+                           overrides={"recovery": {"delete_concurrency": 16}}) as r:
+        r.srv.faults.latency_seconds = 0.01
+        r.srv.faults.resources = frozenset({"pods"})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await r.leader.handle([pod_fault("big-0")])
+        elapsed = loop.time() - started
+        assert r.requests.get("CREATE pods/eviction") == 1024
+        assert r.pod_uids() == set()
+        assert elapsed < 1024 * 0.01 / 8, f"removals ran {elapsed:.2f}s: not concurrent"
+        assert elapsed >= 1024 / 16 * 0.01, f"removals ran {elapsed:.2f}s: more than 16 at once"
+
+
+async def test_pods_already_terminal_are_left_to_their_job_controller() -> None:
+    job = o.workload("batch/v1", "Job", "bj", uid="bj-uid", labels=OPT)
+    labels = {kinds.BATCH_JOB_NAME: "bj", kinds.BATCH_CONTROLLER_UID: "bj-uid"}
+    failed = failing(o.pod("bj-a", uid="bj-a", node="n0", labels=labels, owner=job, phase="Failed"))
+    live = o.pod("bj-b", uid="bj-b", node="n0", labels=labels, owner=job)
+    async with engines.rig([*nodes(1), job, failed, live]) as r:
+        await r.handle(pod_fault("bj-a"))
+        assert r.requests.get("CREATE pods/eviction") == 1, "only the live pod is evicted"
+        assert r.store.get("pods", "ml", "bj-a")["metadata"]["uid"] == "bj-a"
+        assert "conditions" not in r.store.get("pods", "ml", "bj-a")["status"], "no DisruptionTarget on it"
+
+
+async def test_five_node_faults_at_once_with_a_limit_of_one_cordon_exactly_one() -> None:
+    async with engines.rig(nodes(10), overrides={"recovery": {"max_cordoned_fraction": 0.1}}) as r:
+        await r.handle(*(node_fault(f"n{i}") for i in range(5)))
+        cordoned = [n["metadata"]["name"] for n in r.store.iter_objects("nodes") if n["spec"].get("unschedulable")]
+        assert cordoned == ["n0"]
+        refused = [e for e in r.events("KcoverRecoverySkipped") if "BreakerOpen" in e["message"]]
+        assert len(refused) == 4
+
+
+async def test_a_restart_held_while_paused_runs_once_the_pause_is_lifted() -> None:
+    objs = pytorchjob()
+    failing(objs[1])
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+        await r.handle(pod_fault("train-0"))
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted while paused"
+        (held,) = r.events("KcoverRecoveryHeld")
+        assert "Paused" in held["message"]
+        await r.tick()
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "still paused: still held"
+        r.store.mutate("configmaps", "kcover-system", "kcover-controls",
+                       lambda cm: cm["metadata"]["annotations"].pop(controls.PAUSED))
+        await r.settle()
+        await r.tick()
+        assert r.pod_uids() == set(), "the held restart ran"
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 1, "and only once"
+
+
+async def test_an_outage_on_the_ledger_write_delays_the_restart_and_loses_nothing() -> None:
+    """14 s of 500s on every LedgerEntry request: nothing is recorded, the fault is kept and retried; once
+    the server answers again the job is restarted exactly once."""
+    async with engines.rig([*nodes(1), *pytorchjob()],
+                           overrides={"kube": {"retry_deadline_seconds": 2.0}}) as r:
+        r.srv.faults.resources = frozenset({"ledgerentries.kcover.io"})
+        r.srv.faults.error_rate = 1.0
+        await r.handle(pod_fault("train-0"))
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}
+        for _ in range(14):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        r.srv.faults.error_rate = 0.0
+        for _ in range(40):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        assert r.pod_uids() == set()
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        assert r.requests.get("DELETE pods") == 4
+
+
+async def test_a_fault_that_cannot_be_recorded_within_retry_seconds_ends_in_recovery_failed() -> None:
+    async with engines.rig([*nodes(1), *pytorchjob()],
+                           overrides={"recovery": {"retry_seconds": 20.0}, "kube": {"retry_deadline_seconds": 1.0}}) as r:
+        r.srv.faults.resources = frozenset({"ledgerentries.kcover.io"})
+        r.srv.faults.error_rate = 1.0
+        await r.handle(pod_fault("train-0"))
+        for _ in range(40):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted without its ledger write"
+        (failed,) = r.events("KcoverRecoveryFailed")
+        assert "could not act on ContainerError" in failed["message"]
+        assert r.leader.inner.engine_metrics.given_up._value.get() == 1
+
+
+async def test_without_its_ledger_crd_kcover_acts_on_nothing_and_recovers_when_it_returns() -> None:
+    async with engines.rig([*nodes(1), *pytorchjob()]) as r:
+        r.srv.delete_crd("ledgerentries.kcover.io")
+        await r.handle(pod_fault("train-0"))
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "no action without the ledger"
+        assert r.events("KcoverLedgerUnavailable")
+        assert r.metrics.registry.get_sample_value("kcover_ledger_available") == 0
+        await r.tick()  # no crash, nothing done
+        r.srv.create_crd("ledgerentries.kcover.io")
+        for _ in range(5):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        assert r.pod_uids() == set(), "the kept fault is acted on once the CRD is back"
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        assert r.metrics.registry.get_sample_value("kcover_ledger_available") == 1
+
+
+async def test_dry_run_changes_nothing_writes_its_own_events_and_honours_its_cooldown() -> None:
+    async with engines.rig([*nodes(1), *pytorchjob()], overrides={"recovery": {"dry_run": True}}) as r:
+        await r.handle(pod_fault("train-0"))
+        await r.handle(pod_fault("train-1"))
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}
+        assert not r.events("KcoverRestartedWorkload"), "no real action's reason"
+        (dry,) = r.events("KcoverDryRunRestartedWorkload")
+        assert dry["message"].startswith("dry run, nothing was changed: restarted PyTorchJob ml/train")
+        assert {k for k in r.writes() if not k.startswith(("CREATE events", "CREATE recoveries",
+                                                           "PATCH recoveries"))} == set()
+        gw = r.leader.gateway
+        assert [w.call for w in gw.would].count("delete_pod") == 4
+
+
+async def test_a_replica_that_is_not_leading_writes_nothing() -> None:
+    class Ended:
+        def write_seconds_left(self) -> float:
+            return 0.0
+
+    async with engines.rig([*nodes(1), *pytorchjob()]) as r:
+        from kcover.controller import recovering
+
+        fenced = recovering.build(recovering.EngineDeps(
+            settings=r.settings, client=r.kube, cache=r.cache, metrics=r.metrics.__class__(), clock=r.clock,
+            is_leader=lambda: False, epoch=lambda: 2, identity="kcover-old", fence=Ended()))
+        from kcover import errors
+
+        with pytest.raises(errors.NotLeaderError):
+            await fenced.handle([pod_fault("train-0")])
+        assert r.writes() == {}
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}
+
+
+def _breaker(r: engines.Rig) -> ledger.Breaker:
+    for obj in r.store.iter_objects("ledgerentries.kcover.io"):
+        raw = (obj.get("data") or {}).get(ledger.BREAKER_KEY)
+        if raw:
+            return ledger.Breaker.decode(orjson.loads(raw))
+    return ledger.Breaker()
+
+
+async def test_the_breaker_latches_holds_restarts_and_is_reset_on_request() -> None:
+    objs: list[dict[str, Any]] = [*nodes(4), *pytorchjob(node="n3")]
+    failing(objs[5])
+    async with engines.rig(objs, overrides={"recovery": {"breaker_latch": True, "max_cordoned_fraction": 0.2,
+                                                         "breaker_cooldown_seconds": 5.0}}) as r:
+        await r.handle(node_fault("n0"))
+        await r.handle(node_fault("n1"))  # 1 of 4 held: past 0.2
+        assert _breaker(r).latched
+        (latched,) = r.events("KcoverBreakerLatched")
+        assert "breaker open" in latched["message"]
+        await r.handle(pod_fault("train-0"))
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}
+        assert any("BreakerLatched" in e["message"] for e in r.events("KcoverRecoveryHeld"))
+        r.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "kcover-controls", "namespace": "kcover-system",
+            "annotations": {controls.BREAKER_RESET: "2025-06-01T12:00:10Z"}}})
+        await r.settle()
+        await r.tick()
+        assert not _breaker(r).latched
+        assert r.events("KcoverBreakerReset")
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "held through the breaker's cooldown"
+        await asyncio.sleep(6.0)
+        await r.tick()
+        assert r.pod_uids() == set(), "the held restart ran after the cooldown"
+        await r.tick()
+        assert len(r.events("KcoverBreakerReset")) == 1, "one request resets once"
+
+
+async def test_a_reset_request_on_a_breaker_that_is_not_latched_changes_nothing() -> None:
+    async with engines.rig(nodes(2)) as r:
+        r.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "kcover-controls", "namespace": "kcover-system",
+            "annotations": {controls.BREAKER_RESET: "2025-06-01T12:00:10Z"}}})
+        await r.settle()
+        await r.tick()
+        assert _breaker(r) == ledger.Breaker()
+        assert not r.events("KcoverBreakerReset")
+        assert "UPDATE ledgerentries.kcover.io" not in r.requests
+        assert "CREATE ledgerentries.kcover.io" not in r.requests
+        await r.handle(node_fault("n0"))
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True, "no cooldown was started"
+
+
+async def test_every_outcome_is_typed_and_every_refusal_has_a_code() -> None:
+    async with engines.rig([*nodes(1), *pytorchjob()]) as r:
+        await r.handle(pod_fault("train-0"), pod_fault("ghost"))
+        outcomes = list(r.leader.inner.outcomes)
+        assert {type(x) for x in outcomes} <= {st.Done, st.Refused, st.Failed, st.Held}
+        refused = [x for x in outcomes if isinstance(x, st.Refused)]
+        assert [x.code for x in refused] == [st.Code.TARGET_UNKNOWN]
