@@ -83,14 +83,18 @@ async def _stop_leader(tmp_path: Path, plugin: str, *, signals: int, grace: floa
             "--set", "detectors.stop_grace_seconds=1", "--set", f"server.shutdown_grace_seconds={grace:g}",
             "--set", "lease.lease_duration_seconds=60", "--set", "lease.renew_deadline_seconds=40",
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        seen: list[bytes] = []
         try:
-            async with asyncio.timeout(30):
-                while lease_of(srv).get("holderIdentity") != "replica-a":
-                    if proc.returncode is not None:
-                        err = (await proc.stderr.read()).decode() if proc.stderr else ""
-                        pytest.fail(f"the controller exited before it led: {err[-2000:]}")
+            assert proc.stderr is not None
+            async with asyncio.timeout(30):  # until the detectors, the plugin among them, start
+                while not any(b'"detectors_starting"' in line for line in seen):
+                    line = await proc.stderr.readline()
+                    if not line:
+                        pytest.fail(f"the controller exited before its detectors started: {b''.join(seen)[-2000:]!r}")
+                    seen.append(line)
+                while lease_of(srv).get("holderIdentity") != "replica-a":  # noqa: ASYNC110  (polling the store)
                     await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # the detectors, the plugin among them, are running
+            await asyncio.sleep(0.5)  # the plugin's run() has been entered
             started = time.monotonic()
             for i in range(signals):
                 if i:
@@ -103,7 +107,7 @@ async def _stop_leader(tmp_path: Path, plugin: str, *, signals: int, grace: floa
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        stderr = (await proc.stderr.read()).decode() if proc.stderr else ""
+        stderr = (b"".join(seen) + (await proc.stderr.read() if proc.stderr else b"")).decode()
         return code, took, stderr, lease_of(srv)
 
 
