@@ -149,16 +149,15 @@ class RecoveryEngine:
             self._unavailable_said = False
         self.engine_metrics.ledger_available.set(1)
         dra = [e for e in batch if e.fault.dra is not None and not e.cleared]
-        if self._recovery().device_taints.enabled and dra:
-            if await self._devices.served_version() is None:
-                self._metrics.device_taint_fallbacks.inc(len(dra))
-                if not self._devices.unserved_said:
-                    self._devices.unserved_said = True
-                    node = dra[0].target.node or dra[0].target.name
-                    await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
-                                            "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
-                                            f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
-                                            "later device faults are answered at node level"))
+        if self._recovery().device_taints.enabled and dra and await self._devices.served_version() is None:
+            self._metrics.device_taint_fallbacks.inc(len(dra))
+            if not self._devices.unserved_said:
+                self._devices.unserved_said = True
+                node = dra[0].target.node or dra[0].target.name
+                await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
+                                        "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
+                                        f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
+                                        "later device faults are answered at node level"))
         return True
 
     async def _say(self, emit: st.Emit) -> None:
