@@ -218,6 +218,20 @@ SELECTOR_LABELS: frozenset[str] = frozenset(
 """Every pod label a restart selector may use: the cache keeps these on its pods."""
 INDEXED_LABELS: frozenset[str] = frozenset(MEMBERSHIP_LABELS) | UID_LABELS
 """Pod labels the cache indexes (namespace, key, value): those a restart selector starts with."""
+RANK_LABELS: tuple[str, ...] = (
+    "jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index",
+    "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index",
+    "volcano.sh/task-spec", "volcano.sh/task-index",
+    "leaderworkerset.sigs.k8s.io/worker-index",
+    "batch.kubernetes.io/job-completion-index",
+)
+"""Pod labels the operators set to say which member a pod is (its replica, index or rank): the same rank
+failing wherever it runs is the workload's, different ranks failing on one node the node's."""
+
+
+def rank_of(labels: Mapping[str, str]) -> str:
+    """Which member of its workload a pod is, from `RANK_LABELS` ("" when it carries none)."""
+    return ",".join(f"{k.rpartition('/')[2]}={labels[k]}" for k in RANK_LABELS if labels.get(k))
 
 
 def by_key(key: str) -> WorkloadKind:

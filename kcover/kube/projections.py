@@ -42,8 +42,9 @@ IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/compon
 """Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
 about a Node only when an agent pod runs on that node."""
 
-KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
-"""Pod labels the cache keeps: those restart selectors use (`kinds`), the identity labels and the opt-in label."""
+KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *kinds.RANK_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
+"""Pod labels the cache keeps: those restart selectors use and those naming a pod's rank (`kinds`), the
+identity labels and the opt-in label."""
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]

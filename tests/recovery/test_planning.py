@@ -15,7 +15,7 @@ from harness import objects as o
 from kcover import errors, kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import ledger, planning, rules
+from kcover.recovery import holding, ledger, planning, rules
 from kcover.recovery import steps as st
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -157,8 +157,8 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
      restarted("w.pt-uid", *(T - 3000 + i * 100 for i in range(5))), {}, ["hold BudgetExhausted w.pt-uid"]),
     ("budget counts only the window", pod_event("pt-0"),
      restarted("w.pt-uid", T - 7200, T - 7100, T - 7000, T - 6900, T - 100), {}, [PT]),
-    ("restarts in flight open the breaker: held", pod_event("pt-0"),
-     planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold BreakerOpen w.pt-uid"]),
+    ("restarts in flight throttle: held, no trip", pod_event("pt-0"),
+     planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold Throttled w.pt-uid"]),
     ("a restart of the unit in flight covers the fault", pod_event("pt-0"),
      planning.History(restarts_in_flight={"w.pt-uid": 1}), {}, ["skip Cooldown quiet"]),
     ("lws group cooldown is per group", pod_event("lws-0"), restarted("w.lws-uid.g1", T - 5), {},
@@ -183,8 +183,11 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
      planning.History(ledger=ledger.Ledger.offline({"n.n2": ledger.Node(cordoned_at=T - 60)})), {},
      ["skip Cooldown quiet", PT]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown quiet"]),
-    ("pod fault routed to cordon by rule uses the pod's node", pod_event("vc-0"), H0,
-     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["cordon n5"]),
+    ("a container's exit blames the workload: a cordon rule only reports", pod_event("vc-0"), H0,
+     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["report"]),
+    ("with workload_blame off a cordon rule for a pod's fault uses the pod's node", pod_event("vc-0"), H0,
+     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}],
+      "judgement": {"workload_blame": "off"}}, ["cordon n5"]),
     ("pod target restart on node with no workloads", node_event("n7", recommended=model.Action.RESTART_WORKLOAD), H0,
      {}, ["skip NoWorkloads quiet"]),
 ]
@@ -370,7 +373,7 @@ def test_one_restart_per_unit_per_event() -> None:
 def test_concurrency_limit_counts_restarts_planned_in_the_same_event() -> None:
     history = planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(9)})
     planned = planning.plan(node_event("n5"), world(), history, rs(), NOW)
-    assert summary(planned) == ["cordon n5", BJ, "hold BreakerOpen w.vc-uid"]
+    assert summary(planned) == ["cordon n5", BJ, "hold Throttled w.vc-uid"]
 
 
 @pytest.mark.parametrize("raw", [
@@ -391,14 +394,14 @@ def _held(cause: model.CollectorEvent, *, at: float = T - 60, until: float = T +
 
 
 def test_a_held_restart_runs_once_its_blocker_lifted() -> None:
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0")), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0")), world(), H0, rs(), NOW)
     assert (summary(steps), dropped) == ([PT], "")
 
 
 def test_a_held_restart_stays_held_while_paused() -> None:
     snap = world({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml",
                                                                          "labels": {"kcover.io/paused": "true"}}})
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T + 60), snap, H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T + 60), snap, H0, rs(), NOW)
     assert (summary(steps), dropped) == (["hold Paused w.pt-uid"], "")
     assert isinstance(steps[0], st.Hold)
     assert steps[0].until == T + 60  # never longer than the first hold said
@@ -406,10 +409,10 @@ def test_a_held_restart_stays_held_while_paused() -> None:
 
 def test_a_held_restart_is_dropped_when_the_workload_recovered_by_itself_or_it_expired() -> None:
     gone = pod_event("replaced-uid")  # the faulting pod was replaced and no pod of the unit failed since
-    steps, dropped = planning.replan_held("w.pt-uid", _held(gone), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(gone), world(), H0, rs(), NOW)
     assert steps == []
     assert "recovered by itself" in dropped
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T - 1), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T - 1), world(), H0, rs(), NOW)
     assert steps == []
     assert "hold_seconds" in dropped
 
