@@ -77,16 +77,17 @@ async def test_xid79_is_a_device_fault_recommending_cordon_and_restart(running: 
     assert "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" in event.message
 
 
-async def test_application_xid_restarts_then_escalates_on_one_gpu(running: Running) -> None:
+async def test_an_application_xid_repeated_on_one_gpu_still_only_restarts(running: Running) -> None:
+    """The node cannot tell whose job failed on its GPU: a repeat is the controller's judgement to weigh
+    (different workloads on one GPU make it suspect), never a cordon recommended from the node."""
     for _ in range(3):
         running.nvml.xid(13, gpu_index=0)
         await asyncio.sleep(0.01)
     events = await running.take(3)
-    assert [e.recommended for e in events] == \
-        [model.Action.RESTART_WORKLOAD, model.Action.RESTART_WORKLOAD, model.Action.CORDON_NODE]
-    assert [(e.occurrences, e.window_seconds) for e in events] == [(1, 0.0), (2, 0.0), (3, 1800.0)]
+    assert [e.recommended for e in events] == [model.Action.RESTART_WORKLOAD] * 3
+    assert [e.occurrences for e in events] == [1, 2, 3]
     assert [e.fault.xid for e in events] == [13, 13, 13]
-    assert events[2].attributes["escalated"] is True
+    assert not any(e.attributes.get("escalated") for e in events)
     running.nvml.xid(13, gpu_index=1)  # another GPU has its own history
     other = await running.next()
     assert (other.recommended, other.occurrences, other.fault.gpu_index) == (model.Action.RESTART_WORKLOAD, 1, 1)
