@@ -29,6 +29,7 @@ import structlog
 
 from kcover import kinds, model
 from kcover import settings as settings_
+from kcover.aio import waiting
 from kcover.kube import client as client_
 from kcover.kube import gpus, ownership, watching
 from kcover.kube import projections as proj
@@ -236,13 +237,7 @@ class ClusterCache:
             if stop is None:
                 await reflector.synced.wait()
                 continue
-            waiter = asyncio.ensure_future(reflector.synced.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                stopper.cancel()
+            await waiting.first_of(reflector.synced, stop)
             if not reflector.synced.is_set():
                 return False
         return True

@@ -20,7 +20,6 @@ errors are logged and retried; a 404 on list (CRD not installed) is logged once 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -31,6 +30,7 @@ import structlog
 
 from kcover import errors
 from kcover.aio import backoff as backoff_
+from kcover.aio import waiting
 from kcover.kube import client as client_
 
 log = structlog.get_logger()
@@ -154,8 +154,7 @@ class Reflector(Generic[T]):
                 need_list = True
                 log.exception("reflector_failed", reflector=self.name, retry_in=round(delay, 3))
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await waiting.sleep_or_stop(stop, delay)
 
     # ----------------------------------------------------------------------------------------- list
 
