@@ -30,7 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcover import errors, kinds
+from kcover import codec, errors, kinds
 
 DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 """Where the chart mounts the ConfigMap."""
@@ -183,7 +183,7 @@ class KubeSettings(_Group):
     backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
     request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
     retry_deadline_seconds: float = Field(10.0, ge=0, description="Seconds a request keeps being retried after a 429, a 5xx or a connection error, waits included; 0 turns retries off. 10 s rides out an API server restart or a burst of priority-and-fairness throttling without holding a recovery past a typical cooldown. A leader's writes are further bounded by its term (see docs/architecture.md, Fencing).")
-    retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (full jitter, doubling) when the server gave no Retry-After.")
+    retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (equal jitter: drawn from the upper half of a doubling ceiling) when the server gave no Retry-After.")
     retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
         default_factory=lambda: list(kinds.DEFAULT_KEYS),
@@ -414,7 +414,7 @@ class AgentValidationSettings(_Group):
 
 class AgentSettings(_Group):
     node_name: str = Field("", description="The node this agent runs on; empty means $NODE_NAME (downward API).", json_schema_extra=_RESTART)
-    condition_type: str = Field("KcoverGPUHealthy", description="Node condition the agent sets.")
+    condition_type: str = Field(codec.AGENT_CONDITION_TYPE, min_length=1, description="Node condition the agent sets; the controller reads the same setting (its node-condition detector's default rule and the reading of the condition's bad status as the agent's cordon judgement, and `kcover_agent_condition_missing_nodes`), so agents and controllers must share it (the chart gives both one value).")
     condition_hold_seconds: float = Field(300.0, ge=0, description="Seconds a fault must stay cleared before the condition returns to True.")
     min_write_interval_seconds: float = Field(1.0, ge=0, description="Seconds between two writes of the node status (rate limit).")
     xid_policy_file: str = Field("", description="YAML XID policy overriding the shipped one; empty uses config/xid-policy.yaml as packaged.")

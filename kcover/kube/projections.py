@@ -3,9 +3,12 @@
 Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events, DRA
 ResourceSlices) and the pure functions that build it. These records are kcover's one cluster model:
 the detectors, the recovery policy and its executors all read them (through `caching.ClusterCache`),
-and tests build them from raw API objects through the same functions. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
-build, immutable); strings repeated across objects (namespaces, node names, label values, reasons,
-owner names) are interned, so 150,000 cached pods stay under a few hundred MiB.
+and tests build them from raw API objects through the same functions. Records are `NamedTuple`s
+(tuples with empty `__slots__`: small, fast to build, immutable); strings repeated across objects
+(namespaces, node names, label values, reasons, owner names) are interned, so 150,000 cached pods stay
+under a few hundred MiB. Each name it reads is defined once: the Event annotations and the `kcover.io/`
+prefix in `kcover.codec`, the workload labels in `kcover.kinds`, the opt-in label and the annotations
+kcover writes on the Nodes it cordons here.
 
 It does no I/O and never raises on odd input: a missing or mistyped field becomes its empty value.
 A projection returns None for an object kcover does not keep (an Event without the recovery
@@ -18,16 +21,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kcover import kinds
+from kcover import codec, kinds
 
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
-NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
-DEVICE_HEALTHY_ANNOTATION = "kcover.io/device-healthy"
-"""The agent's word that a DRA device is healthy again (`kcover.codec.DEVICE_HEALTHY`): kept like a request."""
-"""Events annotated `true` ask for recovery of their involved object."""
-RESTARTING_ANNOTATION = "kcover.io/restarting"
-"""Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
 CORDONED_BY = "kcover.io/cordoned-by"
 """Node annotation `kcover` on nodes kcover cordoned (kcover only ever un-cordons those)."""
 CORDON_REASON = "kcover.io/cordon-reason"
@@ -36,7 +33,6 @@ CORDON_TAINTS = "kcover.io/cordon-taints"
 """The other scheduling taints (`key:effect,...`) a node had when kcover cordoned it (`recovery.cordoning`)."""
 KEEP_CORDONED = "kcover.io/keep-cordoned"
 """`true` on a Node kcover cordoned: a person keeps it cordoned; kcover never makes it schedulable again."""
-KCOVER_PREFIX = "kcover.io/"
 
 IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/component"})
 """Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
@@ -356,7 +352,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         node=_intern(_s(spec.get("nodeName"))),
         phase=_intern(_s(status.get("phase"))),
         labels=_kept(meta.get("labels"), KEPT_POD_LABELS),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         deletion_timestamp=_s(meta.get("deletionTimestamp")),
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
@@ -418,7 +414,7 @@ def node(raw: Mapping[str, Any]) -> Node:
                                    _intern(_s(c.get("reason"))), _s(c.get("message")),
                                    _s(c.get("lastTransitionTime")))
                          for c in map(_d, _l(status.get("conditions")))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         extended_resources=_extended(capacity),
         addresses=tuple(_s(a.get("address")) for a in map(_d, _l(status.get("addresses")))
                         if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")),
@@ -445,7 +441,7 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         namespace=_intern(_s(meta.get("namespace"))),
         name=_intern(_s(meta.get("name"))),
         labels=_kept(meta.get("labels"), frozenset((OPT_IN_LABEL,))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         restart_policies=policies,
         max_restarts=max_restarts,
@@ -456,15 +452,15 @@ def workload(raw: Mapping[str, Any]) -> Workload:
 def namespace(raw: Mapping[str, Any]) -> Namespace:
     meta = _d(raw.get("metadata"))
     return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
-                     labels=_kept(meta.get("labels"), prefix=KCOVER_PREFIX),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     labels=_kept(meta.get("labels"), prefix=codec.PREFIX),
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def config_map(raw: Mapping[str, Any]) -> ConfigMap:
     meta = _d(raw.get("metadata"))
     return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
                      namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
@@ -487,8 +483,8 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
     `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
     meta = _d(raw.get("metadata"))
     annotations = _d(meta.get("annotations"))
-    if _s(annotations.get(NEED_RECOVERY_ANNOTATION)).lower() != "true" \
-            and _s(annotations.get(DEVICE_HEALTHY_ANNOTATION)).lower() != "true":
+    if _s(annotations.get(codec.NEED_RECOVERY)).lower() != "true" \
+            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true":
         return None
     involved = _d(raw.get("involvedObject"))
     series = _d(raw.get("series"))
@@ -512,5 +508,5 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
         first_timestamp=_s(raw.get("firstTimestamp")),
         reporting_instance=_s(raw.get("reportingInstance")),
         source_host=_s(_d(raw.get("source")).get("host")),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
     )

@@ -1,9 +1,9 @@
 """The audit: the Kubernetes Event kcover leaves on every object it acted on or refused to act on.
 
 Owns `Audit`, a coordinator hook that turns an outcome into the `Emit` step of its Event (reason a person
-can grep, a message saying what was done and why), and `event_body`, the core/v1 Event with `eventTime`
-(MicroTime, six fractional digits), the reporting component and instance, and the API server's length
-limits (reason and action 128, message 1,024). Routine refusals (`steps.ROUTINE`) and no-op outcomes
+can grep, a message saying what was done and why), and `event_body`, which has `kcover.kube.events` (the
+one module that builds Event bodies: MicroTime, the namespace rule, the API server's limits) build the
+Event on the step's object. Routine refusals (`steps.ROUTINE`) and no-op outcomes
 write nothing, so a 1,000-pod job failing at once writes one Event, not 1,000. The Events of a dry run are
 rewritten by its gateway (`dryrun`). Pure: the coordinator writes what this returns.
 """
@@ -11,35 +11,23 @@ rewritten by its gateway (`dryrun`). Pure: the coordinator writes what this retu
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Callable
 
 from kcover import kinds, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import gateway
+from kcover.kube import events
 from kcover.recovery import steps as st
 
 REPORTING_CONTROLLER = "kcover.io/controller"
 
 
 def event_body(about: st.ObjectRef, *, reason: str, action: str, message: str, warning: bool,
-               now: dt.datetime, controller: str, instance: str) -> gateway.EventBody:
-    """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects)."""
-    namespace = about.namespace or "default"
-    involved: gateway.ObjectRefBody = {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
-                                       "uid": about.uid}
-    if about.namespace:
-        involved["namespace"] = about.namespace
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{about.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": model.fit(reason, model.NAME_MAX, suffix=""), "action": model.fit(action, model.NAME_MAX, suffix=""),
-        "message": model.fit(message, model.MESSAGE_MAX),
-        "type": "Warning" if warning else "Normal",
-        "eventTime": clock_.micro_time(now),
-        "reportingComponent": controller, "reportingInstance": model.fit(instance, model.NAME_MAX, suffix=""),
-    }
+               now: dt.datetime, controller: str, instance: str) -> events.EventBody:
+    """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects): the body, its
+    namespace rule and its limits are `kcover.kube.events`', the one module that builds Events."""
+    return events.body(events.About(about.kind, about.api_version, about.name, about.namespace, about.uid),
+                       reason=reason, action=action, message=message, warning=warning, now=now,
+                       controller=controller, instance=instance)
 
 
 def _fault(cause: model.CollectorEvent | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -32,14 +32,14 @@ class Running:
         return got
 
 
-def _context(nvml: backend.Nvml | None, **extras: object) -> contract.DetectorContext:
+def _context(nvml: backend.Nvml | None, pod_lookup: contract.PodLookup | None = None) -> contract.DetectorContext:
     return contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics.Metrics(), node_name="gpu-node-1",
-                                    nvml=nvml, extras=dict(extras))
+                                    nvml=nvml, pod_lookup=pod_lookup)
 
 
-def _detector(nvml: backend.Nvml | None, **extras: object) -> nvml_detector.NvmlDetector:
+def _detector(nvml: backend.Nvml | None, pod_lookup: contract.PodLookup | None = None) -> nvml_detector.NvmlDetector:
     config = nvml_detector.NvmlConfig(wait_timeout_ms=50, health_interval_seconds=0.05)
-    return nvml_detector.NvmlDetector("nvml", config, _context(nvml, **extras))
+    return nvml_detector.NvmlDetector("nvml", config, _context(nvml, pod_lookup))
 
 
 async def _until_registered(nvml: fake.FakeNvml) -> None:
@@ -140,10 +140,11 @@ async def test_pods_are_attached_when_known() -> None:
     sub = bus.subscribe("test")
     stop = asyncio.Event()
 
-    async def pods(uuid: str) -> list[str]:
-        return ["team-a/trainer-0", f"team-b/{uuid.lower()}"]
+    class Pods:
+        async def pods_for_devices(self, device_ids: Sequence[str]) -> list[str]:
+            return [pod for uuid in device_ids for pod in ("team-a/trainer-0", f"team-b/{uuid.lower()}")]
 
-    task = asyncio.create_task(_detector(nvml, pods_for_device=pods).run(bus, stop), name="nvml-detector")
+    task = asyncio.create_task(_detector(nvml, Pods()).run(bus, stop), name="nvml-detector")
     await _until_registered(nvml)
     nvml.xid(48)
     async with asyncio.timeout(3):

@@ -43,7 +43,7 @@ def _recorder(srv: simserver.SimServer, *, leading: Any = None, **settings_: Any
     mets = metrics.Metrics()
     rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", **settings_})
     rec = recording.Recorder(gateway.Http(srv.client()), recording.RecordMetrics(mets.registry),
-                             recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                             recovery=lambda: rs, clock=clock_.FakeClock(NOW, follow_loop=True), identity="ctl-a",
                              is_leader=leading or (lambda: True))
     return rec, mets
 
@@ -176,7 +176,7 @@ async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_wr
         rs = settings.RecoverySettings.model_validate(
             {"ledger_namespace": "kcover-system", "records": {"retention_per_target": 1, "prune_interval_seconds": 1}})
         rec = recording.Recorder(gateway.Http(srv.client(), fence=Term()), recording.RecordMetrics(mets.registry),
-                                 recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                                 recovery=lambda: rs, clock=clock_.FakeClock(NOW, follow_loop=True), identity="ctl-a",
                                  is_leader=lambda: next(answers, False))
         stop = asyncio.Event()
         task = asyncio.create_task(rec.run(stop), name="records")
