@@ -56,7 +56,8 @@ def test_the_chart_names_no_other_projects_images() -> None:
     assert values["agent"]["repository"] == "kcover-agent"
     for path in [CHART / "values.yaml", CHART / "values.schema.json", *CHART.glob("templates/*")]:
         text = path.read_text().lower()
-        assert "ghcr.io" not in text and "baizeai" not in text, path
+        assert "ghcr.io" not in text, path
+        assert "baizeai" not in text, path
 
 
 @pytest.mark.parametrize("bad", [{"registry": "https://registry.example.com"}, {"registry": "reg istry"},
