@@ -20,13 +20,13 @@ def test_controller_may_evict_request_remediation_and_read_namespace_pauses(rend
     assert "create" in granted[("", "pods/eviction")]
     assert "patch" in granted[("", "nodes")]
     assert granted[("", "nodes/status")] == ("patch",)
-    assert granted[("", "namespaces")] == ("get",)
+    assert granted[("", "namespaces")] == ("get", "list", "watch")  # the controller's cache watches them
 
 
 def test_controller_reads_and_writes_the_controls_configmap_by_name(render: Render) -> None:
     objs = render({"controller": {"controlsName": "my-controls"}})
     named = [(verbs, names) for g, r, verbs, names in _rules(objs, "Role", "-controller") if r == "configmaps" and names]
-    assert any("my-controls" in names and {"get", "update"} <= set(verbs) for verbs, names in named), named
+    assert any("my-controls" in names and {"get", "update", "list", "watch"} <= set(verbs) for verbs, names in named), named
     container = find(objs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["KCOVER_RECOVERY__CONTROLS_NAME"] == "my-controls"
