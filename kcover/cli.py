@@ -488,7 +488,9 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     p = sub.add_parser("sim", help="run kcover on a simulated GPU cluster and play a fault scenario",
                        description="Start a simulated cluster (API server, kubelets, Kubeflow operator, GPU nodes, "
                                    "PyTorchJobs) with two real controller replicas and one real agent per node, "
-                                   "play a fault scenario and report what kcover did. Exit 0 when it passed.")
+                                   "play a fault scenario and report what kcover did. Exit 0 when it passed, 1 when it "
+                                   "failed, 2 on bad usage, 3 when it could not run (a detector plugin it needs is "
+                                   "missing).")
     if command in (None, "sim"):
         _tool("sim").add_arguments(p)
     p = sub.add_parser("bench", help="measure latency, scale, throughput and API cost against the targets")

@@ -432,7 +432,7 @@ class ApiServer:
         patched = patching.apply(self._render_obj(t, old), body, content_type)
         return await self._write(t, patched, old)
 
-    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None]:
+    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None, str | None]:
         data = await request.read()
         options: Obj = {}
         if data and _is_protobuf(request):
@@ -446,18 +446,22 @@ class ApiServer:
         if grace is None:
             grace = parse_int(request.query, "gracePeriodSeconds")
         policy = options.get("propagationPolicy") or request.query.get("propagationPolicy")
+        orphan = options.get("orphanDependents", request.query.get("orphanDependents"))
+        if policy in (None, "") and orphan not in (None, ""):
+            policy = "Orphan" if str(orphan).lower() == "true" else "Background"
         if policy not in (None, "", "Orphan", "Background", "Foreground"):
             raise status.invalid("DeleteOptions", "", "", [
                 ("FieldValueNotSupported", "propagationPolicy",
                  f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"')])
         pre = options.get("preconditions") or {}
-        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"))
+        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"),
+                policy or None)
 
     async def _delete(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
-        grace, uid, rv = await self._delete_options(request)
+        grace, uid, rv, policy = await self._delete_options(request)
         obj, gone = self.store.delete(t.resource.key, t.namespace or "", t.name, grace_seconds=grace, uid=uid,
-                                      resource_version=rv)
+                                      resource_version=rv, policy=policy)
         if gone and t.resource.key == "pods":
             self.logs.forget_pod(t.namespace or "", t.name)
         if gone and t.resource.key not in ("pods", "namespaces") and not t.resource.returns_deleted:
@@ -466,13 +470,14 @@ class ApiServer:
         return _json(self._render_obj(t, obj))
 
     async def _delete_collection(self, request: exchange.Request, t: Target) -> exchange.Answer:
-        grace, _, _ = await self._delete_options(request)
+        grace, _, _, policy = await self._delete_options(request)
         flt = self._filter(request, t)
         matched = self.store.list(t.resource.key, flt).entries
         items: list[bytes] = []
         for entry in matched:
             try:
-                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace)
+                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace,
+                                              policy=policy)
             except status.ApiError as err:
                 if err.status == 404:
                     continue

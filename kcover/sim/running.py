@@ -5,8 +5,9 @@ Owns the command's arguments, running one scenario (`run_scenario`) under its ti
 `--report json`) and `--serve` (keep the cluster up for kubectl until Ctrl-C). Exit code 0 exactly
 when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
 
-How it fails: a scenario step that times out is a failed check, not a crash; a scenario whose plugin
-is missing is reported as skipped (and passes); errors starting the cluster propagate.
+How it fails: a scenario step that times out is a failed check, not a crash; a scenario that cannot
+run (a detector plugin it needs is not installed) is reported as not run, with the reason, and exits
+`NOT_RUN` (3), never 0; errors starting the cluster propagate.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as scenarios_
 
 log = structlog.get_logger()
+NOT_RUN = 3
+"""Exit code of a scenario that could not run (0 passed, 1 failed, 2 bad usage)."""
 
 
 @dataclass
@@ -107,7 +110,7 @@ def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
         tag = "act" if e.reason.startswith("Kcover") else "event"
         about = f"{e.kind} {e.namespace + '/' if e.namespace else ''}{e.name}"
         who = e.instance or e.reporter
-        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {e.message[:140]}"))
+        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {scenarios_.clip(e.message, 140)}"))
     return sorted(entries, key=lambda item: item[0])
 
 
@@ -121,9 +124,9 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
     if scenario.nodes > size.nodes:
         size = dataclasses.replace(size, nodes=scenario.nodes)
     if scenario.plugin and scenario.plugin not in registry.discover().names():
-        return Report(scenario.name, True, dt.datetime.now(dt.UTC),
+        return Report(scenario.name, False, dt.datetime.now(dt.UTC),
                       skipped=f"detector plugin {scenario.plugin!r} is not installed "
-                              f"(pip install -e plugins/kcover-{scenario.plugin}); scenario skipped", size=size)
+                              f"(pip install -e plugins/kcover-{scenario.plugin}); the scenario cannot run", size=size)
     async with cluster_.SimCluster(size, overrides=scenario.overrides,
                                    agent_overrides=scenario.agent_overrides) as cluster:
         if kubeconfig_out:
@@ -152,12 +155,13 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
 
 
 def render(report: Report) -> str:
-    summary = CHAOS_SUMMARY if report.scenario == CHAOS else scenarios_.catalogue()[report.scenario].summary
+    known = scenarios_.catalogue().get(report.scenario)
+    summary = CHAOS_SUMMARY if report.scenario == CHAOS else known.summary if known else ""
     lines = [f"scenario {report.scenario}: {summary}",
              f"cluster: {report.size.nodes} nodes x {report.size.gpus_per_node} GPUs, {report.size.jobs} PyTorchJobs, "
              "2 controller replicas, 1 agent per node", ""]
     if report.skipped:
-        return "\n".join([*lines, f"SKIPPED: {report.skipped}"])
+        return "\n".join([*lines, f"NOT RUN: {report.skipped}", "result: NOT RUN"])
     for at, tag, text in report.timeline:
         lines.append(f"  +{report.ms(at) or 0.0:9.1f} ms  {tag:<8} {text}")
     lines.append("")
@@ -249,6 +253,9 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(json.dumps(report.to_json(), indent=2), file=out)
     else:
         print(render(report), file=out)
+    if report.skipped:
+        print(f"kcover sim: scenario {report.scenario} did not run: {report.skipped}", file=sys.stderr)
+        return NOT_RUN
     return 0 if report.passed else 1
 
 

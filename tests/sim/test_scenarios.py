@@ -3,6 +3,7 @@ cluster, small sizes. What a user sees: the scenario passes, and `--report json`
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from kcover import cli, wiring
+from kcover.detectors import registry
 from kcover.sim import cluster, running, scenarios
 
-SMALL = cluster.Size(nodes=2, gpus_per_node=2, jobs=2, seed=7)
+SMALL = cluster.Size(nodes=2, gpus_per_node=4, jobs=2, seed=7)
+"""Room for one node's pods on the other: the scheduler counts GPUs, and a cordon must not strand a job."""
 LATENCY_KEYS = {"detect_p50", "detect_p99", "act_p50", "act_p99"}
 FAULT_KEYS = {"kind", "target", "injected_at", "detected_at", "acted_at", "recovered_at", "action"}
 STEPS = {"node-repaired": ["KcoverValidation RequestValidation, then ValidationPassed, then the un-cordon",
@@ -33,6 +37,9 @@ def _shape(doc: dict[str, Any], name: str) -> None:
 
 @pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
 async def test_scenario_passes(name: str) -> None:
+    plugin = scenarios.SCENARIOS[name].plugin
+    if plugin and plugin not in registry.discover().names():
+        pytest.skip(f"the {plugin} plugin is not installed (pip install -e plugins/kcover-{plugin})")
     report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
     failed = [c.text for c in report.checks if not c.ok]
     assert report.passed, f"{name}: {failed}\n{running.render(report)}"
@@ -40,8 +47,6 @@ async def test_scenario_passes(name: str) -> None:
         assert any(step in c.text and c.ok for c in report.checks), f"{name}: no passed check {step!r}"
     doc = report.to_json()
     _shape(doc, name)
-    if report.skipped:
-        return
     assert doc["faults"], "every scenario injects at least one fault"
     first = doc["faults"][0]
     assert first["detected_at"] is not None
@@ -82,13 +87,32 @@ def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
     assert "unknown scenario" in unknown.stderr
 
 
-async def test_a_scenario_whose_plugin_is_missing_is_skipped_with_a_message() -> None:
+async def test_a_scenario_whose_plugin_is_missing_does_not_pass_and_says_why() -> None:
     needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
                                plugin="no-such-plugin")
     report = await running.run_scenario(needs, SMALL)
-    assert report.passed
+    assert not report.passed
     assert "'no-such-plugin' is not installed" in report.to_json()["skipped"]
+    assert report.to_json()["passed"] is False
     assert report.faults == []
+    assert running.render(report).splitlines()[-1] == "result: NOT RUN"
+
+
+def test_cli_exits_non_zero_for_a_scenario_that_cannot_run(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`kcover sim log-classified` without the logscan plugin once printed SKIPPED and exited 0."""
+    needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
+                               plugin="no-such-plugin")
+    monkeypatch.setitem(scenarios.SCENARIOS, needs.name, needs)
+    args = cli.build_parser(wiring.ROLES, command="sim").parse_args(["sim", needs.name, "--nodes", "2"])
+    args.config_given = False
+    buf = io.StringIO()
+    assert running.main(args, buf) == running.NOT_RUN == 3
+    _, err = capsys.readouterr()
+    out = buf.getvalue()
+    assert "NOT RUN: detector plugin 'no-such-plugin' is not installed" in out
+    assert "did not run" in err
+    assert "pip install -e plugins/kcover-no-such-plugin" in err
 
 
 @pytest.mark.parametrize("name", ["breaker-latch", "pause", "restart-stalled", "node-repaired"])
