@@ -30,6 +30,7 @@ from kcover.sim import (
     evicting,
     exchange,
     faults,
+    jobs,
     openapi,
     patching,
     podlogs,
@@ -385,7 +386,9 @@ class ApiServer:
         obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
         if t.resource.key == devicetaints.KEY:
             obj = devicetaints.defaults(obj, self.store.clock.now())
-        created = self.store.create(t.resource.key, obj)
+        job = t.resource.key == jobs.KEY
+        created = self.store.create(t.resource.key, jobs.defaults(obj) if job else obj,
+                                    admit=jobs.generate_selector if job else None)
         return _json(self._render_obj(t, created), 201)
 
     async def _write(self, t: Target, new: Obj, old: Obj) -> exchange.Reply:

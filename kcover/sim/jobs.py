@@ -6,7 +6,8 @@ parallelism 1, backoffLimit 6, completionMode NonIndexed, suspend false, podRepl
 with a podFailurePolicy else TerminatingOrFailed, manualSelector false, the template's labels as the
 Job's when it has none) and `generate_selector` (once the Job has its uid: the template labels
 `batch.kubernetes.io/job-name`, `job-name`, `batch.kubernetes.io/controller-uid`, `controller-uid`
-and `spec.selector.matchLabels` on the controller uid).
+and `spec.selector.matchLabels` on the controller uid; a Job still without labels gets the template's,
+generated ones included, as a real server stores it).
 
 The controller's half (`JobController`, an actor of the simulated cluster) keeps, for every Job that
 is not suspended or finished, `min(parallelism, completions - succeeded)` pods that are neither
@@ -84,6 +85,8 @@ def generate_selector(job: Obj) -> None:
         labels.setdefault(key, meta["uid"])
     selector = spec.setdefault("selector", {})
     selector.setdefault("matchLabels", {}).setdefault(CONTROLLER_UID, meta["uid"])
+    if not meta.get("labels"):  # defaulted again on the way to storage: the template's labels, generated ones too
+        meta["labels"] = dict(labels)
 
 
 def _condition(job: Obj, kind: str) -> bool:

@@ -206,10 +206,12 @@ class Store:
     def generate_name(self, prefix: str) -> str:
         return prefix + "".join(self._rng.choice(_SUFFIX_ALPHABET) for _ in range(5))
 
-    def create(self, key: str, obj: Obj, *, keep_uid: bool = False) -> Obj:
+    def create(self, key: str, obj: Obj, *, keep_uid: bool = False,
+               admit: Callable[[Obj], None] | None = None) -> Obj:
         """Store a new object as given (status included) and return it with server-set fields. `keep_uid`
         (seeding a scenario, never the API): a uid the object carries is kept, so seeded owner references
-        and uid labels hold."""
+        and uid labels hold. `admit` changes it once it has its uid, before it is stored (a strategy rule
+        that needs the uid: a Job's generated selector)."""
         table = self.table(key)
         res = table.resource
         obj = dict(obj)
@@ -247,6 +249,8 @@ class Store:
             meta["generation"] = 1
         else:
             meta.pop("generation", None)
+        if admit is not None:
+            admit(obj)
         meta["resourceVersion"] = str(self._bump())
         entry = self._entry(table, obj)
         table.put(k, entry)
