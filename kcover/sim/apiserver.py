@@ -25,6 +25,7 @@ import orjson
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    applying,
     devicetaints,
     discovery,
     evicting,
@@ -387,11 +388,17 @@ class ApiServer:
         if t.resource.key == devicetaints.KEY:
             obj = devicetaints.defaults(obj, self.store.clock.now())
         job = t.resource.key == jobs.KEY
-        created = self.store.create(t.resource.key, jobs.defaults(obj) if job else obj,
-                                    admit=jobs.generate_selector if job else None)
+        obj = applying.track(t.resource, None, jobs.defaults(obj) if job else obj, self._manager(request), "",
+                             clocks.rfc3339(self.store.clock.now()))
+        created = self.store.create(t.resource.key, obj, admit=jobs.generate_selector if job else None)
         return _json(self._render_obj(t, created), 201)
 
-    async def _write(self, t: Target, new: Obj, old: Obj) -> exchange.Reply:
+    def _manager(self, request: exchange.Request) -> str:
+        return applying.manager_of(request.query, request.headers.get("User-Agent", ""))
+
+    async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None) -> exchange.Reply:
+        """Store `new` over `old`; `manager` (the writer's field manager) tracks managed fields, None for an
+        apply, whose object already carries them."""
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -407,6 +414,9 @@ class ApiServer:
             new = strategy.event_to_core(new)
         prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
                                            new_api=t.new_events)
+        if manager is not None:
+            prepared = applying.track(t.resource, old, prepared, manager, t.subresource,
+                                      clocks.rfc3339(self.store.clock.now()))
         updated = self.store.update(t.resource.key, prepared)
         return _json(self._render_obj(t, updated))
 
@@ -420,7 +430,7 @@ class ApiServer:
                 ("FieldValueInvalid", "metadata.resourceVersion",
                  "Invalid value: 0x0: must be specified for an update")])
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
-        return await self._write(t, body, old)
+        return await self._write(t, body, old, self._manager(request))
 
     async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -428,12 +438,15 @@ class ApiServer:
         accepted = [patching.JSON_PATCH, patching.MERGE_PATCH, patching.APPLY_PATCH]
         if t.resource.strategic_merge:
             accepted.insert(2, patching.STRATEGIC_MERGE_PATCH)
-        if content_type not in accepted or content_type == patching.APPLY_PATCH:
+        if content_type not in accepted:
             raise status.unsupported_media_type(content_type, accepted)
+        applying.check_options(request.query, content_type, patching.APPLY_PATCH)
+        if content_type == patching.APPLY_PATCH:
+            return await applying.serve(self, request, t)
         body = await self._body(request)
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         patched = patching.apply(self._render_obj(t, old), body, content_type)
-        return await self._write(t, patched, old)
+        return await self._write(t, patched, old, self._manager(request))
 
     async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None, str | None]:
         data = await request.read()

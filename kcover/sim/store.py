@@ -243,7 +243,7 @@ class Store:
         if not (keep_uid and meta.get("uid")):
             meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = self._now()
-        for dropped in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+        for dropped in ("deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(dropped, None)
         if res.has_generation:
             meta["generation"] = 1
@@ -284,7 +284,6 @@ class Store:
                 new_meta[kept] = old_meta[kept]
             else:
                 new_meta.pop(kept, None)
-        new_meta.pop("managedFields", None)
         if res.has_generation:
             gen = int(old_meta.get("generation", 1))
             new_meta["generation"] = gen + 1 if _spec_part(new) != _spec_part(old) else gen
