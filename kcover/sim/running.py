@@ -2,8 +2,8 @@
 
 Owns the command's arguments, running one scenario (`run_scenario`) under its timeout, the report
 (a readable timeline with millisecond offsets plus a summary, or one JSON document with
-`--report json`) and `--serve` (keep the cluster up for kubectl until Ctrl-C). Exit code 0 exactly
-when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
+`--report json`) and `--serve` (keep the cluster up for kubectl and `kcover sim inject`, whose
+endpoint `control` installs, until Ctrl-C). Exit code 0 exactly when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
 
 How it fails: a scenario step that times out is a failed check, not a crash; a scenario that cannot
 run (a detector plugin it needs is not installed) is reported as not run, with the reason, and exits
@@ -29,6 +29,7 @@ from kcover import logs, settings
 from kcover.detectors import registry
 from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
+from kcover.sim import control
 from kcover.sim import scenarios as scenarios_
 
 log = structlog.get_logger()
@@ -127,8 +128,9 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
         return Report(scenario.name, False, dt.datetime.now(dt.UTC),
                       skipped=f"detector plugin {scenario.plugin!r} is not installed "
                               f"(pip install -e plugins/kcover-{scenario.plugin}); the scenario cannot run", size=size)
-    async with cluster_.SimCluster(size, overrides=scenario.overrides,
-                                   agent_overrides=scenario.agent_overrides) as cluster:
+    made = cluster_.SimCluster(size, overrides=scenario.overrides, agent_overrides=scenario.agent_overrides)
+    control.install(made)  # `kcover sim inject` against the served cluster
+    async with made as cluster:
         if kubeconfig_out:
             cluster.srv.write_kubeconfig(kubeconfig_out)
         run = scenarios_.Run(cluster)
@@ -194,7 +196,8 @@ def render(report: Report) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", default=scenarios_.DEFAULT,
-                   help=f"scenario to play (default {scenarios_.DEFAULT}; see --list)")
+                   help=f"scenario to play (default {scenarios_.DEFAULT}; see --list); `kcover sim inject KIND ...` "
+                        "instead injects a fault into a cluster served with --serve (see `kcover sim inject --help`)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--nodes", type=int, default=4, help="GPU nodes (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -202,7 +205,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster's randomness")
     p.add_argument("--report", choices=["text", "json"], default="text",
                    help="text: timeline and summary; json: one JSON document")
-    p.add_argument("--serve", action="store_true", help="keep the cluster running after the scenario (Ctrl-C ends)")
+    p.add_argument("--serve", action="store_true", help="keep the cluster running after the scenario (Ctrl-C ends); "
+                   "use it with kubectl and `kcover sim inject`")
     p.add_argument("--kubeconfig-out", metavar="PATH", default="", help="write a kubeconfig for kubectl here")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="error",
                    help="kcover's own logs, on stderr (default error)")
