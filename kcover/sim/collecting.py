@@ -120,9 +120,14 @@ class GarbageCollector:
             meta = obj["metadata"]
             ref = Ref(key, str(meta.get("namespace") or ""), str(meta["name"]), str(meta["uid"]))
             if change.type == "DELETED":
+                owners = self._graph.owners.get(ref.uid, ())
                 self._graph.drop(ref.uid)
                 for dependent in self._graph.dependents_of(ref.uid):
                     self._attempt(dependent)
+                for owner_uid in owners:  # an owner waiting for its dependents may be done
+                    owner = self._graph.objects.get(owner_uid)
+                    if owner is not None:
+                        self._finalize(owner)
                 continue
             refs = [r for r in meta.get("ownerReferences") or [] if r.get("uid")]
             self._graph.put(ref, tuple(str(r["uid"]) for r in refs))
