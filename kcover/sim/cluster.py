@@ -1,8 +1,8 @@
 """`SimCluster`: the simulated cluster with the real kcover running in it, as one async context manager.
 
 Owns composing, for `kcover sim` and the end-to-end tests: a `SimServer`; simulated kubelets (with
-the scheduler), Kubeflow operators (`actors`), the garbage collector (`collecting`) and the batch/v1
-Job controller (`jobs`); N GPU nodes (`nvidia.com/gpu` capacity, `nvidia.com/gpu.present`, GPU
+the scheduler), Kubeflow operators (`actors`), the garbage collector (`collecting`), the batch/v1
+Job controller (`jobs`) and the disruption controller (`disrupting`); N GPU nodes (`nvidia.com/gpu` capacity, `nvidia.com/gpu.present`, GPU
 UUIDs, a pod CIDR each); the agent DaemonSet (apps/v1) owning one agent pod per node; J opted-in
 PyTorchJobs whose pods the operator creates and the scheduler spreads across nodes; two REAL
 controller replicas (leader election, each with its own `KubeClient` and `Metrics`)
@@ -37,7 +37,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.nvml import fake
-from kcover.sim import actors, collecting, dcgmi, discovery, jobs, tables
+from kcover.sim import actors, collecting, dcgmi, discovery, disrupting, jobs, tables
 from kcover.sim import server as simserver
 
 log = structlog.get_logger()
@@ -170,6 +170,7 @@ class SimCluster:
         self.operators = actors.KubeflowOperators(self.srv, interval=0.1)
         self.collector = collecting.GarbageCollector(self.srv)
         self.job_controller = jobs.JobController(self.srv)
+        self.disruption = disrupting.DisruptionController(self.srv)
         self.nodes = [f"gpu-node-{i}" for i in range(size.nodes)]
         self.jobs = [f"train-{j}" for j in range(size.jobs)]
         self.replicas: list[Replica] = []
@@ -209,6 +210,7 @@ class SimCluster:
         self._spawn(self.operators.run(self._stop), "sim:operators")
         self._spawn(self.collector.run(self._stop), "sim:garbage-collector")
         self._spawn(self.job_controller.run(self._stop), "sim:job-controller")
+        self._spawn(self.disruption.run(self._stop), "sim:disruption-controller")
         self._spawn(self._follow_events(), "sim:events", observer=True)
         for identity in ("kcover-controller-a", "kcover-controller-b"):
             self.start_replica(identity)

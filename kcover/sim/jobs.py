@@ -21,7 +21,7 @@ order; `onExitCodes` and `onPodConditions`): `Ignore` (kcover's evictions carry 
 counts nothing, `FailJob` fails the Job, `Count` or no match counts towards backoffLimit. More
 failures than backoffLimit fail the Job (FailureTarget and Failed, reason BackoffLimitExceeded),
 completions reached complete it (SuccessCriteriaMet and Complete); either way its remaining pods
-are deleted. Status keeps active, ready, terminating, succeeded, failed, startTime, completionTime
+are deleted; a pod whose Job is gone loses the finalizer. Status keeps active, ready, terminating, succeeded, failed, startTime, completionTime
 and conditions as the real controller writes them. Not simulated: the exponential back-off between
 pod recreations, backoffLimitPerIndex, successPolicy, activeDeadlineSeconds, Events. Writes that
 race (404, 409) are retried on the object's next change; it never raises out of `run`.
@@ -156,21 +156,25 @@ class JobController:
                 continue
             owner = next((r for r in meta.get("ownerReferences") or []
                           if r.get("controller") and r.get("kind") == "Job" and r.get("apiVersion") == "batch/v1"), None)
-            if owner is not None:
-                self._sync(str(meta.get("namespace")), str(owner.get("name")), str(owner.get("uid")))
+            if owner is None or self._sync(str(meta.get("namespace")), str(owner.get("name")), str(owner.get("uid"))):
+                continue
+            if change.type != "DELETED" and TRACKING in (meta.get("finalizers") or []):
+                self._untrack(obj)  # its Job is gone (syncOrphanPod): nothing else will release it
 
     def _now(self) -> str:
         return clocks.rfc3339(self.store.clock.now())
 
-    def _sync(self, namespace: str, name: str, uid: str) -> None:
+    def _sync(self, namespace: str, name: str, uid: str) -> bool:
+        """Reconcile the Job; False when it no longer exists."""
         try:
             job = self.store.get(KEY, namespace, name)
         except status.ApiError:
-            return
+            return False
         if job["metadata"]["uid"] != uid:
-            return
+            return False
         with contextlib.suppress(status.ApiError):  # raced with another writer: the next change retries
             self._reconcile(job)
+        return True
 
     def _pods(self, job: Obj) -> list[Obj]:
         uid = job["metadata"]["uid"]
