@@ -7,7 +7,7 @@ import io
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -121,3 +121,42 @@ async def test_the_closed_loop_scenarios_pass_at_the_clis_default_size(name: str
     size, where the simulated cluster's cordon fraction happened to refuse the second node."""
     report = await running.run_scenario(scenarios.SCENARIOS[name], cluster.Size())
     assert report.passed, f"{name}: {[c.text for c in report.checks if not c.ok]}\n{running.render(report)}"
+
+
+@pytest.mark.parametrize(("text", "limit", "want"), [
+    ("restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/job-name=train-0,training.kubeflow.org/"
+     "operator-name=pytorchjob-controller)", 100,
+     "restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/job-name=train-0 ..."),
+    ("0/4 nodes are available: 4 node(s) were unschedulable. no new claims to deallocate", 60,
+     "0/4 nodes are available: 4 node(s) were unschedulable. ..."),
+    ("short enough", 40, "short enough"),
+    ("spaces   and\nnewlines   fold", 40, "spaces and newlines fold"),
+    ("x" * 50, 20, "x" * 16 + " ..."),
+])
+def test_clip_cuts_on_a_word_boundary(text: str, limit: int, want: str) -> None:
+    assert scenarios.clip(text, limit) == want
+    assert len(scenarios.clip(text, limit)) <= limit
+
+
+def test_timeline_event_messages_end_on_a_word() -> None:
+    """Timelines once cut an Event's message at 140 characters, mid-word ("...operator-name=pytorchjob-contr")."""
+
+    class Cluster:
+        detections: ClassVar[list[Any]] = []
+        api_events: ClassVar[list[cluster.ApiEvent]] = [cluster.ApiEvent(at=running.dt.datetime.now(running.dt.UTC), reason="KcoverRestartedWorkload",
+                                       kind="PyTorchJob", namespace="ml", name="train-0", reporter="kcover",
+                                       instance="kcover-controller-a", annotations={},
+                                       message="restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/"
+                                               "job-name=train-0,training.kubeflow.org/operator-name=pytorchjob-"
+                                               "controller) after ContainerError from pod-status: the worker exited")]
+
+    started = running.dt.datetime.now(running.dt.UTC) - running.dt.timedelta(seconds=1)
+    run = scenarios.Run(Cluster(), started=started)  # type: ignore[arg-type]
+    [(_, tag, text)] = running.timeline(run)
+    event = Cluster.api_events[0]
+    full = f"Event {event.reason} on PyTorchJob ml/train-0 by kcover-controller-a: {event.message}"
+    assert tag == "act"
+    assert text.endswith(" ...")
+    body = text.removesuffix(" ...")
+    assert full.startswith(body)
+    assert full[len(body)] in " ,;", text  # the cut falls between words

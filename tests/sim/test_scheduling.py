@@ -44,7 +44,8 @@ def test_bound_pods_count_until_terminal() -> None:
     pods = [pod(4, node_name="a", uid="1"), pod(4, node_name="a", uid="2", phase="Succeeded"),
             pod(2, node_name="b", uid="3"), pod(1, uid="pending")]
     used = scheduling.usage(pods)
-    assert used["a"].requested == {"nvidia.com/gpu": Decimal(4)} and used["a"].pods == 1
+    assert used["a"].requested == {"nvidia.com/gpu": Decimal(4)}
+    assert used["a"].pods == 1
     assert set(used) == {"a", "b"}
 
 
