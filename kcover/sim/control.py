@@ -58,7 +58,7 @@ def install(c: cluster_.SimCluster) -> None:
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response({"injected": done}, status=201)
 
-    c.srv.api.app.middlewares.append(control)
+    c.srv.add_http_middleware(control)
 
 
 # ---------------------------------------------------------------------------------------------- the command
