@@ -259,6 +259,9 @@ async def breaker_latch(run: sc.Run) -> None:
     sc._fail(c, pod, "worker group failed (exitcode: 1)")
     await run.acted(k, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
     await run.recovered(k, job, old)
+    # as every scenario: watch for a second restart, and let kcover finish recording this one (stopping it
+    # mid-write dropped the Recovery record with an error-level log)
+    await asyncio.sleep(sc.SETTLE)
     restarted = [e for e in run.api_events(sc.RESTARTED, job) if e.at >= latched.at]
     run.check("restarted exactly once after the latch (after the reset and cooldown)", len(restarted) == 1,
               str(len(restarted)))

@@ -89,7 +89,8 @@ async def test_dra_health_sets_the_device_and_refuses_a_resource_the_pod_lacks(
         served: tuple[cluster_.SimCluster, str]) -> None:
     c, kc = served
     pod = str(c.running_pods(c.jobs[0])[0]["metadata"]["name"])
-    code, out, err = await inject(kc, "dra-health", pod, "--device", "gpu.nvidia.com/pool/gpu-1", "--health",
+    code, out, err = await inject(kc, "dra-health", pod, "-n", NS, "--container", cluster_.CONTAINER, "--device",
+                                  "gpu.nvidia.com/pool/gpu-1", "--health",
                                   "Unknown", "--message", "driver restarting", "--resource", cluster_.GPU_RESOURCE_STATUS)
     assert code == 0, err
     assert "gpu.nvidia.com/pool/gpu-1" in out
@@ -125,7 +126,7 @@ async def test_nccl_hang_posts_the_annotated_event_and_kcover_restarts(served: t
     c, kc = served
     pod = str(c.running_pods(c.jobs[0])[1]["metadata"]["name"])
     old = c.pod_uids(c.jobs[0])
-    code, out, err = await inject(kc, "nccl-hang", pod, "--reason", "NCCLTimeout", "--message", "rank 1 stalled",
+    code, out, err = await inject(kc, "nccl-hang", pod, "-n", NS, "--reason", "NCCLTimeout", "--message", "rank 1 stalled",
                                   "--reporter", "checker.example.com/nccl")
     assert code == 0, err
     assert out.endswith(f"posted about pod {NS}/{pod} by checker.example.com/nccl\n")

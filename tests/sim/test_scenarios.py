@@ -10,6 +10,7 @@ import sys
 from typing import Any, ClassVar
 
 import pytest
+import structlog.testing
 
 from kcover import cli, wiring
 from kcover.detectors import registry
@@ -40,9 +41,12 @@ async def test_scenario_passes(name: str) -> None:
     plugin = scenarios.SCENARIOS[name].plugin
     if plugin and plugin not in registry.discover().names():
         pytest.skip(f"the {plugin} plugin is not installed (pip install -e plugins/kcover-{plugin})")
-    report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
+    with structlog.testing.capture_logs() as logged:
+        report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
     failed = [c.text for c in report.checks if not c.ok]
     assert report.passed, f"{name}: {failed}\n{running.render(report)}"
+    errors = [entry for entry in logged if entry.get("log_level") in ("error", "critical")]
+    assert not errors, f"{name} passed but logged errors: {errors}"
     for step in STEPS.get(name, []):
         assert any(step in c.text and c.ok for c in report.checks), f"{name}: no passed check {step!r}"
     doc = report.to_json()
