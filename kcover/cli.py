@@ -532,8 +532,9 @@ def _pipe_closed(exc: BaseException) -> bool:
     return isinstance(exc, BrokenPipeError)
 
 
-def _sim_inject(rest: list[str]) -> int:
-    """`kcover sim inject KIND ...`: a fault into a cluster `kcover sim --serve` is serving."""
+def sim_inject_parser() -> argparse.ArgumentParser:
+    """The parser of `kcover sim inject KIND ...` (parsed apart from `kcover sim`, whose optional positional
+    scenario leaves no room for a subcommand)."""
     control = importlib.import_module("kcover.sim.control")
     p = argparse.ArgumentParser(prog="kcover sim inject",
                                 description="Inject a fault into a simulated cluster served by `kcover sim --serve "
@@ -542,7 +543,12 @@ def _sim_inject(rest: list[str]) -> int:
                                             "health, a NotReady node, or an NCCL-hang Event. Exit 0 injected, 1 "
                                             "refused (the reason on stderr), 3 no served cluster there.")
     control.add_arguments(p)
-    code: int = control.main(p.parse_args(rest))
+    return p
+
+
+def _sim_inject(rest: list[str]) -> int:
+    """`kcover sim inject KIND ...`: a fault into a cluster `kcover sim --serve` is serving."""
+    code: int = importlib.import_module("kcover.sim.control").main(sim_inject_parser().parse_args(rest))
     return code
 
 
