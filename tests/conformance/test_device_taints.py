@@ -22,6 +22,7 @@ from conformance_client import Api
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kubeclient
+from kcover.kube import gateway
 from kcover.recovery import devicetainting
 
 BASE = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
@@ -93,9 +94,8 @@ async def test_invalid_rules_are_refused_with_causes(conformance_api: Api) -> No
 async def test_kcovers_writer_taints_one_device_and_removes_only_its_own(conformance_api: Api) -> None:
     kube = kubeclient.from_configuration(conformance_api.client.configuration)
     options = settings.DeviceTaintSettings(effect=settings.DeviceTaintEffect.NO_SCHEDULE)
-    taints = devicetainting.DeviceTaints(kube, options=lambda: options,
-                                         metrics_=metrics.Metrics(),
-                                         clock=clock_.SystemClock(), guard=lambda: None)
+    taints = devicetainting.DeviceTaints(kube, gateway.Http(kube), options=lambda: options,
+                                         metrics_=metrics.Metrics(), clock=clock_.SystemClock())
     suffix = secrets.token_hex(3)
     ours = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-3")
     foreign = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-5")
