@@ -16,7 +16,9 @@ A pytest plugin (loaded from tests/conftest.py). Owns:
   played over HTTP), ``request_counts`` (server-side, sim only, else None), ``sim`` (the SimServer
   or None) and ``controlplane`` (the real control plane on ``apiserver``, else None).
 * ``controlplane``: the session's one real control plane (also used by tests/conformance and
-  tests/chart).
+  tests/chart). Its binaries: ``KCOVER_CONTROLPLANE_BIN``, else the cached build of ``KCOVER_K8S_VERSION``
+  (``KCOVER_K8S_VERSION=1.29.6 tests/controlplane/build.sh`` builds it), else the newest cached build.
+  The summary line names the server's version.
 * A terminal summary line per backend: tests passed, failed and skipped (``cluster`` and
   ``conformance_api`` parameters both count).
 
@@ -52,6 +54,7 @@ K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
 PARAMS = ("cluster", "conformance_api", "realcluster", "kubectl_server")  # fixtures whose parameter is a backend name
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
+SERVER = pytest.StashKey[dict[str, str]]()  # backend -> the server's gitVersion
 
 
 def in_ci() -> bool:
@@ -67,13 +70,23 @@ def docker_answers(timeout: float = 5.0) -> bool:
 
 
 def controlplane_binaries() -> Path | None:
-    """The directory holding kube-apiserver and etcd, without building anything."""
+    """The directory holding kube-apiserver and etcd, without building anything: KCOVER_CONTROLPLANE_BIN, else
+    the cached build of KCOVER_K8S_VERSION (tests/controlplane/build.sh's cache), else the newest cached build."""
     env = os.environ.get("KCOVER_CONTROLPLANE_BIN")
     if env:
         return Path(env) if (Path(env) / "kube-apiserver").is_file() and (Path(env) / "etcd").is_file() else None
     cache = os.environ.get("KCOVER_CACHE", str(Path.home() / ".cache" / "kcover"))
-    found = sorted(glob.glob(os.path.join(cache, "controlplane", "k8s-*", "kube-apiserver")))
-    return Path(found[-1]).parent if found else None
+    version = os.environ.get("KCOVER_K8S_VERSION", "").strip()
+    pattern = f"k8s-{version}-etcd-*" if version else "k8s-*"
+    found = [Path(p).parent for p in glob.glob(os.path.join(cache, "controlplane", pattern, "kube-apiserver"))
+             if (Path(p).parent / "etcd").is_file()]
+    return max(found, key=_build_version) if found else None
+
+
+def _build_version(bin_dir: Path) -> tuple[int, ...]:
+    """`k8s-1.36.3-etcd-3.6.16` -> (1, 36, 3): newest first by number, not by name (1.9 < 1.10)."""
+    text = bin_dir.name.removeprefix("k8s-").split("-etcd-")[0]
+    return tuple(int(part) if part.isdigit() else -1 for part in text.split("."))
 
 
 def selected_backends() -> list[str]:
@@ -102,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sim_only(reason): runs on the sim backend only (uses a sim-only feature)")
     config.stash[OUTCOMES] = {}
     config.stash[STARTUP] = {}
+    config.stash[SERVER] = {}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -170,6 +184,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         started = config.stash[STARTUP].get(backend)
         if started is not None:
             line += f" (started in {started:.1f} s)"
+        server = config.stash[SERVER].get(backend)
+        if server:
+            line += f" on kube-apiserver {server}"
         terminalreporter.write_line(line)
 
 
@@ -195,6 +212,7 @@ def controlplane(pytestconfig: pytest.Config) -> Iterator[Any]:
     except module.ControlPlaneError as exc:
         pytest.fail(f"the real kube-apiserver did not start: {exc}")
     pytestconfig.stash[STARTUP]["apiserver"] = cp.startup_seconds
+    pytestconfig.stash[SERVER]["apiserver"] = str(cp.version().get("gitVersion") or "")
     try:
         yield cp
     finally:
