@@ -63,6 +63,9 @@ DROP_REASONS = ("rate_limited", "queue_full", "closed")
 _CREATED = ("_created", "_gcreated")
 _TIMESTAMPED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
+API_CAPABILITIES = ("resource_slices", "device_taint_rules", "allocated_resources_status")
+"""The `capability` label values of `kcover_api_capability`: `kube.capabilities.Capability`'s values."""
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, role: str | None = None,
@@ -120,6 +123,13 @@ class Metrics:
                                           "DeviceTaintRules (device-level isolation under DRA), 0 when kcover "
                                           "falls back to the node, -1 before the first check.", registry=ctl)
         self.device_taints_served.set(-1)
+        self.api_capability = Gauge("kcover_api_capability", "1 when the API server serves an optional API kcover "
+                                    "uses (resource_slices: DRA ResourceSlices; device_taint_rules: DeviceTaintRules; "
+                                    "allocated_resources_status: the pod status field of device health), 0 when it "
+                                    "does not, -1 before kcover asked or when the server did not answer.",
+                                    ["capability"], registry=r)
+        for capability in API_CAPABILITIES:
+            self.api_capability.labels(capability=capability).set(-1)
         self.device_taint_fallbacks = Counter("kcover_device_taint_fallbacks", "Device faults answered at node "
                                               "level because the API server serves no DeviceTaintRules.",
                                               registry=ctl)

@@ -78,3 +78,28 @@ class Api:
         finally:
             resp.close()
         return 200, events
+
+    async def served_versions(self, group: str, plural: str) -> list[str]:
+        """The versions of `group` whose discovery lists `plural` (a test asks this of the server instead of
+        assuming a Kubernetes version): [] when the group is not served."""
+        code, body = await self.request("GET", f"/apis/{group}")
+        if code == 404:
+            return []
+        assert code == 200, (group, code, body)
+        out = []
+        for version in (v["version"] for v in body.get("versions") or []):
+            code, listing = await self.request("GET", f"/apis/{group}/{version}")
+            if code == 200 and any(r.get("name") == plural for r in listing.get("resources") or []):
+                out.append(version)
+        return out
+
+    async def schema_fields(self, schema: str, document: str = "api/v1") -> set[str]:
+        """The properties of `schema` (`io.k8s.api.core.v1.ContainerStatus`) in the server's OpenAPI v3
+        document: the fields this server's version has (a field a feature gate turns off is still listed)."""
+        body = await self.ok("GET", f"/openapi/v3/{document}")
+        return set(((body.get("components") or {}).get("schemas") or {}).get(schema, {}).get("properties") or {})
+
+    async def server_version(self) -> str:
+        """`gitVersion` from /version, for a skip reason ("" on a server without it)."""
+        code, body = await self.request("GET", "/version")
+        return str(body.get("gitVersion") or "") if code == 200 and isinstance(body, dict) else ""
