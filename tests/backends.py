@@ -287,6 +287,54 @@ class Cluster:
         """Another client for the same server (close it)."""
         return kubeclient.from_configuration(self.configuration)
 
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the server's discovery lists `plural` in `api_version` (`resource.k8s.io/v1`): a test asks
+        the server what it serves rather than assuming a Kubernetes version."""
+        try:
+            listing = await self.harness.kube.request("GET", f"/apis/{api_version}")
+        except errors.NotFoundError:
+            return False
+        return any(r.get("name") == plural for r in listing.get("resources") or [])
+
+    async def server(self) -> str:
+        """`apiserver (v1.29.6)`: the backend and the server's gitVersion, for a skip reason."""
+        return f"{self.backend} ({(await self.harness.kube.request('GET', '/version')).get('gitVersion', '?')})"
+
+    async def require(self, api_version: str, plural: str) -> None:
+        """Skip the test, saying so, unless the server serves `plural` in `api_version`."""
+        if not await self.serves(api_version, plural):
+            pytest.skip(f"{await self.server()} serves no {api_version} {plural}")
+
+    async def device_health_refused(self) -> str:
+        """"" when this server keeps a DRA claim on a pod and an `allocatedResourcesStatus` entry naming it in
+        the pod's status (KEP-4680, what dra-health reads), else why not: a probe pod in the test's namespace,
+        deleted at once, answers (the field is new in 1.31; the DynamicResourceAllocation gate, off by default
+        before 1.34, keeps claims; the ResourceHealthStatus gate, off before 1.36, keeps the field)."""
+        kube, ns, name = self.harness.kube, self.namespace, "probe-" + secrets.token_hex(3)
+        path = f"/api/v1/namespaces/{ns}/pods"
+        pod = await kube.request("POST", path, body={
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": "kcover-probe-no-such-node",
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}],
+                     "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}})
+        try:
+            if not pod["spec"].get("resourceClaims"):
+                return f"{await self.server()} dropped the pod's spec.resourceClaims (DynamicResourceAllocation off)"
+            await self.harness.run_pod(ns, name)
+            try:
+                await self.harness.set_device_health(ns, name, "c", resource_name="claim:gpu",
+                                                     resource_id="gpu.example.com/pool/dev-0", health="Healthy")
+            except errors.KubeError as exc:
+                return f"{await self.server()} refused allocatedResourcesStatus naming a DRA claim: {exc}"
+            got = await kube.request("GET", f"{path}/{name}")
+            if not any(c.get("allocatedResourcesStatus") for c in got["status"].get("containerStatuses") or []):
+                return (f"{await self.server()} dropped allocatedResourcesStatus from the pod's status (no such "
+                        "field, or its ResourceHealthStatus gate is off)")
+            return ""
+        finally:
+            with contextlib.suppress(errors.NotFoundError):
+                await kube.request("DELETE", f"{path}/{name}", query={"gracePeriodSeconds": 0})
+
     async def create_namespace(self, name: str) -> str:
         await self.client.request("POST", "/api/v1/namespaces", body={
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})

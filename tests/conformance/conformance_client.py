@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 from collections.abc import Callable
 from typing import Any
 
@@ -103,3 +104,15 @@ class Api:
         """`gitVersion` from /version, for a skip reason ("" on a server without it)."""
         code, body = await self.request("GET", "/version")
         return str(body.get("gitVersion") or "") if code == 200 and isinstance(body, dict) else ""
+
+
+def recorded_version() -> str:
+    """The kube-apiserver version the simulated server's recordings (Table columns, OpenAPI documents) were
+    made from: kcover/sim/recorded/VERSION."""
+    return importlib.resources.files("kcover.sim").joinpath("recorded/VERSION").read_text().strip()
+
+
+def minor(version: str) -> tuple[int, int]:
+    """`v1.29.6` or `1.36.3` -> (1, 29)."""
+    major, minor_, *_ = version.lstrip("v").split(".")
+    return int(major), int("".join(c for c in minor_ if c.isdigit()) or 0)
