@@ -212,8 +212,8 @@ class Locations:
 
 
 async def test_an_unserved_collection_is_never_requested_yet_counts_as_synced(
-        cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+        served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     srv.store.create("pods", raw_pod("p0"))
     locate = Locations(None)
     rec = Recorder()
@@ -235,8 +235,8 @@ async def test_an_unserved_collection_is_never_requested_yet_counts_as_synced(
 
 
 async def test_a_collection_served_later_is_listed_at_the_path_located(
-        cluster: tuple[Any, client.KubeClient]) -> None:
-    srv, kube = cluster
+        served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
     srv.store.create("pods", raw_pod("p0"))
     locate = Locations(None, "/api/v1/pods")  # not served at first; then served (an upgrade, a runtime-config)
     rec = Recorder()
