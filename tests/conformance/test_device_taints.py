@@ -27,6 +27,7 @@ from conformance_client import Api
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kubeclient
+from kcover.kube import gateway
 from kcover.recovery import devicetainting
 
 BASE = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
@@ -111,9 +112,8 @@ async def test_invalid_rules_are_refused_with_causes(conformance_api: Api) -> No
 async def test_kcovers_writer_taints_one_device_and_removes_only_its_own(conformance_api: Api) -> None:
     kube = kubeclient.from_configuration(conformance_api.client.configuration)
     options = settings.DeviceTaintSettings(effect=settings.DeviceTaintEffect.NO_SCHEDULE)
-    taints = devicetainting.DeviceTaints(kube, options=lambda: options,
-                                         metrics_=metrics.Metrics(),
-                                         clock=clock_.SystemClock(), guard=lambda: None)
+    taints = devicetainting.DeviceTaints(kube, gateway.Http(kube), options=lambda: options,
+                                         metrics_=metrics.Metrics(), clock=clock_.SystemClock())
     suffix = secrets.token_hex(3)
     ours = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-3")
     foreign = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-5")
@@ -152,8 +152,8 @@ async def test_where_none_is_served_kcovers_writer_writes_nothing_and_says_so(co
         pytest.skip(f"this server serves devicetaintrules (resource.k8s.io {served}): the tests above cover it")
     kube = kubeclient.from_configuration(conformance_api.client.configuration)
     registry = metrics.Metrics()
-    taints = devicetainting.DeviceTaints(kube, options=settings.DeviceTaintSettings, metrics_=registry,
-                                         clock=clock_.SystemClock(), guard=lambda: None)
+    taints = devicetainting.DeviceTaints(kube, gateway.Http(kube), options=settings.DeviceTaintSettings,
+                                         metrics_=registry, clock=clock_.SystemClock())
     device = model.DraDevice(driver="gpu.example.com", pool="conf-" + secrets.token_hex(3), device="gpu-3")
     try:
         assert await taints.served_version() is None
@@ -164,4 +164,3 @@ async def test_where_none_is_served_kcovers_writer_writes_nothing_and_says_so(co
     assert not [k for k in kube.request_counts if not k.startswith("GET ")]  # only discovery was asked
     assert registry.registry.get_sample_value("kcover_device_taints_served") == 0
     assert registry.registry.get_sample_value("kcover_api_capability", {"capability": "device_taint_rules"}) == 0
-    assert registry.registry.get_sample_value("kcover_device_taint_fallbacks_total") == 1
