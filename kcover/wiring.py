@@ -104,8 +104,8 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
         health.detectors = agent.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = agent.reconfigure
         async with asyncio.TaskGroup() as group:
-            asking = group.create_task(announce_capabilities(kube, metrics_, health,
-                                                             asked=(capabilities.Capability.RESOURCE_SLICES,)),
+            asked = tuple(capabilities.Capability(c) for c in metrics.AGENT_API_CAPABILITIES)
+            asking = group.create_task(announce_capabilities(kube, metrics_, health, asked=asked),
                                        name="api-capabilities")
             try:
                 await agent.run(stop)

@@ -62,3 +62,10 @@ def test_say_sets_the_gauge_and_names_what_kcover_cannot_do() -> None:
 def test_the_metric_labels_are_exactly_the_capabilities() -> None:
     assert tuple(c.value for c in Capability) == metrics.API_CAPABILITIES
     assert set(capabilities.WITHOUT) == set(Capability)
+
+
+def test_each_role_starts_with_what_it_asks_about_at_minus_one() -> None:
+    controller, agent = metrics.Metrics(role=metrics.CONTROLLER), metrics.Metrics(role=metrics.AGENT)
+    assert gauge(controller) == dict.fromkeys(Capability, -1.0)
+    assert gauge(agent) == {Capability.RESOURCE_SLICES: -1.0, Capability.DEVICE_TAINT_RULES: None,
+                            Capability.ALLOCATED_RESOURCES_STATUS: None}
