@@ -32,9 +32,9 @@ from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import answering, fleet, recovering
 from kcover.detectors import contract, registry, supervising
-from kcover.kube import caching, leasing, podlogs, retrying
+from kcover.kube import caching, events, leasing, podlogs, retrying
 from kcover.kube import client as client_
-from kcover.recovery import auditing, steps
+from kcover.recovery import auditing
 
 log = structlog.get_logger()
 
@@ -91,9 +91,9 @@ class Controller:
         self.answers = answering.Answers(client, clock=self.clock, identity=self.identity, is_leader=self.is_leader)
         """Warning Events answering refused signals (a forged Event), written by the leader."""
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
-                                           cache=self.cache, gateway=client, namespace=cfg.recovery.ledger_namespace,
-                                           refusals=self.answers,
-                                           extras={"log_reader": podlogs.KubeLogReader(client)})
+                                           cluster=self.cache, gateway=client, namespace=cfg.recovery.ledger_namespace,
+                                           refusals=self.answers, log_reader=podlogs.KubeLogReader(client),
+                                           agent_condition_type=cfg.agent.condition_type)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
         self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
@@ -127,29 +127,24 @@ class Controller:
         self._resumed_epoch = -1
         if self.elector is None or self.elector.is_leader():
             self._replay.set()  # no term starts (or one started before this controller was built): resume at once
-        health.add_readiness("cache", self._cache_ready)
+        health.add_readiness("cache", self.cache.readiness)
         health.add_readiness("detectors", self.supervisor.readiness)
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
         lease = self.settings.lease
-        body = auditing.event_body(steps.ObjectRef("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
-                                   reason="KcoverDetectorFailed", action="RunDetector", warning=True,
-                                   message=f"{'required' if required else 'optional'} detector {name} failed on "
-                                           f"{self.identity} ({detail}); restarting it with backoff",
-                                   now=self.clock.now(), controller=auditing.REPORTING_CONTROLLER,
-                                   instance=self.identity)
-        await self.client.request("POST", f"/api/v1/namespaces/{lease.namespace}/events", body=body)
+        body = events.body(events.About("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
+                           reason="KcoverDetectorFailed", action="RunDetector", warning=True,
+                           message=f"{'required' if required else 'optional'} detector {name} failed on "
+                                   f"{self.identity} ({detail}); restarting it with backoff",
+                           now=self.clock.now(), controller=auditing.REPORTING_CONTROLLER, instance=self.identity)
+        await self.client.request("POST", events.path_of(body), body=body)
 
     def _epoch(self) -> int:
         return self.elector.leadership_epoch if self.elector is not None else 1
 
     def is_leader(self) -> bool:
         return self.elector.is_leader() if self.elector is not None else True
-
-    def _cache_ready(self) -> tuple[bool, str]:
-        pending = [r.name for r in self.cache.reflectors if not r.synced.is_set()]
-        return (not pending, f"waiting for {', '.join(pending)}" if pending else "synced")
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("controller_starting", identity=self.identity, lease=self.settings.lease.enabled,

@@ -2,8 +2,11 @@
 
 * Every rendered object is created with `dryRun=All` and `fieldValidation=Strict`: the API server's
   own validation and OpenAPI schemas, unknown fields included, for the Kubernetes version built by
-  tests/controlplane/build.sh. Kinds the server does not serve (ServiceMonitor without
-  prometheus-operator's CRDs) are checked only by the Python invariants in test_render.py.
+  tests/controlplane/build.sh. The chart is rendered as `helm install` renders it for this server: with
+  the API versions and kinds its discovery lists (`--api-versions`). Kinds the server does not serve
+  (ServiceMonitor without prometheus-operator's CRDs) are checked only by the Python invariants in
+  test_render.py; on a server without ValidatingAdmissionPolicy (before 1.30) the chart refuses
+  `preflight.restrictHostPath` with the reason instead of installing preflight unguarded.
 * The controller's pod passes Pod Security Admission at `restricted`.
 * The rendered RBAC is applied for real, then SubjectAccessReviews (and impersonated requests) show
   that every request kcover makes is allowed and the dangerous ones are denied. RBAC cannot confine a
@@ -16,12 +19,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import ssl
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
-from chartkit import NAMESPACE, SCENARIOS, Render, find
+import yaml
+from chartkit import CHART, KUBE_VERSION, NAMESPACE, RELEASE, SCENARIOS, Render, find, run_helm
 
 from kcover import model, settings
 from kcover.agent import reporting
@@ -51,6 +57,18 @@ def resource_paths(cp: Api) -> dict[tuple[str, str], tuple[str, bool]]:
     return out
 
 
+VAP = ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
+
+
+def render_for(cp: Api, helm_bin: str, values: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`helm template` with the API versions and kinds the server's discovery lists, as `helm install`
+    sees them (helm's offline default lists versions only, no kinds)."""
+    served = resource_paths(cp)
+    versions = sorted({gv for gv, _ in served} | {f"{gv}/{kind}" for gv, kind in served})
+    return run_helm(helm_bin, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version",
+                    KUBE_VERSION, *(a for v in versions for a in ("--api-versions", v)), values=values, check=False)
+
+
 def collection(paths: dict[tuple[str, str], tuple[str, bool]], obj: dict[str, Any]) -> str | None:
     found = paths.get((obj["apiVersion"], obj["kind"]))
     if found is None:
@@ -77,10 +95,17 @@ def cluster(controlplane: Api) -> Api:
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_every_rendered_object_passes_server_side_dry_run(cluster: Api, render: Render, scenario: str) -> None:
+def test_every_rendered_object_passes_server_side_dry_run(cluster: Api, helm_bin: str, scenario: str) -> None:
     paths = resource_paths(cluster)
+    proc = render_for(cluster, helm_bin, SCENARIOS[scenario])
+    guarded = (SCENARIOS[scenario].get("preflight") or {}).get("enabled")
+    if guarded and VAP not in paths:
+        assert proc.returncode != 0, "the chart rendered preflight for a server without ValidatingAdmissionPolicy"
+        assert "preflight.restrictHostPath needs ValidatingAdmissionPolicy" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
     checked, unserved = [], []
-    for obj in render(SCENARIOS[scenario]):
+    for obj in [doc for doc in yaml.safe_load_all(proc.stdout) if doc]:
         path = collection(paths, obj)
         if path is None:
             unserved.append(obj["kind"])
@@ -115,6 +140,57 @@ def test_agent_pod_needs_a_namespace_that_allows_host_path(cluster: Api, render:
     assert "hostPath" in json.dumps(body)
     status, body = cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods?dryRun=All", pod)
     assert status == 201, body
+
+
+def test_the_preflight_hostpath_policy_keeps_each_namespace_to_its_own_folder(cluster: Api, render: Render) -> None:
+    """With preflight on, the chart's ValidatingAdmissionPolicy lets a pod mount the preflight folder writable
+    only at its own namespace's folder (so no namespace can place report files in another's), read-only
+    anywhere (the agent), and refuses writable hostPaths not written plainly."""
+    if VAP not in resource_paths(cluster):
+        pytest.skip("this server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy: the chart "
+                    "refuses preflight.restrictHostPath there (test_every_rendered_object_passes_server_side_dry_run)")
+    objs = [o for o in render(SCENARIOS["preflight"])
+            if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert [o["kind"] for o in objs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    base = "/apis/admissionregistration.k8s.io/v1"
+    paths = {"ValidatingAdmissionPolicy": f"{base}/validatingadmissionpolicies",
+             "ValidatingAdmissionPolicyBinding": f"{base}/validatingadmissionpolicybindings"}
+    root = "/var/lib/kcover/preflight"
+
+    def pod(path: str, *, read_only: bool = False, init: bool = False) -> int:
+        mount = {"name": "reports", "mountPath": "/reports", "readOnly": read_only}
+        container = {"name": "c", "image": "busybox", "volumeMounts": [mount]}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}] if init else [container],
+                                "volumes": [{"name": "reports", "hostPath": {"path": path}}]}
+        if init:
+            spec["initContainers"] = [container]
+        status, body = cluster.request("POST", "/api/v1/namespaces/team-a/pods?dryRun=All", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "pf-"}, "spec": spec})
+        assert status in (201, 403), body
+        assert status == 201 or "only at its own namespace's folder" in json.dumps(body), body
+        return int(status)
+
+    try:
+        for obj in objs:
+            status, body = cluster.request("POST", paths[obj["kind"]], obj)
+            assert status == 201, body
+        deadline = time.monotonic() + 30
+        while pod(root) != 403:  # the policy takes effect once the admission plugin has seen it
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.2)
+        cases = {
+            (f"{root}/team-a", False, False): 201, (f"{root}/team-a/", False, False): 201,
+            (f"{root}/team-a/ranks", False, False): 201, (root, True, False): 201, ("/var/log", False, False): 201,
+            (root, False, False): 403, (f"{root}/", False, False): 403, (f"{root}/team-b", False, False): 403,
+            (f"{root}/team-ab", False, False): 403, ("/var/lib/kcover//preflight/team-b", False, False): 403,
+            (f"{root}/./team-b", False, False): 403, (f"{root}/team-b", False, True): 403,
+            (f"{root}/team-a", False, True): 201,
+        }
+        got = {case: pod(case[0], read_only=case[1], init=case[2]) for case in cases}
+        assert got == cases
+    finally:
+        for obj in reversed(objs):
+            cluster.request("DELETE", f"{paths[obj['kind']]}/{obj['metadata']['name']}")
 
 
 # ------------------------------------------------------------------------------------------------ RBAC
@@ -153,6 +229,7 @@ def allowed(cp: Api, user: str, verb: str, resource: str, *, group: str = "", na
 
 
 LEDGER = settings.RecoverySettings().ledger_name
+CONTROLS = settings.RecoverySettings().controls_name
 LEASE = settings.LeaseSettings().name
 
 # (verb, resource, group, namespace, name, subresource): every request the controller makes
@@ -160,8 +237,9 @@ CONTROLLER_REQUESTS = [
     ("list", "pods", "", "", "", ""), ("watch", "pods", "", "", "", ""),         # cache
     ("get", "pods", "", "team-a", "p", ""),                                       # log saving
     ("get", "pods", "", "team-a", "p", "log"),
-    ("deletecollection", "pods", "", "team-a", "", ""),                           # restart
     ("delete", "pods", "", "team-a", "p", ""),                                    # uid-preconditioned restart
+    ("create", "pods", "", "team-a", "p", "eviction"),                            # eviction restart, drain
+    ("list", "namespaces", "", "", "", ""), ("watch", "namespaces", "", "", "", ""),  # pauses (cache)
     ("list", "nodes", "", "", "", ""), ("watch", "nodes", "", "", "", ""),
     ("get", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", ""),  # cordon
     ("patch", "nodes", "", "", "gpu-1", "status"),  # the remediation request's condition
@@ -172,8 +250,8 @@ CONTROLLER_REQUESTS = [
     ("create", "devicetaintrules", "resource.k8s.io", "", "", ""),                # device isolation (DRA)
     ("get", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("delete", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
-    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("update", "configmaps", "", NAMESPACE, LEDGER, ""),
-    ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, CONTROLS, ""), ("list", "configmaps", "", NAMESPACE, CONTROLS, ""),
+    ("watch", "configmaps", "", NAMESPACE, CONTROLS, ""),  # fieldSelector metadata.name
     ("get", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "leases", "coordination.k8s.io", NAMESPACE, "", ""),
@@ -193,6 +271,8 @@ CONTROLLER_REQUESTS = [
 CONTROLLER_DENIED = [
     ("get", "secrets", "", NAMESPACE, "", ""), ("list", "secrets", "", "", "", ""),
     ("get", "configmaps", "", "team-a", "", ""), ("get", "configmaps", "", NAMESPACE, "other", ""),
+    ("update", "configmaps", "", NAMESPACE, CONTROLS, ""), ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("deletecollection", "pods", "", "team-a", "", ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "other", ""),
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
     ("delete", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", "status"),
@@ -323,6 +403,13 @@ def test_impersonated_agent_and_controller_requests(cluster: Api, rbac: dict[str
     assert status == 200, body
     assert as_user(cluster, controller, "GET",
                    f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases")[0] == 403
-    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")
+    status, body = as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+                           f"?fieldSelector=metadata.name%3D{CONTROLS}")
+    assert status == 200, body
+    assert as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps")[0] == 403
+    assert as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")[0] == 403
+    uid = cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[1]["metadata"]["uid"]
+    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods/trainer-0",
+                           {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
     assert status == 200, body
     assert cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[0] == 404
