@@ -71,8 +71,9 @@ async def _taken_away(api: rawapi.RawApi, job: seeding.Job, *, timeout: float) -
 
 
 async def measure(kubeconfig: str, controller_kubeconfig: str, *, run_id: str, ledger_units: int,
-                  workload_kinds: Sequence[str], timeout: float = 600.0) -> dict[str, Any]:
-    """See the module docstring; the report's `failover` section."""
+                  workload_kinds: Sequence[str], timeout: float = 600.0, job_kind: str = "PyTorchJob") -> dict[str, Any]:
+    """See the module docstring; the report's `failover` section. `job_kind`: the Kubeflow kind of the job
+    (on a cluster running the training operator, one it does not manage)."""
     ns = namespace_of(run_id)
     async with await rawapi.open_api(kubeconfig) as api, await client_.connect(kubeconfig) as kube:
         await seeding.namespaces(api, [ns])
@@ -81,7 +82,7 @@ async def measure(kubeconfig: str, controller_kubeconfig: str, *, run_id: str, l
         seeded = time.perf_counter() - started
         node = f"bench-failover-{run_id}"
         await seeding.nodes(api, [node])
-        (job,) = await seeding.jobs(api, [(ns, "failover", 4)], node_names=[node])
+        (job,) = await seeding.jobs(api, [(ns, "failover", 4)], node_names=[node], kind=job_kind)
         with tempfile.TemporaryDirectory(prefix="kcover-bench-failover-") as tmp:
             async with footprint.role("controller", controller_kubeconfig, _settings(ns, "bench-a", tmp, workload_kinds)) as a, \
                     footprint.role("controller", controller_kubeconfig, _settings(ns, "bench-b", tmp, workload_kinds)) as b:

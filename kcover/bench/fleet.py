@@ -20,18 +20,20 @@ tests' cluster does not run, so nothing but the stated churn changes them), then
 6. **ledger**: `ledgering.measure` at `ledger_sizes` units.
 
 It asserts nothing: figures are printed with their targets and ratios (measured / target; below 1 meets
-it). API errors propagate; what it created is deleted at the end (the fleet's namespaces and nodes),
+it). API errors of the seeding and the sync propagate; each later scenario's failure is the report's
+`errors` entry (and its log line) and the next still runs; what it created is deleted at the end (the fleet's namespaces and nodes),
 unless `keep`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,33 +190,38 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
             log.info("bench_fleet_seeded", pods=len(fleet), seconds=env["seed_seconds"])
             report["sync"], report["relist"] = await _sync_and_relist(controller_kubeconfig, kinds_, expire)
             env["load_before_latency"] = _load()
-            async with churning.Churn.running(kubeconfig, fleet, rate=options.churn_rate) as churn:
-                lat = await latency.measure(kubeconfig, samples=options.samples, xid_samples=options.xid_samples,
-                                            run_id=run_id, controller_kubeconfig=controller_kubeconfig,
-                                            workload_kinds=kinds_)
-                report["churn"] = await churn.stop()
-            kinds = {kind: {"detect": s.detect, **dict(s.extra), "act": s.act} for kind, s in lat.kinds.items()}
-            report["latency_ms"] = reporting.latency_section(kinds, lat.floor, lat.floor_write)
-            report["floor_ms"] = reporting.summary_ms(lat.floor)
-            report["write_ms"] = reporting.summary_ms(lat.floor_write)
-            report["api_requests_per_recovery"] = reporting.api_section(lat.api_requests)
+            async with _section(report, "latency"):
+                async with churning.Churn.running(kubeconfig, fleet, rate=options.churn_rate) as churn:
+                    lat = await latency.measure(kubeconfig, samples=options.samples, xid_samples=options.xid_samples,
+                                                run_id=run_id, controller_kubeconfig=controller_kubeconfig,
+                                                workload_kinds=kinds_, job_kind=options.background_kind)
+                    report["churn"] = await churn.stop()
+                kinds = {kind: {"detect": s.detect, **dict(s.extra), "act": s.act} for kind, s in lat.kinds.items()}
+                report["latency_ms"] = reporting.latency_section(kinds, lat.floor, lat.floor_write)
+                report["floor_ms"] = reporting.summary_ms(lat.floor)
+                report["write_ms"] = reporting.summary_ms(lat.floor_write)
+                report["api_requests_per_recovery"] = reporting.api_section(lat.api_requests)
             if options.restart_pods and options.restart_kinds:
                 env["load_before_restarts"] = _load()
-                async with await client_.connect(controller_kubeconfig) as kube:
-                    rows = await restarts.measure(kube, [options.restart_pods], run_id=run_id,
-                                                  kinds_=options.restart_kinds, concurrency=options.concurrency,
-                                                  operator=options.operator, pod_labels=options.pod_labels)
-                report["restarts"] = restarts.section(rows)
+                async with _section(report, "restarts"):
+                    async with await client_.connect(controller_kubeconfig) as kube:
+                        rows = await restarts.measure(kube, [options.restart_pods], run_id=run_id,
+                                                      kinds_=options.restart_kinds, concurrency=options.concurrency,
+                                                      operator=options.operator, pod_labels=options.pod_labels)
+                    report["restarts"] = restarts.section(rows)
             if options.failover:
                 env["load_before_failover"] = _load()
-                report["failover"] = await failover.measure(kubeconfig, controller_kubeconfig, run_id=run_id,
-                                                            ledger_units=options.failover_units,
-                                                            workload_kinds=kinds_)
+                async with _section(report, "failover"):
+                    report["failover"] = await failover.measure(kubeconfig, controller_kubeconfig, run_id=run_id,
+                                                                ledger_units=options.failover_units,
+                                                                workload_kinds=kinds_,
+                                                                job_kind=options.background_kind)
             if options.ledger_sizes:
                 env["load_before_ledger"] = _load()
-                async with await client_.connect(controller_kubeconfig) as kube:
-                    report["ledger"] = ledgering.section(await ledgering.measure(kube, list(options.ledger_sizes),
-                                                                                 run_id=run_id))
+                async with _section(report, "ledger"):
+                    async with await client_.connect(controller_kubeconfig) as kube:
+                        rows_ = await ledgering.measure(kube, list(options.ledger_sizes), run_id=run_id)
+                    report["ledger"] = ledgering.section(rows_)
         finally:
             if not options.keep:
                 await cleanup(api, options, run_id)
@@ -222,6 +229,19 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
     env["seconds"] = round(time.perf_counter() - started, 1)
     report["figures"] = figures(report)
     return report
+
+
+@contextlib.asynccontextmanager
+async def _section(report: dict[str, Any], name: str) -> AsyncIterator[None]:
+    """One scenario after the sync: a failure is the report's `errors[name]` (logged), and the scenarios after
+    it still run, so a long run keeps what it measured."""
+    try:
+        yield
+    except Exception as exc:  # any failure of one scenario, a TaskGroup's ExceptionGroup too, is its report's
+        leaves = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
+        text = "; ".join(f"{type(e).__name__}: {str(e)[:400]}" for e in leaves)
+        log.error("bench_fleet_section_failed", section=name, error=text)
+        report.setdefault("errors", {})[name] = text
 
 
 async def cleanup(api: rawapi.RawApi, options: Options, run_id: str) -> None:
@@ -288,6 +308,9 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
     for r in (report.get("restarts") or {}).get("rows") or []:
         out.append(_figure(f"{r['kind']} of {r['pods']} pods: fault to every pod removed", r["seconds"],
                            restarts.REMOVED_TARGET_SECONDS, "s"))
+        if "recreated" in r:
+            out.append(_figure(f"{r['kind']} of {r['pods']} pods: pods recreated by its controller", r["recreated"],
+                               None))
         if "recreated_seconds" in r:
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: fault to the last pod recreated",
                                r["recreated_seconds"], None, "s"))
@@ -333,6 +356,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"Churn: {churn['writes']} readiness flips of {churn['targets']} background pods in "
                      f"{churn['seconds']} s ({churn['achieved_per_second']}/s offered {churn['offered_per_second']}/s, "
                      f"{churn['errors']} errors, at most {churn['max_behind_seconds']} s behind).")
+    for name, error in (report.get("errors") or {}).items():
+        lines.append(f"Not measured: {name}: {error}")
     env = report.get("environment") or {}
     lines.append("Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
     return "\n".join(lines) + "\n"

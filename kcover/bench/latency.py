@@ -213,19 +213,21 @@ SETTLED_SECONDS = 1.0
 
 async def measure(kubeconfig: str, *, samples: int, xid_samples: int, sample_timeout: float = 30.0,
                   run_id: str = "", controller_kubeconfig: str = "", cost_pods: int = 4,
-                  workload_kinds: Sequence[str] = ("pytorchjobs.kubeflow.org",)) -> Result:
+                  workload_kinds: Sequence[str] = ("pytorchjobs.kubeflow.org",), job_kind: str = "PyTorchJob") -> Result:
     """Seed, run controller (and agents), and take `samples` pod/DRA/floor and `xid_samples` XID samples, and
     the cost of one fault in a job of `cost_pods` pods (0: not taken).
 
     `run_id` suffixes the namespace and node names: a real API server without kube-controller-manager
     never finishes deleting a namespace, so a second run needs a new one. `controller_kubeconfig`: the
     controller's (and agents') credentials, if not the bench's own (a ServiceAccount's token, so the API
-    server's priority and fairness treats them as it treats an installed kcover)."""
+    server's priority and fairness treats them as it treats an installed kcover). `job_kind`: the Kubeflow kind
+    of the sample jobs, whose pods the bench writes (on a cluster that runs the training operator, one it does
+    not manage: the operator would create pods of the same names)."""
     with tempfile.TemporaryDirectory(prefix="kcover-bench-logs-") as log_dir:
         async with await rawapi.open_api(kubeconfig) as api:
             return await _measure(api, controller_kubeconfig or kubeconfig, log_dir, samples=samples,
                                   xid_samples=xid_samples, sample_timeout=sample_timeout, run_id=run_id,
-                                  cost_pods=cost_pods, workload_kinds=workload_kinds)
+                                  cost_pods=cost_pods, workload_kinds=workload_kinds, job_kind=job_kind)
 
 
 def namespace_of(run_id: str) -> str:
@@ -234,7 +236,7 @@ def namespace_of(run_id: str) -> str:
 
 async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples: int,
                    xid_samples: int, sample_timeout: float, run_id: str, cost_pods: int,
-                   workload_kinds: Sequence[str]) -> Result:
+                   workload_kinds: Sequence[str], job_kind: str) -> Result:
     started = time.perf_counter()
     ns = namespace_of(run_id)
     suffix = f"-{run_id}" if run_id else ""
@@ -246,14 +248,15 @@ async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples
         await seeding.running_pod(api, objects.agent_pod(ns, node))
     specs = ([(ns, f"pe-{i}", 2) for i in range(samples)] + [(ns, f"dra-{i}", 2) for i in range(samples)]
              + [(ns, "floor", 1)])
-    jobs = await seeding.jobs(api, specs[:samples], node_names=gpu_nodes)
-    jobs += await seeding.jobs(api, specs[samples:], node_names=gpu_nodes, dra=True)
+    jobs = await seeding.jobs(api, specs[:samples], node_names=gpu_nodes, kind=job_kind)
+    jobs += await seeding.jobs(api, specs[samples:], node_names=gpu_nodes, dra=True, kind=job_kind)
     floor_pod = jobs[-1].pods[0]
     # on nodes of its own: the samples' restarts on the shared nodes make them suspect (three different
     # workloads), and a suspect node's validation request is not the cost of one fault
     cost_nodes = [f"bench-cost-{i}{suffix}" for i in range(cost_pods)]
     await seeding.nodes(api, cost_nodes)
-    cost = (await seeding.jobs(api, [(ns, "cost", cost_pods)], node_names=cost_nodes))[0] if cost_pods else None
+    cost = ((await seeding.jobs(api, [(ns, "cost", cost_pods)], node_names=cost_nodes, kind=job_kind))[0]
+            if cost_pods else None)
     log.info("bench_latency_seeded", seconds=round(time.perf_counter() - started, 1))
 
     config = bench_settings(log_dir, namespace=ns, workload_kinds=workload_kinds)

@@ -60,6 +60,8 @@ class Row:
     """From the fault to the last replacement pod created by the workload's controller (operator mode)."""
     running_seconds: float | None = None
     """From the fault to the last replacement pod Running (operator mode)."""
+    recreated: int | None = None
+    """Replacement pods the workload's controller created (operator mode)."""
     throttled: int = 0
     """429 answers the client retried during the restart (priority and fairness, or max-inflight)."""
     concurrency: int = 0
@@ -206,6 +208,24 @@ async def _until(predicate: Any, timeout: float, poll: float = 0.05) -> bool:
     return True
 
 
+STALL_SECONDS = 60.0
+"""Operator mode: the wait for the replacements ends after this long without a new one created or Running (a
+controller that does not replace what was taken away; the row says how many it did)."""
+
+
+async def _until_or_stalled(predicate: Any, progress: Any, timeout: float, stall: float, poll: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    seen, moved = progress(), time.monotonic()
+    while not predicate():
+        now = time.monotonic()
+        if progress() != seen:
+            seen, moved = progress(), now
+        if now > deadline or now - moved > stall:
+            return False
+        await asyncio.sleep(poll)
+    return True
+
+
 async def _pods(kube: client_.KubeClient, ns: str, kind: str, name: str, uid: str, owner: dict[str, Any],
                 count: int) -> None:
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -296,7 +316,10 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
                       throttled=kube.retry_stats.retries["throttled"] - throttled,
                       concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency)
             if operator:
-                await _until(lambda: len(replacements.running) >= pods, recreate_timeout, poll=0.2)
+                await _until_or_stalled(lambda: len(replacements.running) >= pods,
+                                        lambda: len(replacements.created) + len(replacements.running),
+                                        recreate_timeout, STALL_SECONDS)
+                row.recreated = len(replacements.created)
                 if len(replacements.created) >= pods:
                     row.recreated_seconds = sorted(replacements.created.values())[pods - 1] - started
                 if len(replacements.running) >= pods:
@@ -342,6 +365,8 @@ def section(rows: list[Row]) -> dict[str, Any]:
         row: dict[str, Any] = {"kind": r.kind, "pods": r.pods, "seconds": round(r.seconds, 4), "removed": r.removed,
                                "requests": r.total_requests, "by_request": dict(sorted(r.requests.items())),
                                "throttled": r.throttled, "concurrency": r.concurrency}
+        if r.recreated is not None:
+            row["recreated"] = r.recreated
         if r.recreated_seconds is not None or r.running_seconds is not None:
             row["recreated_seconds"] = _secs(r.recreated_seconds)
             row["running_seconds"] = _secs(r.running_seconds)
@@ -361,13 +386,14 @@ def section(rows: list[Row]) -> dict[str, Any]:
 
 def markdown(sec: dict[str, Any]) -> str:
     lines = ["## One restart of a large job", "",
-             "| kind | pods | all removed (s) | / 5 s | removed | concurrency | 429s | last recreated (s) | last Running (s) "
-             "| requests | by request |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| kind | pods | all removed (s) | / 5 s | removed | concurrency | 429s | recreated | last recreated (s) "
+             "| last Running (s) | requests | by request |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sec["rows"]:
         by = ", ".join(f"{k} {v}" for k, v in r["by_request"].items())
         lines.append(f"| {r['kind']} | {r['pods']} | {r['seconds']:.3f} | {r.get('ratio_to_target', '')} | "
-                     f"{r['removed']} | {r['concurrency']} | {r['throttled']} | {r.get('recreated_seconds', '')} | "
+                     f"{r['removed']} | {r['concurrency']} | {r['throttled']} | {r.get('recreated', '')} | "
+                     f"{r.get('recreated_seconds', '')} | "
                      f"{r.get('running_seconds', '')} | {r['requests']} | {by} |")
     for kind, ratio in sorted(sec["ratios"].items()):
         lines.append(f"\n{kind}: {ratio['pods']} pods take {ratio['vs_128']}x the 128-pod time (target at most "
