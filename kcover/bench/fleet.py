@@ -82,6 +82,12 @@ class Options:
     restart_kinds: tuple[str, ...] = ("pytorchjob", "jobset")
     operator: bool = False
     """The workloads' controllers run in the cluster (training operator, Job controller), with kwok's nodes."""
+    write_status: bool = False
+    """With `operator`: the bench writes the background pods' Running status itself, as without one (kwok
+    then finds them running and leaves them; on two loaded cores it starts about 3 pods a second)."""
+    restart_operator: bool | None = None
+    """The restarts' pods are their controllers' (None: as `operator`); False: created by the bench on nodes no
+    kubelet runs, which times the removal and its requests but no recreation."""
     pod_labels: dict[str, str] = field(default_factory=dict)
     """Labels on the pods the operators create (the tests' kwok completes a Job's pods without one)."""
     concurrency: int | None = None
@@ -118,8 +124,8 @@ async def seed(api: rawapi.RawApi, options: Options, *, concurrency: int = 48) -
         index += 1
         left -= workers
     made = await seeding.jobs(api, specs, node_names=nodes, concurrency=concurrency, kind=options.background_kind,
-                              write_status=not options.operator)
-    if options.operator:
+                              write_status=options.write_status or not options.operator)
+    if options.operator and not options.write_status:
         await _until_running(api)
     return [(j.namespace, p) for j in made for p in j.pods]
 
@@ -207,7 +213,8 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                     async with await client_.connect(controller_kubeconfig) as kube:
                         rows = await restarts.measure(kube, [options.restart_pods], run_id=run_id,
                                                       kinds_=options.restart_kinds, concurrency=options.concurrency,
-                                                      operator=options.operator, pod_labels=options.pod_labels)
+                                                      operator=options.operator if options.restart_operator is None
+                                                      else options.restart_operator, pod_labels=options.pod_labels)
                     report["restarts"] = restarts.section(rows)
             if options.failover:
                 env["load_before_failover"] = _load()

@@ -169,17 +169,21 @@ class ClusterStack:
     and ``timings`` (seconds per step)."""
 
     def __init__(self, *, cp_bin: Path, cluster_bin: Path, node_monitor_grace_seconds: int = 8,
-                 watch_cache: bool = False, kcm_args: tuple[str, ...] = (), node_lease_seconds: int = 40) -> None:
+                 watch_cache: bool = False, kcm_args: tuple[str, ...] = (), node_lease_seconds: int = 40,
+                 kwok_options: dict[str, Any] | None = None) -> None:
         """`watch_cache`: the API server caches pods and ConfigMaps too, as a production one does (see
         server.py); `kcm_args`: more kube-controller-manager flags; `node_lease_seconds`: kwok's node Lease
         duration (it renews each a quarter of that apart: at 2,000 nodes and 40 s, 200 Lease writes a second,
-        which left kwok running about 2 pods a second on two loaded cores)."""
+        which left kwok running about 2 pods a second on two loaded cores); `kwok_options`: kwok's
+        KwokConfiguration `options` (the fleet bench lifts its client's QPS limit; given, every parallelism
+        option must be too: kwok takes no default for one left out)."""
         self.cp_bin = cp_bin
         self.bin_dir = cluster_bin
         self.grace = node_monitor_grace_seconds
         self.watch_cache = watch_cache
         self.kcm_args = tuple(kcm_args)
         self.node_lease_seconds = node_lease_seconds
+        self.kwok_options = dict(kwok_options or {})
         self.cp: Any = None
         self.kubeconfig_path = ""
         self.startup_seconds = 0.0
@@ -300,6 +304,9 @@ class ClusterStack:
                     {"key": ".status.phase", "operator": "NotIn", "values": ["Running", "Pending"]})
             docs.append(yaml.safe_dump(stage))
         docs.append(POD_TERMINATE)
+        if self.kwok_options:
+            docs.append(yaml.safe_dump({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+                                        "options": self.kwok_options}))
         config = self._dir / "kwok.yaml"
         config.write_text("\n---\n".join(docs))
         self._spawn("kwok", [
