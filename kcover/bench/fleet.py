@@ -124,7 +124,8 @@ async def seed(api: rawapi.RawApi, options: Options, *, concurrency: int = 48) -
         index += 1
         left -= workers
     made = await seeding.jobs(api, specs, node_names=nodes, concurrency=concurrency, kind=options.background_kind,
-                              write_status=options.write_status or not options.operator)
+                              write_status=options.write_status or not options.operator,
+                              addresses=not options.operator)
     if options.operator and not options.write_status:
         await _until_running(api)
     return [(j.namespace, p) for j in made for p in j.pods]

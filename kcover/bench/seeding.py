@@ -90,12 +90,18 @@ async def write_pod_status(api: rawapi.RawApi, namespace: str, name: str, status
                       content_type=client_.MERGE_PATCH)
 
 
+ADDRESSES = ("hostIP", "hostIPs", "podIP", "podIPs")
+"""Status fields a kwok node's kubelet writes too (the API server refuses a patch that leaves `hostIPs` and
+`hostIP` apart): left out of the bench's write where kwok may have written them first."""
+
+
 async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_names: list[str],
                dra: bool = False, concurrency: int = 32, first_index: int = 0, kind: str = "PyTorchJob",
-               write_status: bool = True) -> list[Job]:
+               write_status: bool = True, addresses: bool = True) -> list[Job]:
     """Create (namespace, job name, workers) Kubeflow jobs of `kind` and their running pods, spread over
     `node_names`. `write_status` False leaves the status to the nodes' kubelet (kwok), which would otherwise
-    race the bench's write."""
+    race the bench's write; `addresses` False writes the status without `ADDRESSES` (kwok's, where it came
+    first)."""
     def make(spec: tuple[str, str, int]) -> Callable[[], Awaitable[Any]]:
         return lambda: create(api, jobs_path(spec[0], kind), objects.pytorchjob(spec[0], spec[1], workers=spec[2],
                                                                                 kind=kind))
@@ -115,7 +121,9 @@ async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_na
             async def one(job: Job = job, body: objects.Obj = body) -> None:
                 await create(api, pods_path(job.namespace), body)
                 if write_status:
-                    await write_pod_status(api, job.namespace, body["metadata"]["name"], body["status"])
+                    status = body["status"] if addresses else {k: v for k, v in body["status"].items()
+                                                                 if k not in ADDRESSES}
+                    await write_pod_status(api, job.namespace, body["metadata"]["name"], status)
 
             calls.append(one)
     await bounded(calls, concurrency=concurrency)
