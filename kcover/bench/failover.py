@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from kcover import errors
-from kcover.bench import footprint, latency, ledgering, objects, rawapi, reporting, seeding
+from kcover.bench import footprint, ledgering, objects, rawapi, reporting, seeding
 from kcover.kube import client as client_
 from kcover.kube import gateway
 
@@ -46,7 +46,7 @@ def _settings(ns: str, identity: str, log_dir: str, workload_kinds: Sequence[str
             "recovery.ledger_name=kcover-bench-failover", f"recovery.save_logs.directory={log_dir}",
             "recovery.save_logs.enabled=false",
             # the grown ledger's units all restarted within the hour: the breaker would trip on them
-            *(f"recovery.{k}={v}" for k, v in latency.BREAKER_OPEN_WIDE.items()),
+            *(f"recovery.{k}={v}" for k, v in objects.BREAKER_OFF.items()),
             "detectors.entries.dcgm.enabled=false"]
 
 

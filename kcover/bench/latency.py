@@ -145,23 +145,17 @@ class Result:
     """Scenario -> process ("controller", "agent") -> "<VERB> <resource>" -> count."""
 
 
-BREAKER_OPEN_WIDE = {"max_cordoned_fraction": 1.0, "max_cordoned_nodes": 1_000_000,
-                     "max_cordons_per_window": 1_000_000, "max_cordons_per_window_fraction": 1.0,
-                     "max_restarted_workloads_per_window": 1_000_000}
-"""The breaker's limits out of the bench's way: it restarts and cordons more in an hour (every sample a new
-unit, every XID sample a node) than a fleet's breaker lets through, and it times the path, not the breaker."""
-
-
 def bench_settings(log_dir: str, *, node: str = "", namespace: str = NS,
                    workload_kinds: Sequence[str] = ("pytorchjobs.kubeflow.org",)) -> settings.Settings:
     """Product defaults, but: no Lease (one replica; keeps renewals out of the counts), only the
     PyTorchJob workload kind (the others' CRDs may be absent; the fleet bench adds its background kind), a
-    breaker that lets every sample through (`BREAKER_OPEN_WIDE`), its own ledger and the agent's Node Events in the bench
-    namespace (never an installed kcover's), and the log sink in a temporary folder."""
+    breaker that lets every sample node be cordoned and every sample job restarted (`objects.BREAKER_OFF`),
+    its own ledger and the agent's Node Events in the bench namespace (never an installed kcover's), and the
+    log sink in a temporary folder."""
     return settings.Settings.model_validate({
         "lease": {"enabled": False},
         "kube": {"workload_kinds": list(workload_kinds)},
-        "recovery": {**BREAKER_OPEN_WIDE, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
+        "recovery": {**objects.BREAKER_OFF, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
                      "save_logs": {"directory": log_dir}},
         "agent": {"node_name": node, "event_namespace": namespace},
         "detectors": {"entries": {"dcgm": {"enabled": False}}},
