@@ -119,15 +119,18 @@ def cmd_detectors(args: argparse.Namespace) -> int:
 
 
 def _running_detectors(url: str, output: str) -> int:
-    """`kcover detectors --url`: a running process's detectors (its /detectors); 1 when one failed, 3 unreachable."""
+    """`kcover detectors --url`: a running process's detectors (its /detectors); 1 when one failed or the process
+    says it is degraded (an agent that cannot see its GPUs), 3 unreachable."""
     import urllib.request  # imported by the command that runs it (roles stay lean)
 
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/detectors", timeout=10) as answer:
-            states: dict[str, dict[str, Any]] = json.loads(answer.read())["detectors"]
-    except (OSError, ValueError, KeyError) as exc:
+            doc = json.loads(answer.read())
+            states: dict[str, dict[str, Any]] = doc["detectors"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: cannot read {url}/detectors: {exc}", file=sys.stderr)
         return 3
+    degraded = {str(k): str(v) for k, v in (doc.get("degraded") or {}).items()}
     if output == "json":
         print(json.dumps(states, indent=2))
     else:
@@ -138,7 +141,9 @@ def _running_detectors(url: str, output: str) -> int:
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
         for row in (heads, *rows):
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return 1 if any(s.get("state") == "failed" for s in states.values()) else 0
+        for name, text in sorted(degraded.items()):
+            print(f"DEGRADED ({name}): {text}")
+    return 1 if degraded or any(s.get("state") == "failed" for s in states.values()) else 0
 
 
 ONE_SHOT_TIMEOUT_SECONDS = 3.0
