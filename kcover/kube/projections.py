@@ -175,6 +175,8 @@ class Workload(NamedTuple):
     """JobSet failurePolicy.maxRestarts, Job backoffLimit, Volcano maxRetry, LWS none."""
     finished: bool
     """A terminal condition (Succeeded, Failed, Complete, Completed) is True."""
+    own: kinds.OwnPolicy = kinds.NO_POLICY
+    """What its own failure policy does about a pod failure (a JobSet's restarts, a Job's FailJob rules)."""
 
     @property
     def group(self) -> str:
@@ -446,6 +448,7 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         restart_policies=policies,
         max_restarts=max_restarts,
         finished=finished,
+        own=table.own_policy(_d(raw.get("spec")), _d(raw.get("status"))) if table is not None else kinds.NO_POLICY,
     )
 
 
