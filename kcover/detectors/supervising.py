@@ -19,7 +19,8 @@ and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fai
 An attempt is *settled* once it has run `detectors.settle_seconds` without ending (`statuses()`): what the
 agent's GPU sight (`kcover.agent.sight`) counts as a detector that watches, since a detector that cannot
 run says so within moments of its start. A detector that was unavailable stays `kcover_detector_available 0`
-through its retries until one settles, so the gauge does not blink on every retry.
+and `unavailable` (with why) through its retries until one settles, so neither the gauge nor /detectors
+blinks on every retry.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class Status:
     detail: str
     settled: bool
     """Running, and its attempt has lasted `detectors.settle_seconds`."""
+
+
+def _begin(running: _Running) -> None:
+    """An attempt starts: `running`, except that a detector that was unavailable stays `unavailable` (with why)
+    through its retries until one settles, as its gauge does, so /detectors does not blink on every retry."""
+    if running.state != "unavailable":
+        running.state, running.detail = "running", ""
 
 
 class Supervisor:
@@ -153,12 +161,12 @@ class Supervisor:
             try:
                 cls = self._registry.load(name)
                 if running.isolated:
-                    running.state, running.detail = "running", ""
+                    _begin(running)
                     up.set(1)
                     await self._isolated(running, cls).run(running.stop)
                 else:
                     detector = cls(name, running.config, self._context)
-                    running.state, running.detail = "running", ""
+                    _begin(running)
                     up.set(1)
                     await detector.run(self._bus, running.stop)
                 if not running.stop.is_set():
@@ -201,8 +209,11 @@ class Supervisor:
 
     @staticmethod
     def _settle(running: _Running, available: prometheus_client.Gauge) -> None:
-        """The attempt has run `detectors.settle_seconds`: it watches (and is available again, if it was not)."""
-        if running.state == "running":
+        """The attempt has run `detectors.settle_seconds`: it watches (and is available again, if it was not).
+        Called only while the attempt runs (its end cancels it before any await), so `unavailable` here is a
+        retry's, not the attempt's end."""
+        if running.state in ("running", "unavailable"):
+            running.state, running.detail = "running", ""
             running.settled = True
             available.set(1)
 

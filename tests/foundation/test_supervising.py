@@ -111,8 +111,9 @@ async def test_unavailable_detector_does_not_fail_readiness(start: Any) -> None:
 
 @pytest.mark.looptime
 async def test_an_attempt_settles_after_settle_seconds_and_availability_returns_only_then(start: Any) -> None:
-    """Each retry of an unavailable detector says "running" for a moment before it finds out again: the gauge
-    stays 0 and the attempt unsettled through those, and returns to 1 once an attempt has run the settle time."""
+    """Each retry of an unavailable detector runs a moment before it finds out again: its state stays
+    `unavailable`, the gauge 0 and the attempt unsettled through those, and all return (`running`, 1) once an
+    attempt has run the settle time."""
     d.Appearing.attempts.clear()
     d.Appearing.unavailable_for = 2
     sup, _, m = await start({"appearing": {}, "ticker": {}}, restart_max_seconds=30, settle_seconds=5)
@@ -129,6 +130,7 @@ async def test_an_attempt_settles_after_settle_seconds_and_availability_returns_
     first_settled = next(i for i, (_, settled, _) in enumerate(seen) if settled)
     assert 64 <= first_settled <= 66, seen  # the third attempt, at 60 s, settled 5 s later
     assert all(value == 0 for _, _, value in seen[1:first_settled]), seen  # no blink on a retry
+    assert {state for state, _, _ in seen[1:first_settled]} == {"unavailable"}, seen  # nor at /detectors
     assert seen[-1] == ("running", True, 1)
     assert sup.statuses()["ticker"].settled  # a detector that ran at once settled too
 
