@@ -1,16 +1,16 @@
 """Reading what `kcover status` shows from the cluster, with the controllers' settings (`deployed`).
 
-Owns the reads and turning them into a `report.Report`: the Lease, the Nodes (GPU nodes by
-`kube.gpu_resources` capacity or `kube.gpu_dra_drivers` ResourceSlices, as the controller's cache counts
-them; kcover's cordons, paused nodes), the controls ConfigMap, Namespaces and the
-workloads of `kube.workload_kinds` (pauses; a paused pod is seen in the restart it holds, as pods are too many
-to list), the Recovery resources of the last 24 h, and the ledger (read only, through `gateway.Http` and
-`ledger.Ledger`): the breaker, held restarts, suspect nodes, and each limit's use (cordons and workloads
-restarted within `recovery.breaker_window_seconds`) beside the limit admission applies
-(`admission.held_cordon_limit`, `admission.window_cordon_limit`). Restarts in flight are counted in the
-leader's memory alone (a ledger intent stays until its unit's next write, so it counts nothing): their limit
-is shown without a use. Writes nothing. A read that fails
-raises `errors.KubeError`, except a missing optional object (no Lease yet, no controls ConfigMap, no Recovery or
+Owns the reads and turning them into a `report.Report`: what the settings hold back from acting (dry run,
+record-only classes, judgement rules not acting), the Lease, the Nodes (GPU nodes by `kube.gpu_resources`
+capacity or `kube.gpu_dra_drivers` ResourceSlices, as the controller's cache counts them; kcover's cordons,
+paused nodes), the controls ConfigMap, Namespaces and the workloads of `kube.workload_kinds` (pauses; a paused
+pod is seen in the restart it holds, as pods are too many to list), the Recovery resources of the last 24 h,
+and the ledger (read only, through `gateway.Http` and `ledger.Ledger`): the breaker, held restarts, suspect
+nodes, and each limit's use (cordons and workloads restarted within `recovery.breaker_window_seconds`) beside
+the limit admission applies (`admission.held_cordon_limit`, `admission.window_cordon_limit`). Restarts in
+flight are counted in the leader's memory alone (a ledger intent stays until its unit's next write, so it
+counts nothing): their limit is shown without a use. Writes nothing. A read that fails raises
+`errors.KubeError`, except a missing optional object (no Lease yet, no controls ConfigMap, no Recovery or
 LedgerEntry CRD, a workload kind not installed), which reads as absent.
 """
 
@@ -69,6 +69,7 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
                                 duration_seconds=record.duration_seconds, transitions=record.transitions)
     report = report_.Report(lease=f"{cfg.lease.namespace}/{cfg.lease.name}", leader=leader,
                             settings=source or deployed.Source("", problem="not read from the cluster"))
+    report.held_back = _held_back(rs)
     rule = gpus.GpuRule.of(cfg.kube.gpu_resources, cfg.kube.gpu_dra_drivers)
     drivers = await _slice_drivers(kube) if cfg.kube.gpu_dra_drivers else {}
     paused_nodes = []
@@ -91,6 +92,24 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
     report.recoveries, report.recoveries_available = await _recoveries(kube, now)
     report.out_of_budget = _out_of_budget(book, rs, now) if book is not None else []
     return report
+
+
+def _held_back(rs: settings.RecoverySettings) -> list[str]:
+    """What the settings keep kcover from carrying out (`Report.held_back`)."""
+    out = []
+    if rs.dry_run:
+        out.append("recovery.dry_run: every action is decided and recorded (Events, Recoveries), none carried out")
+    if rs.record_only:
+        out.append(f"recovery.record_only: {', '.join(c.value for c in rs.record_only)}: decided and recorded, "
+                   "not carried out")
+    j = rs.judgement
+    for name, mode in (("workload_blame", j.workload_blame), ("suspect_node", j.suspect_node),
+                       ("suspect_device", j.suspect_device)):
+        if mode is not settings.JudgementMode.ACT:
+            out.append(f"recovery.judgement.{name}: {mode.value}" + (
+                " (decides and says so; kcover acts as without it)" if mode is settings.JudgementMode.RECORD
+                else " (not applied)"))
+    return out
 
 
 async def _slice_drivers(kube: kube_client.KubeClient) -> dict[str, set[str]]:

@@ -1,6 +1,6 @@
 """What `kcover status` shows: the report's parts, what needs a person, and how it reads on a terminal.
 
-Owns the `Report` (the leader, the settings' source, the breaker, each limit in force and its use, pauses,
+Owns the `Report` (the leader, the settings' source, what they hold back from acting, the breaker, each limit in force and its use, pauses,
 held restarts, suspect nodes, kcover's cordons, recent recoveries, workloads out of budget), the judgement of
 what needs a person (`Report.problems()`), `Report.to_json()` for programs and `render()` for a terminal.
 Pure: `gathering` fills it.
@@ -123,6 +123,9 @@ class Report:
     settings: deployed.Source = field(default_factory=lambda: deployed.Source(""))
     breaker: Breaker = field(default_factory=Breaker)
     gpu_nodes: int = 0
+    held_back: list[str] = field(default_factory=list)
+    """What the settings keep from being carried out (dry run, record-only classes, judgement rules not acting),
+    one line each; empty when kcover acts on everything it decides."""
     limits: list[Limit] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
@@ -248,6 +251,11 @@ def render(report: Report) -> str:
                      f"ago, held {ago(ld.held_seconds)}, {ld.transitions} transitions)")
     else:
         lines.append(f"leader:     none (Lease {report.lease} " + ("has no holder)" if report.lease else "absent)"))
+    if report.held_back:
+        lines.append("acting:     NOT on everything it decides:")
+        lines += [f"            {line}" for line in report.held_back]
+    else:
+        lines.append("acting:     on everything it decides")
     lines.append(f"breaker:    {_breaker_line(report)}")
     lines.append(f"            a reset {report.reset_does()}")
     if not report.breaker.latch:

@@ -53,6 +53,7 @@ async def test_status_names_the_cordoned_node_and_the_restarted_jobs_during_gpu_
         code_json, doc_text = await asyncio.to_thread(_status, "--kubeconfig", kubeconfig, "-o", "json")
     assert code == 0, text
     assert "settings:   ConfigMap kcover-system/kcover-config (the controllers')" in text
+    assert "acting:     on everything it decides\n" in text
     assert running.max_cordoned_fraction == 0.5  # the simulation's, unlike the default 0.05
     assert (f"  nodes cordoned at once:              1 of 2  (recovery.max_cordoned_fraction 0.5 of "
             f"{SIZE.nodes} GPU nodes, recovery.max_cordoned_nodes 50)\n") in text

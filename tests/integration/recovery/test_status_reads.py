@@ -85,7 +85,8 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
     config = {"kube": {"gpu_resources": [gpu], "gpu_dra_drivers": [], "workload_kinds": ["pytorchjobs.kubeflow.org"]},
               "recovery": {"max_cordoned_fraction": 0.5, "max_cordons_per_window": 3,
                            "max_cordons_per_window_fraction": 1.0, "max_restarted_workloads_per_window": 7,
-                           "max_concurrent_restarts": 4, "breaker_cooldown_seconds": 120}}
+                           "max_concurrent_restarts": 4, "breaker_cooldown_seconds": 120,
+                           "record_only": ["cordon", "drain"], "judgement": {"suspect_device": "record"}}}
     await _config_map(cluster, "kcover-config", data={"config.yaml": yaml.safe_dump(config)})
     await _config_map(cluster, "kcover-controls", annotations={controls.PAUSED: "true"})
     await cluster.client.request("PATCH", f"/api/v1/namespaces/{ns}", body={"metadata": {"labels": {
@@ -117,6 +118,11 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
     assert (code, code_json) == (1, 1), text + err  # latched: a person resets it
     assert f"settings:   ConfigMap {ns}/kcover-config (the controllers')" in text
     assert doc["settings"] == {"config_map": f"{ns}/kcover-config", "found": True, "problem": ""}
+    assert doc["held_back"] == [
+        "recovery.record_only: cordon, drain: decided and recorded, not carried out",
+        "recovery.judgement.suspect_device: record (decides and says so; kcover acts as without it)"]
+    assert ("acting:     NOT on everything it decides:\n"
+            "            recovery.record_only: cordon, drain: decided and recorded, not carried out\n") in text
     breaker = doc["breaker"]
     assert (breaker["latched"], breaker["reason"], breaker["cooldown_seconds"]) == (True, tripped, 120)
     assert breaker["reset_does"] == ("closes the latch; then restarts and cordons stay refused for 120s "
@@ -202,7 +208,7 @@ async def test_status_says_when_the_controllers_settings_cannot_be_read_and_judg
     for name, problem in cases.items():
         code, doc_text, err = await asyncio.to_thread(
             _cli, "status", "--kubeconfig", cluster.kubeconfig_path, "--namespace", ns, "--config-map", name,
-            "--set", "recovery.max_concurrent_restarts=3", "-o", "json")
+            "--set", "recovery.max_concurrent_restarts=3", "--set", "recovery.dry_run=true", "-o", "json")
         doc = json.loads(doc_text)
         assert code == 1, err
         assert doc["settings"]["found"] is False
@@ -212,4 +218,6 @@ async def test_status_says_when_the_controllers_settings_cannot_be_read_and_judg
         assert doc["problems"][0].startswith(f"the controllers' settings were not read ({problem}")
         limits = {lim["name"]: lim["limit"] for lim in doc["limits"]}
         assert limits["restarts in flight"] == 3  # this command's --set, said to be its own
+        assert doc["held_back"] == ["recovery.dry_run: every action is decided and recorded (Events, Recoveries), "
+                                    "none carried out"]
         assert doc["lease"] == f"{ns}/kcover-controller"  # the release namespace still, as the chart sets it
