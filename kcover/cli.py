@@ -215,7 +215,10 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
     used: dict[str, settings.RecoverySettings] = {}
 
     async def reset(kube: Any) -> str:
-        cfg, _ = await _deployed(kube, args, local)
+        cfg, source = await _deployed(kube, args, local)
+        if not source.found:  # the names that matter are the release namespace's, whatever the file says
+            print(f"kcover breaker reset: the controllers' settings were not read ({source.problem}): using this "
+                  "command's", file=sys.stderr)
         rs = used["rs"] = cfg.recovery
         gw = gateway.Http(kube)
         book = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,

@@ -186,11 +186,13 @@ async def test_a_reset_of_a_latched_breaker_is_requested_in_the_release_namespac
     ns = cluster.namespace
     now = time.time()
     await _book(cluster).update(ledger.BREAKER_KEY, _set(opened_at=now - 60, reason="breaker tripped"), now=now)
-    code, out, _ = await asyncio.to_thread(_cli, "breaker", "reset", "--kubeconfig", cluster.kubeconfig_path,
-                                           "--namespace", ns, "--wait", "1")
+    code, out, err = await asyncio.to_thread(_cli, "breaker", "reset", "--kubeconfig", cluster.kubeconfig_path,
+                                             "--namespace", ns, "--wait", "1")
     cm = await gateway.Http(cluster.client).get_config_map(ns, "kcover-controls")
     assert code == 1, out  # no controller leads here to act on it
     assert f"reset requested on ConfigMap {ns}/kcover-controls" in out
+    assert err.startswith(f"kcover breaker reset: the controllers' settings were not read (ConfigMap {ns}/kcover-config "
+                          "not found): using this command's\n"), err  # this test installs no kcover-config
     assert cm is not None
     assert controls.BREAKER_RESET in (cm["metadata"].get("annotations") or {})
 
