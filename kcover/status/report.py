@@ -221,7 +221,6 @@ def when(epoch: float | None) -> str:
     return "" if epoch is None else clock_.rfc3339(dt.datetime.fromtimestamp(epoch, dt.UTC))
 
 
-
 # ---------------------------------------------------------------------------------------------- rendering
 
 def _breaker_line(report: Report) -> str:
