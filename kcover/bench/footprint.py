@@ -157,7 +157,7 @@ def controller_settings(lease_name: str, log_dir: str, namespace: str) -> list[s
     return [f"lease.name={lease_name}", f"lease.namespace={namespace}", f"lease.identity={lease_name}",
             "kube.workload_kinds=[pytorchjobs.kubeflow.org]", f"recovery.ledger_namespace={namespace}",
             f"recovery.ledger_name={lease_name}-ledger", f"recovery.save_logs.directory={log_dir}",
-            "recovery.max_cordoned_fraction=1.0"]
+            *(f"recovery.{key}={value}" for key, value in objects.BREAKER_OFF.items())]
 
 
 async def measure(kubeconfig: str, *, starts: int, faults: int, timeout: float = 60.0, run_id: str = "") -> Figures:
