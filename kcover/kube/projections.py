@@ -119,8 +119,13 @@ class Pod(NamedTuple):
 
     @property
     def terminal(self) -> bool:
-        """Phase Succeeded or Failed: its controller has counted it; a restart leaves it alone."""
-        return self.phase in ("Succeeded", "Failed")
+        """Phase Succeeded or Failed, or about to be: under `restartPolicy: Never` every regular container has
+        terminated (the kubelet starts none again; the phase follows a moment later). Its controller counts
+        it; a restart leaves it alone (an eviction would mark it `DisruptionTarget` and hide its failure)."""
+        if self.phase in ("Succeeded", "Failed"):
+            return True
+        regular = [c for c in self.containers if not c.init]
+        return self.restart_policy == "Never" and bool(regular) and all(c.terminated is not None for c in regular)
 
 
 class Taint(NamedTuple):
@@ -175,6 +180,8 @@ class Workload(NamedTuple):
     """JobSet failurePolicy.maxRestarts, Job backoffLimit, Volcano maxRetry, LWS none."""
     finished: bool
     """A terminal condition (Succeeded, Failed, Complete, Completed) is True."""
+    own: kinds.OwnPolicy = kinds.NO_POLICY
+    """What its own failure policy does about a pod failure (a JobSet's restarts, a Job's FailJob rules)."""
 
     @property
     def group(self) -> str:
@@ -446,6 +453,7 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         restart_policies=policies,
         max_restarts=max_restarts,
         finished=finished,
+        own=table.own_policy(_d(raw.get("spec")), _d(raw.get("status"))) if table is not None else kinds.NO_POLICY,
     )
 
 

@@ -247,6 +247,12 @@ class _Planner:
                                     max_restarts=w.max_restarts, finished=w.finished)
         if forbidden:
             return [self.refuse(Code.RESTART_POLICY, f"{what} is not restarted: {forbidden}", wref)]
+        exits = [(c.name, c.terminated.exit_code) for c in pod.containers
+                 if c.terminated is not None and c.terminated.exit_code != 0]
+        own = kinds.own_policy_restarts(w.own, pod_failed=pod.phase == "Failed", exits=exits)
+        if own:
+            return [] if sweep else [self.refuse(Code.OWN_POLICY, f"{what} is left to its own failure policy: {own}",
+                                                 wref)]
         restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
                              members=members(self.snapshot, w, unit.selector), removal=table.removal,
                              pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,

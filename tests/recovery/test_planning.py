@@ -419,3 +419,85 @@ def test_a_held_restart_is_dropped_when_the_workload_recovered_by_itself_or_it_e
 
 def test_the_cache_keeps_every_label_the_restart_selectors_use() -> None:
     assert kinds.SELECTOR_LABELS <= proj.KEPT_POD_LABELS
+
+
+def _own_policy_world(js_spec: dict[str, Any], js_status: dict[str, Any], job_spec: dict[str, Any],
+                      exit_code: int) -> caching.ClusterCache:
+    js = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "gang", uid="gang-uid", labels=OPT, spec=js_spec,
+                    status=js_status)
+    child = o.workload("batch/v1", "Job", "gang-w-0", uid="gang-child", owner=js)
+    job = o.workload("batch/v1", "Job", "fj", uid="fj-uid", labels=OPT, spec=job_spec)
+    terminated = {"name": "c", "restartCount": 0, "state": {"terminated": {
+        "exitCode": exit_code, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}}}
+    gang = o.pod("gang-w-0-0", uid="gang-0", node="n1", phase="Failed", owner=child,
+                 labels={kinds.JOBSET_NAME: "gang", kinds.JOBSET_UID: "gang-uid"})
+    gang_peer = o.pod("gang-w-0-1", uid="gang-1", node="n2", owner=child,
+                      labels={kinds.JOBSET_NAME: "gang", kinds.JOBSET_UID: "gang-uid"})
+    fj = o.pod("fj-a", uid="fj-0", node="n3", owner=job, labels={kinds.BATCH_JOB_NAME: "fj",
+                                                                  kinds.BATCH_CONTROLLER_UID: "fj-uid"})
+    fj_peer = o.pod("fj-b", uid="fj-1", node="n3", owner=job, labels={kinds.BATCH_JOB_NAME: "fj",
+                                                                       kinds.BATCH_CONTROLLER_UID: "fj-uid"})
+    for pod in (gang, fj):
+        pod["status"]["containerStatuses"] = [terminated]
+    return caching.ClusterCache.offline([js, child, job, gang, gang_peer, fj, fj_peer,
+                                         *(o.node(f"n{i}") for i in range(1, 4))])
+
+
+GANG = {"failurePolicy": {"maxRestarts": 3}, "replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 0}}}]}
+FAIL_ON_42 = {"backoffLimit": 3, "podFailurePolicy": {"rules": [
+    {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In", "values": [42]}},
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}}
+
+
+@pytest.mark.parametrize(("js_spec", "js_status", "exit_code", "pod", "expected"), [
+    (GANG, {}, 1, "gang-0", ["skip WorkloadPolicyRestarts"]),
+    (GANG, {"restarts": 3}, 1, "gang-0", ["restart JobSet gang"]),
+    ({**GANG, "replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 2}}}]}, {}, 1, "gang-0",
+     ["restart JobSet gang"]),
+    ({"replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 0}}}]}, {}, 1, "gang-0",
+     ["restart JobSet gang"]),
+    (GANG, {}, 42, "fj-0", ["skip WorkloadPolicyRestarts"]),
+    (GANG, {}, 1, "fj-0", ["restart Job fj"]),
+], ids=["jobset restarts itself for a failed pod of a backoffLimit 0 Job",
+        "jobset out of its own restarts: kcover restarts it",
+        "the child Job retries the pod itself first: kcover restarts the gang",
+        "jobset without a failurePolicy: kcover restarts it",
+        "a FailJob exit code: the Job's own decision",
+        "another exit code: kcover restarts the Job"])
+def test_a_workloads_own_failure_policy_is_not_answered_twice(js_spec: dict[str, Any], js_status: dict[str, Any],
+                                                               exit_code: int, pod: str, expected: list[str]) -> None:
+    snap = _own_policy_world(js_spec, js_status, FAIL_ON_42, exit_code)
+    got = [" ".join(line.split(" ")[:3]) for line in summary(planning.plan(pod_event(pod), snap, H0, rs(), NOW))]
+    assert got == expected
+
+
+def test_own_policy_exit_rules_follow_the_operator_and_container() -> None:
+    rule = kinds.ExitRule("c", "NotIn", (0, 1))
+    assert rule.matches("c", 2)
+    assert not rule.matches("c", 1)
+    assert not rule.matches("other", 2)
+    assert kinds.ExitRule("", "In", (7,)).matches("any", 7)
+
+
+@pytest.mark.parametrize(("policy", "phase", "terminated", "expected"), [
+    ("Never", "Running", True, "skip NothingToRemove quiet"),  # the kubelet starts it no more: the phase follows
+    ("Never", "Failed", True, "skip NothingToRemove quiet"),
+    ("OnFailure", "Running", True, "restart Job solo"),  # the kubelet restarts it in place: a member
+    ("Never", "Running", False, "restart Job solo"),
+], ids=["never-exited-phase-not-yet-failed", "never-failed", "onfailure-exited", "never-running"])
+def test_a_pod_that_will_not_run_again_is_no_member_of_its_restart(policy: str, phase: str, terminated: bool,
+                                                                   expected: str) -> None:
+    """A batch Job's only pod exits 1 under restartPolicy Never: its controller counts it, and evicting it
+    (its phase still Running for a moment on a real kubelet) would mark it DisruptionTarget and hide the
+    failure from backoffLimit, a free retry."""
+    job = o.workload("batch/v1", "Job", "solo", uid="solo-uid", labels=OPT,
+                     spec={"backoffLimit": 1, "template": {"spec": {"restartPolicy": policy}}})
+    pod = o.pod("solo-x", uid="solo-0", node="n1", owner=job, phase=phase,
+                labels={kinds.BATCH_JOB_NAME: "solo", kinds.BATCH_CONTROLLER_UID: "solo-uid"})
+    pod["spec"]["restartPolicy"] = policy
+    state = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}} if terminated \
+        else {"running": {}}
+    pod["status"]["containerStatuses"] = [{"name": "c", "restartCount": 0, "state": state}]
+    snap = caching.ClusterCache.offline([job, pod, o.node("n1")])
+    got = [" ".join(line.split(" ")[:3]) for line in summary(planning.plan(pod_event("solo-0"), snap, H0, rs(), NOW))]
+    assert got == [expected]
