@@ -3,7 +3,8 @@
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
 verbs get, list, watch, create, update, patch, delete, deletecollection, pods/log and pods/eviction
-(`evicting`), request bodies as JSON or protobuf (`protobuf`), the recorded `/openapi/v3` documents
+(`evicting`), request bodies as JSON or protobuf (`protobuf`), `fieldValidation` on custom resource
+writes (a `Warning` header per field decoding drops, or Strict's refusal), the recorded `/openapi/v3` documents
 (`openapi`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
 exception answers 500 InternalError rather than closing the connection. It answers
@@ -25,6 +26,7 @@ import orjson
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    customresources,
     deepjson,
     devicetaints,
     discovery,
@@ -37,6 +39,7 @@ from kcover.sim import (
     printing,
     protobuf,
     registry,
+    schemacheck,
     selectors,
     status,
     strategy,
@@ -49,6 +52,7 @@ Obj = dict[str, Any]
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 _JSON = "application/json"
+FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")
 
 
 def parse_bool(query: Any, name: str) -> bool:
@@ -72,9 +76,9 @@ def parse_int(query: Any, name: str) -> int | None:
         raise status.bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax') from None
 
 
-def _json(body: Obj | bytes, code: int = 200) -> exchange.Reply:
+def _json(body: Obj | bytes, code: int = 200, *, headers: dict[str, str] | None = None) -> exchange.Reply:
     data = body if isinstance(body, bytes) else deepjson.dumps(body)
-    return exchange.Reply(status=code, body=data, content_type=_JSON)
+    return exchange.Reply(status=code, body=data, content_type=_JSON, headers=dict(headers or {}))
 
 
 def _is_protobuf(request: exchange.Request) -> bool:
@@ -383,13 +387,42 @@ class ApiServer:
             meta["namespace"] = t.namespace
         if t.new_events:
             body = strategy.event_to_core(body)
-        obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
-        if t.resource.key == devicetaints.KEY:
-            obj = devicetaints.defaults(obj, self.store.clock.now())
-        created = self.store.create(t.resource.key, obj)
-        return _json(self._render_obj(t, created), 201)
+        warnings = self._unknown_fields(request, t, body, patched=False)
+        try:
+            obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
+            if t.resource.key == devicetaints.KEY:
+                obj = devicetaints.defaults(obj, self.store.clock.now())
+            created = self.store.create(t.resource.key, obj)
+        except status.ApiError as err:
+            return _json(err.status_obj, err.status, headers=warnings)
+        return _json(self._render_obj(t, created), 201, headers=warnings)
 
-    async def _write(self, t: Target, new: Obj, old: Obj) -> exchange.Reply:
+    def _unknown_fields(self, request: exchange.Request, t: Target, body: Obj, *, patched: bool) -> dict[str, str]:
+        """`fieldValidation` on a custom resource write: the fields decoding drops are a `Warning` each (Warn,
+        the default), refused (Strict: 400, 422 for a patch), or nothing (Ignore). Headers to answer with."""
+        mode = request.query.get("fieldValidation") or ""
+        if mode not in FIELD_VALIDATIONS:
+            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
+            raise status.invalid(options, "meta.k8s.io", "", [
+                ("FieldValueNotSupported", "fieldValidation", f"Unsupported value: {schemacheck.go_quote(mode)}: "
+                 'supported values: "", "Ignore", "Strict", "Warn"')])
+        if t.resource.schema is None or mode == "Ignore":
+            return {}
+        paths = customresources.unknown_fields(t.resource, body)
+        if not paths:
+            return {}
+        if mode == "Strict":
+            detail = "strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in paths)
+            if patched:
+                raise status.invalid("", "", "", [("FieldValueInvalid", "patch", "Invalid value: "
+                                                   f"{schemacheck.go_quote(orjson.dumps(body).decode())}: {detail}")])
+            kind = t.resource.kind
+            raise status.bad_request(f'{kind} in version "{t.resource.version}" cannot be handled as a {kind}: {detail}')
+        return {"Warning": ", ".join("299 - " + schemacheck.go_quote(f"unknown field {schemacheck.go_quote(p)}")
+                                     for p in paths)}
+
+    async def _write(self, request: exchange.Request, t: Target, new: Obj, old: Obj, *,
+                     patched: bool = False) -> exchange.Reply:
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -403,10 +436,14 @@ class ApiServer:
             new["metadata"]["namespace"] = t.namespace
         if t.new_events:
             new = strategy.event_to_core(new)
-        prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
-                                           new_api=t.new_events)
-        updated = self.store.update(t.resource.key, prepared)
-        return _json(self._render_obj(t, updated))
+        warnings = self._unknown_fields(request, t, new, patched=patched)
+        try:
+            prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
+                                               new_api=t.new_events)
+            updated = self.store.update(t.resource.key, prepared)
+        except status.ApiError as err:
+            return _json(err.status_obj, err.status, headers=warnings)
+        return _json(self._render_obj(t, updated), headers=warnings)
 
     async def _update(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -418,7 +455,7 @@ class ApiServer:
                 ("FieldValueInvalid", "metadata.resourceVersion",
                  "Invalid value: 0x0: must be specified for an update")])
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
-        return await self._write(t, body, old)
+        return await self._write(request, t, body, old)
 
     async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -431,7 +468,7 @@ class ApiServer:
         body = await self._body(request)
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         patched = patching.apply(self._render_obj(t, old), body, content_type)
-        return await self._write(t, patched, old)
+        return await self._write(request, t, patched, old, patched=True)
 
     async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None]:
         data = await request.read()

@@ -1,8 +1,9 @@
 """What kube-apiserver's apiextensions handler does to a custom resource write before it reaches storage.
 
 Owns, for resources with a `registry.Resource.schema`: decoding (`decode`: 400 for a body without `kind`
-or `apiVersion` or of another version, then `structural`'s pruning, null pruning, ObjectMeta pruning and
+or of another `apiVersion`, then `structural`'s pruning, null pruning, ObjectMeta pruning and
 defaulting, in the real server's order; another kind is a 422, as its TypeMeta validation answers), the
+paths decoding drops (`unknown_fields`, for the API server's warnings or its `fieldValidation=Strict`), the
 causes of a create, a main-resource update or a /status write (`schemacheck`, ratcheted against the
 stored object on updates; a /status write is held to the status schema alone, with field paths under
 `status`), and the encoding of what is stored (`encoded`: Go prints integral floats as integers).
@@ -30,16 +31,19 @@ def _unrecognized(res: registry.Resource, what: str, body: Obj) -> status.ApiErr
                               f"is missing in '{raw}' ({shown})")
 
 
+def _decodable(res: registry.Resource, body: Obj) -> None:
+    """400 for a body the decoder cannot take: no `kind`, or another `apiVersion` (none included)."""
+    if not body.get("kind"):
+        raise _unrecognized(res, "Kind", body)
+    if body.get("apiVersion") != res.api_version:
+        raise status.bad_request(f"the API version in the data ({body.get('apiVersion') or ''}) does not match the "
+                                 f"expected API version ({res.api_version})")
+
+
 def decode(res: registry.Resource, body: Obj) -> Obj:
     """`body` as the server decodes it: checked TypeMeta, pruned, nulls dropped, defaulted (a new object)."""
     assert res.schema is not None
-    if not body.get("kind"):
-        raise _unrecognized(res, "Kind", body)
-    if not body.get("apiVersion"):
-        raise _unrecognized(res, "apiVersion", body)
-    if body["apiVersion"] != res.api_version:
-        raise status.bad_request(f"the API version in the data ({body['apiVersion']}) does not match the expected "
-                                 f"API version ({res.api_version})")
+    _decodable(res, body)
     if body["kind"] != res.kind:
         name = str((body.get("metadata") or {}).get("name", ""))
         raise status.invalid(str(body["kind"]), res.group, name, [
@@ -50,6 +54,18 @@ def decode(res: registry.Resource, body: Obj) -> Obj:
     structural.prune_nulls(obj, res.schema)
     structural.default(obj, res.schema)
     return obj
+
+
+def unknown_fields(res: registry.Resource, body: Obj) -> list[str]:
+    """The paths decoding `body` drops (ObjectMeta's unknown fields, then the pruned ones), sorted: what the
+    real server names in its `unknown field` warnings (`fieldValidation=Warn`, the default) or refuses
+    (`Strict`)."""
+    assert res.schema is not None
+    _decodable(res, body)
+    obj = copy.deepcopy(body)
+    dropped = structural.prune_metadata(obj)
+    structural.prune(obj, res.schema, unknown=dropped)
+    return sorted(dropped)
 
 
 def create_causes(res: registry.Resource, obj: Obj) -> list[Cause]:

@@ -166,36 +166,40 @@ def _immutable_message(rules: Any, path: str) -> str | None:
 
 # --- decoding ---------------------------------------------------------------------------------
 
-def prune(x: Any, s: Schema | None, *, root: bool = True) -> None:
-    """Drop, in place, the fields `s` does not specify (apiextensions' pruning algorithm)."""
+def prune(x: Any, s: Schema | None, *, root: bool = True, unknown: list[str] | None = None, at: str = "") -> None:
+    """Drop, in place, the fields `s` does not specify (apiextensions' pruning algorithm); the path of each
+    goes to `unknown` (`spec.a.b`, `spec.items[0].c`: what the real server warns about or refuses)."""
     if s is not None and s.preserve_unknown:
-        _keep_unknown(x, s, root)
+        _keep_unknown(x, s, root, unknown, at)
     elif isinstance(x, dict):
-        if s is None:
-            x.clear()
-            return
         for k in list(x):
             if root and k in _ROOT_META:
                 continue
-            sub = s.properties.get(k) or s.additional
+            sub = None if s is None else s.properties.get(k) or s.additional
             if sub is None:
                 del x[k]
+                if unknown is not None:
+                    unknown.append(_key(at, k))
             else:
-                prune(x[k], sub, root=False)
+                prune(x[k], sub, root=False, unknown=unknown, at=_key(at, k))
     elif isinstance(x, list):
-        for v in x:
-            prune(v, None if s is None else s.items, root=False)
+        for i, v in enumerate(x):
+            prune(v, None if s is None else s.items, root=False, unknown=unknown, at=f"{at}[{i}]")
 
 
-def _keep_unknown(x: Any, s: Schema, root: bool) -> None:
+def _key(at: str, key: str) -> str:
+    return f"{at}.{key}" if at else key
+
+
+def _keep_unknown(x: Any, s: Schema, root: bool, unknown: list[str] | None, at: str) -> None:
     if isinstance(x, dict):
         for k, v in x.items():
             sub = s.properties.get(k) or s.additional
             if sub is not None and not (root and k in _ROOT_META):
-                prune(v, sub, root=False)
+                prune(v, sub, root=False, unknown=unknown, at=_key(at, k))
     elif isinstance(x, list) and s.items is not None:
-        for v in x:  # as the real server does: items under a preserve-unknown node keep their unknown fields
-            _keep_unknown(v, s.items, False)
+        for i, v in enumerate(x):  # as the real server does: items under a preserve-unknown node keep theirs
+            _keep_unknown(v, s.items, False, unknown, f"{at}[{i}]")
 
 
 def _sub(s: Schema | None, key: str) -> Schema | None:
@@ -238,12 +242,16 @@ def default(x: Any, s: Schema | None) -> None:
             default(x[i], s.items)
 
 
-def prune_metadata(obj: Obj) -> None:
-    """Keep only ObjectMeta's fields in `obj["metadata"]` (in place), as decoding into ObjectMeta does."""
+def prune_metadata(obj: Obj) -> list[str]:
+    """Keep only ObjectMeta's fields in `obj["metadata"]` (in place), as decoding into ObjectMeta does; the
+    paths of those dropped."""
     meta = obj.get("metadata")
-    if isinstance(meta, dict):
-        for k in [k for k in meta if k not in OBJECT_META_FIELDS]:
-            del meta[k]
+    if not isinstance(meta, dict):
+        return []
+    dropped = [k for k in meta if k not in OBJECT_META_FIELDS]
+    for k in dropped:
+        del meta[k]
+    return [f"metadata.{k}" for k in dropped]
 
 
 def go_numbers(x: Any) -> Any:

@@ -10,8 +10,10 @@ its causes varies between requests: causes are compared as sets.
 # ruff: noqa: PT018  (compound asserts read as one expectation about one answer)
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import orjson
 from conformance_client import Api
 
 MERGE = "application/merge-patch+json"
@@ -311,7 +313,65 @@ async def test_the_body_must_say_its_kind_and_version(conformance_api: Api, ns: 
     code, answer = await conformance_api.request("POST", rec, body={**recovery("r"), "apiVersion": "kcover.io/v9"})
     assert code == 400 and answer["message"] == ("the API version in the data (kcover.io/v9) does not match the "
                                                  "expected API version (kcover.io/v1alpha1)")
+    body = recovery("r")
+    del body["apiVersion"]
+    code, answer = await conformance_api.request("POST", rec, body=body)
+    assert code == 400 and answer["message"] == ("the API version in the data () does not match the "
+                                                 "expected API version (kcover.io/v1alpha1)")
     code, answer = await conformance_api.request("POST", rec, body={**recovery("r"), "kind": "Other"})
     assert code == 422 and causes(answer) == {("kind", "FieldValueInvalid", 'Invalid value: "Other": must be Recovery')}
     assert answer["details"]["kind"] == "Other"
     assert answer["message"] == 'Other.kcover.io "r" is invalid: kind: Invalid value: "Other": must be Recovery'
+
+
+async def _warned(api: Api, method: str, path: str, body: Any, content_type: str | None = None
+                  ) -> tuple[int, Any, list[str]]:
+    """(status, body, the texts of the `299` warnings) of one request."""
+    resp = await api.raw(method, path, body=body, content_type=content_type)
+    data = orjson.loads(await resp.read())
+    header = ", ".join(resp.headers.getall("Warning", []))
+    resp.release()
+    texts = [re.sub(r"\\(.)", r"\1", t) for t in re.findall(r'299 - "((?:[^"\\]|\\.)*)"', header)]
+    return resp.status, data, texts
+
+
+async def test_dropped_fields_are_warned_about_or_refused_when_strict(conformance_api: Api, ns: str) -> None:
+    rec, *_, widgets = paths(ns)
+    body = recovery("a", extra={"a": 1}, target={"kind": "K", "name": "j", "bogus": 1})
+    body |= {"top": 1, "status": {"phase": "Acting", "junk": 2}}
+    body["metadata"]["junkmeta"] = 1
+    dropped = ["metadata.junkmeta", "spec.extra", "spec.target.bogus", "status.junk", "top"]
+    code, created, warnings = await _warned(conformance_api, "POST", rec, body)
+    assert code == 201 and warnings == [f'unknown field "{p}"' for p in dropped]  # fieldValidation=Warn, the default
+    assert created["spec"] == recovery("a")["spec"] | {"target": {"kind": "K", "name": "j"}}
+    code, answer, warnings = await _warned(conformance_api, "POST", f"{rec}?fieldValidation=Strict",
+                                           {**body, "metadata": {"name": "b", "junkmeta": 1}})
+    assert code == 400 and answer["reason"] == "BadRequest" and warnings == []
+    assert answer["message"] == ('Recovery in version "v1alpha1" cannot be handled as a Recovery: strict decoding error: '
+                                 + ", ".join(f'unknown field "{p}"' for p in dropped))
+    code, _, warnings = await _warned(conformance_api, "POST", f"{rec}?fieldValidation=Ignore",
+                                      {**body, "metadata": {"name": "c"}})
+    assert code == 201 and warnings == []
+    code, _, warnings = await _warned(conformance_api, "PATCH", f"{rec}/a", {"spec": {"decision": {"foo": 1}}, "zzz": 1},
+                                      MERGE)
+    assert code == 200 and warnings == ['unknown field "spec.decision.foo"', 'unknown field "zzz"']
+    code, answer, _ = await _warned(conformance_api, "PATCH", f"{rec}/a?fieldValidation=Strict",
+                                    {"spec": {"decision": {"foo": 1}}}, MERGE)
+    assert code == 422 and answer["reason"] == "Invalid"
+    assert answer["message"].endswith('strict decoding error: unknown field "spec.decision.foo"')
+    code, _, warnings = await _warned(conformance_api, "PATCH", f"{rec}/a/status", {"status": {"phase": "Acting",
+                                                                                              "junk": 3}}, MERGE)
+    assert code == 200 and warnings == ['unknown field "status.junk"']
+    code, answer, warnings = await _warned(conformance_api, "POST", rec, {**recovery("d", decision={"action": "Nope"}),
+                                                                          "top": 1})
+    assert code == 422 and warnings == ['unknown field "top"']  # decoding warns before validation refuses
+    code, answer, _ = await _warned(conformance_api, "POST", f"{rec}?fieldValidation=Bogus", recovery("e"))
+    assert code == 422 and causes(answer) == {("fieldValidation", "FieldValueNotSupported",
+                                               'Unsupported value: "Bogus": supported values: "", "Ignore", "Strict", "Warn"')}
+    assert answer["details"] == {"group": "meta.k8s.io", "kind": "CreateOptions", "causes": answer["details"]["causes"]}
+    code, _, warnings = await _warned(conformance_api, "POST", widgets, widget("w", {"name": "w", "items": [
+        {"id": "a", "x": 1}], "free": {"y": 1}}))
+    assert code == 201 and warnings == ['unknown field "spec.items[0].x"']
+    code, _, warnings = await _warned(conformance_api, "POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "junk": 1}, "spec": {"x": 1}})
+    assert code == 201 and warnings == ['unknown field "metadata.junk"']
