@@ -26,6 +26,7 @@ import orjson
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    applying,
     customresources,
     deepjson,
     devicetaints,
@@ -33,6 +34,7 @@ from kcover.sim import (
     evicting,
     exchange,
     faults,
+    jobs,
     openapi,
     patching,
     podlogs,
@@ -392,10 +394,16 @@ class ApiServer:
             obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
             if t.resource.key == devicetaints.KEY:
                 obj = devicetaints.defaults(obj, self.store.clock.now())
-            created = self.store.create(t.resource.key, obj)
+            job = t.resource.key == jobs.KEY
+            obj = applying.track(t.resource, None, jobs.defaults(obj) if job else obj, self._manager(request), "",
+                                 clocks.rfc3339(self.store.clock.now()))
+            created = self.store.create(t.resource.key, obj, admit=jobs.generate_selector if job else None)
         except status.ApiError as err:
             return _json(err.status_obj, err.status, headers=warnings)
         return _json(self._render_obj(t, created), 201, headers=warnings)
+
+    def _manager(self, request: exchange.Request) -> str:
+        return applying.manager_of(request.query, request.headers.get("User-Agent", ""))
 
     def _unknown_fields(self, request: exchange.Request, t: Target, body: Obj, *, patched: bool) -> dict[str, str]:
         """`fieldValidation` on a custom resource write: the fields decoding drops are a `Warning` each (Warn,
@@ -421,8 +429,11 @@ class ApiServer:
         return {"Warning": ", ".join("299 - " + schemacheck.go_quote(f"unknown field {schemacheck.go_quote(p)}")
                                      for p in paths)}
 
-    async def _write(self, request: exchange.Request, t: Target, new: Obj, old: Obj, *,
-                     patched: bool = False) -> exchange.Reply:
+    async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None, *,
+                     request: exchange.Request | None = None, patched: bool = False) -> exchange.Reply:
+        """Store `new` over `old`; `manager` (the writer's field manager) tracks managed fields, None for an
+        apply, whose object already carries them; `request`'s `fieldValidation` is answered (none for an
+        apply: its unknown fields are not checked)."""
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -436,10 +447,13 @@ class ApiServer:
             new["metadata"]["namespace"] = t.namespace
         if t.new_events:
             new = strategy.event_to_core(new)
-        warnings = self._unknown_fields(request, t, new, patched=patched)
+        warnings = {} if request is None else self._unknown_fields(request, t, new, patched=patched)
         try:
             prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
                                                new_api=t.new_events)
+            if manager is not None:
+                prepared = applying.track(t.resource, old, prepared, manager, t.subresource,
+                                          clocks.rfc3339(self.store.clock.now()))
             updated = self.store.update(t.resource.key, prepared)
         except status.ApiError as err:
             return _json(err.status_obj, err.status, headers=warnings)
@@ -455,7 +469,7 @@ class ApiServer:
                 ("FieldValueInvalid", "metadata.resourceVersion",
                  "Invalid value: 0x0: must be specified for an update")])
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
-        return await self._write(request, t, body, old)
+        return await self._write(t, body, old, self._manager(request), request=request)
 
     async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -463,14 +477,17 @@ class ApiServer:
         accepted = [patching.JSON_PATCH, patching.MERGE_PATCH, patching.APPLY_PATCH]
         if t.resource.strategic_merge:
             accepted.insert(2, patching.STRATEGIC_MERGE_PATCH)
-        if content_type not in accepted or content_type == patching.APPLY_PATCH:
+        if content_type not in accepted:
             raise status.unsupported_media_type(content_type, accepted)
+        applying.check_options(request.query, content_type, patching.APPLY_PATCH)
+        if content_type == patching.APPLY_PATCH:
+            return await applying.serve(self, request, t)
         body = await self._body(request)
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         patched = patching.apply(self._render_obj(t, old), body, content_type)
-        return await self._write(request, t, patched, old, patched=True)
+        return await self._write(t, patched, old, self._manager(request), request=request, patched=True)
 
-    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None]:
+    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None, str | None]:
         data = await request.read()
         options: Obj = {}
         if data and _is_protobuf(request):
@@ -484,18 +501,22 @@ class ApiServer:
         if grace is None:
             grace = parse_int(request.query, "gracePeriodSeconds")
         policy = options.get("propagationPolicy") or request.query.get("propagationPolicy")
+        orphan = options.get("orphanDependents", request.query.get("orphanDependents"))
+        if policy in (None, "") and orphan not in (None, ""):
+            policy = "Orphan" if str(orphan).lower() == "true" else "Background"
         if policy not in (None, "", "Orphan", "Background", "Foreground"):
             raise status.invalid("DeleteOptions", "", "", [
                 ("FieldValueNotSupported", "propagationPolicy",
                  f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"')])
         pre = options.get("preconditions") or {}
-        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"))
+        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"),
+                policy or None)
 
     async def _delete(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
-        grace, uid, rv = await self._delete_options(request)
+        grace, uid, rv, policy = await self._delete_options(request)
         obj, gone = self.store.delete(t.resource.key, t.namespace or "", t.name, grace_seconds=grace, uid=uid,
-                                      resource_version=rv)
+                                      resource_version=rv, policy=policy)
         if gone and t.resource.key == "pods":
             self.logs.forget_pod(t.namespace or "", t.name)
         if gone and t.resource.key not in ("pods", "namespaces") and not t.resource.returns_deleted:
@@ -504,13 +525,14 @@ class ApiServer:
         return _json(self._render_obj(t, obj))
 
     async def _delete_collection(self, request: exchange.Request, t: Target) -> exchange.Answer:
-        grace, _, _ = await self._delete_options(request)
+        grace, _, _, policy = await self._delete_options(request)
         flt = self._filter(request, t)
         matched = self.store.list(t.resource.key, flt).entries
         items: list[bytes] = []
         for entry in matched:
             try:
-                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace)
+                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace,
+                                              policy=policy)
             except status.ApiError as err:
                 if err.status == 404:
                     continue
