@@ -3,8 +3,8 @@
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
 verbs get, list, watch, create, update, patch, delete, deletecollection, pods/log and pods/eviction
-(`evicting`), request bodies as JSON or protobuf (`protobuf`), `fieldValidation` on custom resource
-writes (a `Warning` header per field decoding drops, or Strict's refusal), the recorded `/openapi/v3` documents
+(`evicting`), request bodies as JSON or protobuf (`protobuf`), `fieldValidation`'s answer on writes
+(`customresources.field_validation`: `Warning` headers, or Strict's refusal), the recorded `/openapi/v3` documents
 (`openapi`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
 exception answers 500 InternalError rather than closing the connection. It answers
@@ -41,7 +41,6 @@ from kcover.sim import (
     printing,
     protobuf,
     registry,
-    schemacheck,
     selectors,
     status,
     strategy,
@@ -54,7 +53,6 @@ Obj = dict[str, Any]
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 _JSON = "application/json"
-FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")
 
 
 def parse_bool(query: Any, name: str) -> bool:
@@ -389,7 +387,7 @@ class ApiServer:
             meta["namespace"] = t.namespace
         if t.new_events:
             body = strategy.event_to_core(body)
-        warnings = self._unknown_fields(request, t, body, patched=False)
+        warnings = customresources.field_validation(t.resource, request.query, request.method, body, patched=False)
         try:
             obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
             if t.resource.key == devicetaints.KEY:
@@ -404,30 +402,6 @@ class ApiServer:
 
     def _manager(self, request: exchange.Request) -> str:
         return applying.manager_of(request.query, request.headers.get("User-Agent", ""))
-
-    def _unknown_fields(self, request: exchange.Request, t: Target, body: Obj, *, patched: bool) -> dict[str, str]:
-        """`fieldValidation` on a custom resource write: the fields decoding drops are a `Warning` each (Warn,
-        the default), refused (Strict: 400, 422 for a patch), or nothing (Ignore). Headers to answer with."""
-        mode = request.query.get("fieldValidation") or ""
-        if mode not in FIELD_VALIDATIONS:
-            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
-            raise status.invalid(options, "meta.k8s.io", "", [
-                ("FieldValueNotSupported", "fieldValidation", f"Unsupported value: {schemacheck.go_quote(mode)}: "
-                 'supported values: "", "Ignore", "Strict", "Warn"')])
-        if t.resource.schema is None or mode == "Ignore":
-            return {}
-        paths = customresources.unknown_fields(t.resource, body)
-        if not paths:
-            return {}
-        if mode == "Strict":
-            detail = "strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in paths)
-            if patched:
-                raise status.invalid("", "", "", [("FieldValueInvalid", "patch", "Invalid value: "
-                                                   f"{schemacheck.go_quote(orjson.dumps(body).decode())}: {detail}")])
-            kind = t.resource.kind
-            raise status.bad_request(f'{kind} in version "{t.resource.version}" cannot be handled as a {kind}: {detail}')
-        return {"Warning": ", ".join("299 - " + schemacheck.go_quote(f"unknown field {schemacheck.go_quote(p)}")
-                                     for p in paths)}
 
     async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None, *,
                      request: exchange.Request | None = None, patched: bool = False) -> exchange.Reply:
@@ -447,7 +421,8 @@ class ApiServer:
             new["metadata"]["namespace"] = t.namespace
         if t.new_events:
             new = strategy.event_to_core(new)
-        warnings = {} if request is None else self._unknown_fields(request, t, new, patched=patched)
+        warnings = {} if request is None else customresources.field_validation(
+            t.resource, request.query, request.method, new, patched=patched)
         try:
             prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
                                                new_api=t.new_events)

@@ -3,7 +3,8 @@
 Owns, for resources with a `registry.Resource.schema`: decoding (`decode`: 400 for a body without `kind`
 or of another `apiVersion`, then `structural`'s pruning, null pruning, ObjectMeta pruning and
 defaulting, in the real server's order; another kind is a 422, as its TypeMeta validation answers), the
-paths decoding drops (`unknown_fields`, for the API server's warnings or its `fieldValidation=Strict`), the
+paths decoding drops (`unknown_fields`) and what a write's `fieldValidation` makes of them (`field_validation`:
+a `Warning` header each, Strict's refusal, or nothing; an unsupported value is refused for every kind), the
 causes of a create, a main-resource update or a /status write (`schemacheck`, ratcheted against the
 stored object on updates; a /status write is held to the status schema alone, with field paths under
 `status`), and the encoding of what is stored (`encoded`: Go prints integral floats as integers).
@@ -22,6 +23,7 @@ from kcover.sim import registry, schemacheck, status, structural
 
 Obj = dict[str, Any]
 Cause = schemacheck.Cause
+FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")
 
 
 def _unrecognized(res: registry.Resource, what: str, body: Obj) -> status.ApiError:
@@ -66,6 +68,31 @@ def unknown_fields(res: registry.Resource, body: Obj) -> list[str]:
     dropped = structural.prune_metadata(obj)
     structural.prune(obj, res.schema, unknown=dropped)
     return sorted(dropped)
+
+
+def field_validation(res: registry.Resource, query: Any, method: str, body: Obj, *, patched: bool) -> dict[str, str]:
+    """The `fieldValidation` of a write (`query`'s) applied to `body` (the object to decode: for a patch, the
+    patched object): the fields decoding drops are a `Warning` each (Warn, the default), refused (Strict: 400,
+    422 for a patch), or nothing (Ignore); the headers to answer with. Kinds without a schema get no warnings."""
+    mode = query.get("fieldValidation") or ""
+    if mode not in FIELD_VALIDATIONS:
+        options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(method, "PatchOptions")
+        raise status.invalid(options, "meta.k8s.io", "", [
+            ("FieldValueNotSupported", "fieldValidation", f"Unsupported value: {schemacheck.go_quote(mode)}: "
+             'supported values: "", "Ignore", "Strict", "Warn"')])
+    if res.schema is None or mode == "Ignore":
+        return {}
+    paths = unknown_fields(res, body)
+    if not paths:
+        return {}
+    if mode == "Strict":
+        detail = "strict decoding error: " + ", ".join(f'unknown field "{p}"' for p in paths)
+        if patched:
+            raise status.invalid("", "", "", [("FieldValueInvalid", "patch", "Invalid value: "
+                                               f"{schemacheck.go_quote(orjson.dumps(body).decode())}: {detail}")])
+        raise status.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: {detail}')
+    return {"Warning": ", ".join("299 - " + schemacheck.go_quote(f"unknown field {schemacheck.go_quote(p)}")
+                                 for p in paths)}
 
 
 def create_causes(res: registry.Resource, obj: Obj) -> list[Cause]:

@@ -369,6 +369,11 @@ async def test_dropped_fields_are_warned_about_or_refused_when_strict(conformanc
     assert code == 422 and causes(answer) == {("fieldValidation", "FieldValueNotSupported",
                                                'Unsupported value: "Bogus": supported values: "", "Ignore", "Strict", "Warn"')}
     assert answer["details"] == {"group": "meta.k8s.io", "kind": "CreateOptions", "causes": answer["details"]["causes"]}
+    code, answer, _ = await _warned(conformance_api, "PATCH", f"{rec}/a?fieldValidation=strict", {"spec": {}}, MERGE)
+    assert code == 422 and answer["details"]["kind"] == "PatchOptions"  # the value is case-sensitive
+    code, answer, _ = await _warned(conformance_api, "POST", f"/api/v1/namespaces/{ns}/configmaps?fieldValidation=Bogus",
+                                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}})
+    assert code == 422 and answer["details"]["kind"] == "CreateOptions"  # refused for every kind
     code, _, warnings = await _warned(conformance_api, "POST", widgets, widget("w", {"name": "w", "items": [
         {"id": "a", "x": 1}], "free": {"y": 1}}))
     assert code == 201 and warnings == ['unknown field "spec.items[0].x"']
