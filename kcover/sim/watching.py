@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from kcover.sim import apiserver
 
 BATCH = 1000
-_LIVENESS_CHECK_SECONDS = 1.0
 DEFAULT_TIMEOUT_RANGE = (1800.0, 3600.0)
 
 
@@ -139,7 +138,7 @@ async def _events(request: exchange.Request, server: apiserver.ApiServer, t: api
                 next_bookmark = now + server.bookmark_interval
             wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
             try:
-                change = await asyncio.wait_for(watcher.queue.get(), min(wait, _LIVENESS_CHECK_SECONDS))
+                change = await asyncio.wait_for(watcher.queue.get(), min(wait, server.liveness_interval))
             except TimeoutError:
                 if not request.connected():
                     break
