@@ -11,7 +11,8 @@ Third-party detectors run isolated (`isolating`: their own thread and loop, a ra
 the bus) unless their entry says `isolated: false`; built-ins run inline on the process's loop. A
 failed detector makes the process not ready only when it is required (built-ins by default): a
 failed optional plugin shows in `health()`, `kcover_detector_up` and the readiness text, and the
-process stays ready. Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
+process stays ready; so does an enabled optional plugin that cannot even be imported (it runs as failed,
+its import error the detail, retried with backoff). Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
 `describe()` is each detector's runtime state (served at /detectors, shown by `kcover detectors --url`),
 and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fails.
 """
@@ -19,7 +20,6 @@ and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from kcover import bus as bus_
 from kcover import errors, metrics, settings
-from kcover.aio import backoff
+from kcover.aio import backoff, waiting
 from kcover.detectors import contract, isolating, registry
 
 log = structlog.get_logger()
@@ -82,6 +82,9 @@ class Supervisor:
         for name, entry in detector_settings.entries.items():
             if not entry.enabled:
                 continue
+            if self._registry.unloadable(name):  # optional (else `check_entries` refused it): shown as failed
+                out[name] = (entry, contract.EmptyConfig())
+                continue
             info = self._registry.get(name)
             if self._context.role not in info.roles:
                 continue
@@ -126,8 +129,8 @@ class Supervisor:
         available.set(1)
         unavailable_logged = False
         while not running.stop.is_set():
-            cls = self._registry.load(name)
             try:
+                cls = self._registry.load(name)
                 if running.isolated:
                     running.state, running.detail = "running", ""
                     up.set(1)
@@ -168,8 +171,7 @@ class Supervisor:
                 up.set(0)
                 running.state = "stopped"
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(running.stop.wait(), delay)
+            await waiting.sleep_or_stop(running.stop, delay)
         running.state = "stopped"
         up.set(0)
 
@@ -182,7 +184,7 @@ class Supervisor:
         except (Exception, TimeoutError) as exc:  # reporting must not keep a detector from restarting
             log.warning("detector_failure_report_failed", error=repr(exc))
 
-    def _isolated(self, running: _Running, cls: type[contract.Detector]) -> isolating.Isolated:
+    def _isolated(self, running: _Running, cls: contract.DetectorClass) -> isolating.Isolated:
         s = self._settings
         limits = isolating.Limits(rate_per_second=s.plugin_rate_per_second, burst=s.plugin_burst,
                                   queue_capacity=s.plugin_queue_capacity, stop_grace_seconds=s.stop_grace_seconds)

@@ -3,9 +3,12 @@
 Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events, DRA
 ResourceSlices) and the pure functions that build it. These records are kcover's one cluster model:
 the detectors, the recovery policy and its executors all read them (through `caching.ClusterCache`),
-and tests build them from raw API objects through the same functions. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
-build, immutable); strings repeated across objects (namespaces, node names, label values, reasons,
-owner names) are interned, so 150,000 cached pods stay under a few hundred MiB.
+and tests build them from raw API objects through the same functions. Records are `NamedTuple`s
+(tuples with empty `__slots__`: small, fast to build, immutable); strings repeated across objects
+(namespaces, node names, label values, reasons, owner names) are interned, so 150,000 cached pods stay
+under a few hundred MiB. Each name it reads is defined once: the Event annotations and the `kcover.io/`
+prefix in `kcover.codec`, the workload labels in `kcover.kinds`, the opt-in label and the annotations
+kcover writes on the Nodes it cordons here.
 
 It does no I/O and never raises on odd input: a missing or mistyped field becomes its empty value.
 A projection returns None for an object kcover does not keep (an Event without the recovery
@@ -18,16 +21,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kcover import kinds
+from kcover import codec, kinds
 
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
-NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
-DEVICE_HEALTHY_ANNOTATION = "kcover.io/device-healthy"
-"""The agent's word that a DRA device is healthy again (`kcover.codec.DEVICE_HEALTHY`): kept like a request."""
-"""Events annotated `true` ask for recovery of their involved object."""
-RESTARTING_ANNOTATION = "kcover.io/restarting"
-"""Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
 CORDONED_BY = "kcover.io/cordoned-by"
 """Node annotation `kcover` on nodes kcover cordoned (kcover only ever un-cordons those)."""
 CORDON_REASON = "kcover.io/cordon-reason"
@@ -36,14 +33,14 @@ CORDON_TAINTS = "kcover.io/cordon-taints"
 """The other scheduling taints (`key:effect,...`) a node had when kcover cordoned it (`recovery.cordoning`)."""
 KEEP_CORDONED = "kcover.io/keep-cordoned"
 """`true` on a Node kcover cordoned: a person keeps it cordoned; kcover never makes it schedulable again."""
-KCOVER_PREFIX = "kcover.io/"
 
 IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/component"})
 """Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
 about a Node only when an agent pod runs on that node."""
 
-KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
-"""Pod labels the cache keeps: those restart selectors use (`kinds`), the identity labels and the opt-in label."""
+KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *kinds.RANK_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
+"""Pod labels the cache keeps: those restart selectors use and those naming a pod's rank (`kinds`), the
+identity labels and the opt-in label."""
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
@@ -111,6 +108,9 @@ class Pod(NamedTuple):
     """The scheduler's message while the pod's `PodScheduled` condition is False (reason `Unschedulable`)."""
     created: str = ""
     """`metadata.creationTimestamp`: a restart removes only pods created before it was recorded."""
+    devices: tuple[str, ...] = ()
+    """The extended resources its containers' limits or requests name (`nvidia.com/gpu`, ...), and
+    `DRA_CLAIMS` when it has DRA resource claims: what devices it may hold (`gpus.GpuRule.holds_gpus`)."""
 
     @property
     def deleting(self) -> bool:
@@ -149,6 +149,9 @@ class Node(NamedTuple):
     extended_resources: tuple[tuple[str, int], ...]
     """(resource name, count > 0) of every extended resource in `status.capacity` (a name with a domain,
     `nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`, `amd.com/gpu`); `gpus.GpuRule` says which are GPUs."""
+    addresses: tuple[str, ...] = ()
+    """`status.addresses` of type InternalIP and ExternalIP, as the kubelet reports them: what a workload's
+    own reports (the preflight plugin's) may name the node by."""
 
     @property
     def cordoned_by_kcover(self) -> bool:
@@ -172,6 +175,8 @@ class Workload(NamedTuple):
     """JobSet failurePolicy.maxRestarts, Job backoffLimit, Volcano maxRetry, LWS none."""
     finished: bool
     """A terminal condition (Succeeded, Failed, Complete, Completed) is True."""
+    own: kinds.OwnPolicy = kinds.NO_POLICY
+    """What its own failure policy does about a pod failure (a JobSet's restarts, a Job's FailJob rules)."""
 
     @property
     def group(self) -> str:
@@ -349,14 +354,30 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         node=_intern(_s(spec.get("nodeName"))),
         phase=_intern(_s(status.get("phase"))),
         labels=_kept(meta.get("labels"), KEPT_POD_LABELS),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         deletion_timestamp=_s(meta.get("deletionTimestamp")),
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
         containers=containers,
         unschedulable=_unschedulable(status),
         created=_s(meta.get("creationTimestamp")),
+        devices=_devices(spec),
     )
+
+
+DRA_CLAIMS = "resource.k8s.io/claims"
+"""`Pod.devices` entry of a pod with DRA resource claims (`spec.resourceClaims`)."""
+
+
+def _devices(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    names: set[str] = set()
+    for c in map(_d, [*_l(spec.get("initContainers")), *_l(spec.get("containers"))]):
+        resources = _d(c.get("resources"))
+        for part in (_d(resources.get("limits")), _d(resources.get("requests"))):
+            names.update(name for name in part if "/" in name and _quantity(part[name]) > 0)
+    if _l(spec.get("resourceClaims")):
+        names.add(DRA_CLAIMS)
+    return tuple(sorted(_intern(n) for n in names)) if names else ()
 
 
 def _quantity(value: Any) -> int:
@@ -395,8 +416,10 @@ def node(raw: Mapping[str, Any]) -> Node:
                                    _intern(_s(c.get("reason"))), _s(c.get("message")),
                                    _s(c.get("lastTransitionTime")))
                          for c in map(_d, _l(status.get("conditions")))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         extended_resources=_extended(capacity),
+        addresses=tuple(_s(a.get("address")) for a in map(_d, _l(status.get("addresses")))
+                        if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")),
     )
 
 
@@ -420,26 +443,27 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         namespace=_intern(_s(meta.get("namespace"))),
         name=_intern(_s(meta.get("name"))),
         labels=_kept(meta.get("labels"), frozenset((OPT_IN_LABEL,))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         restart_policies=policies,
         max_restarts=max_restarts,
         finished=finished,
+        own=table.own_policy(_d(raw.get("spec")), _d(raw.get("status"))) if table is not None else kinds.NO_POLICY,
     )
 
 
 def namespace(raw: Mapping[str, Any]) -> Namespace:
     meta = _d(raw.get("metadata"))
     return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
-                     labels=_kept(meta.get("labels"), prefix=KCOVER_PREFIX),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     labels=_kept(meta.get("labels"), prefix=codec.PREFIX),
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def config_map(raw: Mapping[str, Any]) -> ConfigMap:
     meta = _d(raw.get("metadata"))
     return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
                      namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
@@ -462,8 +486,8 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
     `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
     meta = _d(raw.get("metadata"))
     annotations = _d(meta.get("annotations"))
-    if _s(annotations.get(NEED_RECOVERY_ANNOTATION)).lower() != "true" \
-            and _s(annotations.get(DEVICE_HEALTHY_ANNOTATION)).lower() != "true":
+    if _s(annotations.get(codec.NEED_RECOVERY)).lower() != "true" \
+            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true":
         return None
     involved = _d(raw.get("involvedObject"))
     series = _d(raw.get("series"))
@@ -487,5 +511,5 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
         first_timestamp=_s(raw.get("firstTimestamp")),
         reporting_instance=_s(raw.get("reportingInstance")),
         source_host=_s(_d(raw.get("source")).get("host")),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -117,6 +118,54 @@ def test_agent_pod_needs_a_namespace_that_allows_host_path(cluster: Api, render:
     assert status == 201, body
 
 
+def test_the_preflight_hostpath_policy_keeps_each_namespace_to_its_own_folder(cluster: Api, render: Render) -> None:
+    """With preflight on, the chart's ValidatingAdmissionPolicy lets a pod mount the preflight folder writable
+    only at its own namespace's folder (so no namespace can place report files in another's), read-only
+    anywhere (the agent), and refuses writable hostPaths not written plainly."""
+    objs = [o for o in render(SCENARIOS["preflight"])
+            if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert [o["kind"] for o in objs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    base = "/apis/admissionregistration.k8s.io/v1"
+    paths = {"ValidatingAdmissionPolicy": f"{base}/validatingadmissionpolicies",
+             "ValidatingAdmissionPolicyBinding": f"{base}/validatingadmissionpolicybindings"}
+    root = "/var/lib/kcover/preflight"
+
+    def pod(path: str, *, read_only: bool = False, init: bool = False) -> int:
+        mount = {"name": "reports", "mountPath": "/reports", "readOnly": read_only}
+        container = {"name": "c", "image": "busybox", "volumeMounts": [mount]}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}] if init else [container],
+                                "volumes": [{"name": "reports", "hostPath": {"path": path}}]}
+        if init:
+            spec["initContainers"] = [container]
+        status, body = cluster.request("POST", "/api/v1/namespaces/team-a/pods?dryRun=All", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "pf-"}, "spec": spec})
+        assert status in (201, 403), body
+        assert status == 201 or "only at its own namespace's folder" in json.dumps(body), body
+        return int(status)
+
+    try:
+        for obj in objs:
+            status, body = cluster.request("POST", paths[obj["kind"]], obj)
+            assert status == 201, body
+        deadline = time.monotonic() + 30
+        while pod(root) != 403:  # the policy takes effect once the admission plugin has seen it
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.2)
+        cases = {
+            (f"{root}/team-a", False, False): 201, (f"{root}/team-a/", False, False): 201,
+            (f"{root}/team-a/ranks", False, False): 201, (root, True, False): 201, ("/var/log", False, False): 201,
+            (root, False, False): 403, (f"{root}/", False, False): 403, (f"{root}/team-b", False, False): 403,
+            (f"{root}/team-ab", False, False): 403, ("/var/lib/kcover//preflight/team-b", False, False): 403,
+            (f"{root}/./team-b", False, False): 403, (f"{root}/team-b", False, True): 403,
+            (f"{root}/team-a", False, True): 201,
+        }
+        got = {case: pod(case[0], read_only=case[1], init=case[2]) for case in cases}
+        assert got == cases
+    finally:
+        for obj in reversed(objs):
+            cluster.request("DELETE", f"{paths[obj['kind']]}/{obj['metadata']['name']}")
+
+
 # ------------------------------------------------------------------------------------------------ RBAC
 
 @pytest.fixture(scope="module")
@@ -153,6 +202,7 @@ def allowed(cp: Api, user: str, verb: str, resource: str, *, group: str = "", na
 
 
 LEDGER = settings.RecoverySettings().ledger_name
+CONTROLS = settings.RecoverySettings().controls_name
 LEASE = settings.LeaseSettings().name
 
 # (verb, resource, group, namespace, name, subresource): every request the controller makes
@@ -160,8 +210,9 @@ CONTROLLER_REQUESTS = [
     ("list", "pods", "", "", "", ""), ("watch", "pods", "", "", "", ""),         # cache
     ("get", "pods", "", "team-a", "p", ""),                                       # log saving
     ("get", "pods", "", "team-a", "p", "log"),
-    ("deletecollection", "pods", "", "team-a", "", ""),                           # restart
     ("delete", "pods", "", "team-a", "p", ""),                                    # uid-preconditioned restart
+    ("create", "pods", "", "team-a", "p", "eviction"),                            # eviction restart, drain
+    ("list", "namespaces", "", "", "", ""), ("watch", "namespaces", "", "", "", ""),  # pauses (cache)
     ("list", "nodes", "", "", "", ""), ("watch", "nodes", "", "", "", ""),
     ("get", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", ""),  # cordon
     ("patch", "nodes", "", "", "gpu-1", "status"),  # the remediation request's condition
@@ -172,8 +223,8 @@ CONTROLLER_REQUESTS = [
     ("create", "devicetaintrules", "resource.k8s.io", "", "", ""),                # device isolation (DRA)
     ("get", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("delete", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
-    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("update", "configmaps", "", NAMESPACE, LEDGER, ""),
-    ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, CONTROLS, ""), ("list", "configmaps", "", NAMESPACE, CONTROLS, ""),
+    ("watch", "configmaps", "", NAMESPACE, CONTROLS, ""),  # fieldSelector metadata.name
     ("get", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "leases", "coordination.k8s.io", NAMESPACE, "", ""),
@@ -193,6 +244,8 @@ CONTROLLER_REQUESTS = [
 CONTROLLER_DENIED = [
     ("get", "secrets", "", NAMESPACE, "", ""), ("list", "secrets", "", "", "", ""),
     ("get", "configmaps", "", "team-a", "", ""), ("get", "configmaps", "", NAMESPACE, "other", ""),
+    ("update", "configmaps", "", NAMESPACE, CONTROLS, ""), ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("deletecollection", "pods", "", "team-a", "", ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "other", ""),
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
     ("delete", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", "status"),
@@ -323,6 +376,13 @@ def test_impersonated_agent_and_controller_requests(cluster: Api, rbac: dict[str
     assert status == 200, body
     assert as_user(cluster, controller, "GET",
                    f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases")[0] == 403
-    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")
+    status, body = as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+                           f"?fieldSelector=metadata.name%3D{CONTROLS}")
+    assert status == 200, body
+    assert as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps")[0] == 403
+    assert as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")[0] == 403
+    uid = cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[1]["metadata"]["uid"]
+    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods/trainer-0",
+                           {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
     assert status == 200, body
     assert cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[0] == 404

@@ -170,6 +170,11 @@ nameOverride) the agent pods' labels into the event watcher's agent_pod_labels.
 Namespaces, names, ports and paths the chart depends on are set by environment variables instead
 (they win over the file), so a config edit cannot move them away from what RBAC and probes expect.
 */}}
+{{/* Whether the agents answer validation requests: agentValidation.enabled, or returnValidation.enabled. */}}
+{{- define "kcover.agentValidates" -}}
+{{- if or (.Values.agentValidation | default dict).enabled (.Values.returnValidation | default dict).enabled -}}true{{- end -}}
+{{- end -}}
+
 {{- define "kcover.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) -}}
 {{- if .Values.dryRun -}}
@@ -187,6 +192,8 @@ Namespaces, names, ports and paths the chart depends on are set by environment v
 {{- $_ := set $rv "diag_level" (.Values.returnValidation.diagLevel | default 1) -}}
 {{- $_ := set $rec "return_validation" $rv -}}
 {{- $_ := set $cfg "recovery" $rec -}}
+{{- end -}}
+{{- if include "kcover.agentValidates" . -}}
 {{- $agent := dict -}}
 {{- if hasKey $cfg "agent" }}{{ $agent = index $cfg "agent" }}{{ end -}}
 {{- $av := dict -}}
