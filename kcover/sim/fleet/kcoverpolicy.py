@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ import orjson
 import structlog
 
 from kcover import metrics as metrics_
-from kcover import serving, settings
+from kcover import codec, serving, settings
 from kcover.agent import reporting
 from kcover.aio import clock as clock_
 from kcover.controller import recovering
@@ -133,12 +134,15 @@ class KcoverPolicy:
         self.agents: dict[int, agents_.Agent] = {}
         self.passes = 0
         self.batches = 0
+        self.seconds: dict[str, float] = {"engine_batches": 0.0, "engine_passes": 0.0, "mirror": 0.0}
+        """Wall seconds inside the engine's batches and passes (plans, writes, what other tasks ran meanwhile)
+        and inside the mirror's writes: where the replay's time goes (`kcover_*_seconds` in the report)."""
 
     # ------------------------------------------------------------------------------------------ building
 
     async def attach(self, world: world_.World) -> None:
         self.world = world
-        self.clock = clock_.LoopClock(START)
+        self.clock = clock_.FakeClock(START, follow_loop=True)
         self.srv = await self._stack.enter_async_context(
             simserver.SimServer(listen=False, clock=self.clock, seed=self.params.seed, bookmark_interval=86400.0,
                                liveness_interval=86400.0))
@@ -236,8 +240,9 @@ class KcoverPolicy:
         config = node_condition.NodeConditionConfig.model_validate(
             self.settings.detectors.entries["node-condition"].config)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=self.metrics, clock=self.clock,
-                                           cache=self.cache, gateway=self.kube,
-                                           namespace=self.settings.recovery.ledger_namespace)
+                                           cluster=self.cache, gateway=self.kube,
+                                           namespace=self.settings.recovery.ledger_namespace,
+                                           agent_condition_type=self.settings.agent.condition_type)
         detector = node_condition.NodeConditionDetector("node-condition", config, context)
         detector._bus = self.controller.bus
         wake = asyncio.Event()
@@ -265,8 +270,10 @@ class KcoverPolicy:
     async def _consume(self) -> None:
         sub = self.controller.subscription
         while batch := await sub.get_batch():
+            started = time.perf_counter()
             await self.engine.handle(batch)
             await self.engine.recorder.flush()
+            self.seconds["engine_batches"] += time.perf_counter() - started
             self.batches += 1
             self._kick.set()
 
@@ -283,8 +290,10 @@ class KcoverPolicy:
             self._kick.clear()
             while self._outstanding():
                 await asyncio.sleep(interval)
+                started = time.perf_counter()
                 await self.engine.resume()
                 await self.engine.recorder.flush()
+                self.seconds["engine_passes"] += time.perf_counter() - started
                 self.passes += 1
 
     async def _expire_events(self) -> None:
@@ -323,6 +332,9 @@ class KcoverPolicy:
                 continue
             new, old = proj.node(change.new.obj()), proj.node(change.old.obj())
             index = int(new.name.rsplit("-", 1)[1])
+            request = codec.decode_validation_request(dict(new.annotations))
+            if request is not None and request != codec.decode_validation_request(dict(old.annotations)):
+                self._agent(index).validate(request)
             if new.unschedulable and new.cordoned_by_kcover and not old.cordoned_by_kcover:
                 self._act("cordon", index, proj.get(new.annotations, proj.CORDON_REASON) or "")
             elif old.cordoned_by_kcover and not new.cordoned_by_kcover and not new.unschedulable \
@@ -356,6 +368,13 @@ class KcoverPolicy:
     # ------------------------------------------------------------------------------------------ the mirror
 
     async def notify(self, notice: state.Notice, cause: state.Fault | None) -> None:
+        started = time.perf_counter()
+        try:
+            await self._mirror(notice)
+        finally:
+            self.seconds["mirror"] += time.perf_counter() - started
+
+    async def _mirror(self, notice: state.Notice) -> None:
         now = clock_.rfc3339(self.clock.now())
         if isinstance(notice, state.RankExited):
             name = pod_name(notice.job, notice.rank)
@@ -374,7 +393,7 @@ class KcoverPolicy:
         elif isinstance(notice, state.XidSeen):
             await self._agent(notice.node).xid(notice.gpu, notice.xid)
         elif isinstance(notice, state.DiagResult):
-            await self._agent(notice.node).diag(notice.failed)
+            await self._agent(notice.node).diag()
         elif isinstance(notice, state.NodeReadiness):
             self.store.mutate("nodes", "", world_.node_name(notice.node), lambda n: _set_ready(n, notice.ready, now))
         elif isinstance(notice, state.PersonCordoned):
@@ -410,7 +429,8 @@ class KcoverPolicy:
 
             agent = self.agents[index] = agents_.Agent(
                 world_.node_name(index), self.params.gpus_per_node, client=self.kube, clock=self.clock,
-                config=self.settings, policy=self.xid_policy, metrics=self.agent_metrics, pods=pods)
+                config=self.settings, policy=self.xid_policy, metrics=self.agent_metrics, pods=pods,
+                diag_fails=lambda: self.world.diag_fails(index))
         return agent
 
     async def close(self) -> None:

@@ -119,9 +119,10 @@ def replay(params: st.Params, taxonomy: tax.Taxonomy, onsets: list[trace_.Onset]
     for name in sorted(policies, key=lambda n: n == "kcover"):
         policy = policy_of(name, params, kcover_overrides or {})
         world = world_.World(params, taxonomy, onsets, policy)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         virtualtime.run(world.run())
         timing[f"{name}_seconds"] = round(time.perf_counter() - started, 1)
+        timing[f"{name}_cpu_seconds"] = round(time.process_time() - cpu, 1)
         refusals = None
         if isinstance(policy, kcoverpolicy.KcoverPolicy):
             refusals = {code: n for (step, code), n in policy.observer.outcomes.items()
@@ -129,6 +130,7 @@ def replay(params: st.Params, taxonomy: tax.Taxonomy, onsets: list[trace_.Onset]
             timing["kcover_api_requests"] = sum(policy.srv.request_counts.values())
             timing["kcover_batches"] = policy.batches
             timing["kcover_passes"] = policy.passes
+            timing.update({f"kcover_{k}_seconds": round(v, 1) for k, v in policy.seconds.items()})
         figs[name] = report.compute(world, refusals=refusals)
     timing["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     return figs, timing

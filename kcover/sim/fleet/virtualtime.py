@@ -61,10 +61,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
 
 def run(coro: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
-    """Run `coro` to completion on a fresh `VirtualLoop`, then close the loop (as `asyncio.run` does)."""
+    """Run `coro` to completion on a fresh `VirtualLoop`, then cancel what it left and close the loop (as
+    `asyncio.run` does). The thread's current event loop is left as it was."""
     loop = VirtualLoop(start)
     try:
-        asyncio.set_event_loop(loop)
         return loop.run_until_complete(coro)
     finally:
         try:
@@ -75,5 +75,4 @@ def run(coro: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
-            asyncio.set_event_loop(None)
             loop.close()

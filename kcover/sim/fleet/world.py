@@ -219,15 +219,15 @@ class World:
             else:
                 self.at(self.now + self.params.person_hours * 3600, lambda: self._person(fault))
             return
-        running = job is not None and job.state is st.JobState.RUNNING
-        if onset.signal is tax.SignalKind.XID and onset.xid is not None and (running or onset.xid not in PROCESS_XIDS):
+        if job is not None and job.state is st.JobState.RUNNING:
+            await self._strike(job, fault, onset.node)
+            return
+        if onset.signal is tax.SignalKind.XID and onset.xid is not None and onset.xid not in PROCESS_XIDS:
             await self._tell(st.XidSeen(node.index, onset.gpu or 0, onset.xid), fault)
-        if running and job is not None:
-            await self._strike(job, fault, onset.node, xid_told=True)
-        elif cls.physics is tax.Physics.TRANSIENT:
+        if cls.physics is tax.Physics.TRANSIENT:
             fault.active = False  # it struck no job: gone
 
-    async def _strike(self, job: st.Job, fault: st.Fault, node: int, *, xid_told: bool = False) -> None:
+    async def _strike(self, job: st.Job, fault: st.Fault, node: int) -> None:
         """`fault` stops `job` (running) now, signalled as the fault's signal says."""
         onset = fault.onset
         repeat = fault.persistent and fault.interruptions > 0
@@ -249,7 +249,7 @@ class World:
         down = self._stop(job, fault, repeat=repeat,
                           signal_at=self.now + nccl if onset.signal is tax.SignalKind.NCCL else self.now)
         run = job.run
-        if onset.signal is tax.SignalKind.XID and onset.xid is not None and not xid_told:
+        if onset.signal is tax.SignalKind.XID and onset.xid is not None:
             await self._tell(st.XidSeen(node, onset.gpu or 0, onset.xid), fault)
         if onset.signal in (tax.SignalKind.XID, tax.SignalKind.EXIT):
             await self._tell(st.RankExited(job.name, rank, node, EXIT_CODE,
@@ -360,12 +360,13 @@ class World:
     # ------------------------------------------------------------------------------------------ nodes
 
     async def _node_down(self, node: st.Node, fault: st.Fault) -> None:
-        if node.ready:
-            node.ready, node.notready_since = False, self.now
-            await self._tell(st.NodeReadiness(node.index, False), fault)
+        went = node.ready
+        node.ready, node.notready_since = False, self.now if went else node.notready_since
         job = self.jobs.get(node.job) if node.job else None
         if job is not None and job.state is st.JobState.RUNNING:
             await self._strike(job, fault, node.index)
+        if went:
+            await self._tell(st.NodeReadiness(node.index, False), fault)
         self.at(self.now + self.params.eviction_seconds, lambda: self._evict(node.index))
 
     async def _evict(self, index: int) -> None:
@@ -389,6 +390,10 @@ class World:
         interval = self.params.diag_interval_seconds
         phase = index * interval / max(1, self.params.nodes)
         return phase + math.ceil((self.now - phase) / interval + 1e-9) * interval
+
+    def diag_fails(self, index: int) -> bool:
+        """A `dcgmi diag` on the node now fails: a DCGM-visible fault lasts there."""
+        return any(f.active and f.cls.dcgm for f in self.nodes[index].faults)
 
     async def _diag(self, index: int) -> None:
         node = self.nodes[index]
