@@ -407,7 +407,7 @@ class LeaseSettings(_Group):
 
 
 class AgentValidationSettings(_Group):
-    enabled: bool = Field(False, description="Answer the controller's validation requests (`recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`.", json_schema_extra=_RESTART)
+    enabled: bool = Field(True, description="Answer the controller's validation requests (a suspect node's, `recovery.judgement`, and a node's before its return, `recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`. Without a `dcgmi` it answers `DiagError` at once, so the controller knows the node cannot be validated rather than waiting for its timeout.", json_schema_extra=_RESTART)
     dcgmi_path: str = Field("dcgmi", description="The dcgmi program (looked up on PATH): the agent image carries none, so this needs an image with DCGM.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Seconds one diagnostic may run before it is killed and the validation reported as not run (`DiagError`): level 4 runs for about an hour on eight GPUs.")
 

@@ -119,8 +119,13 @@ class Pod(NamedTuple):
 
     @property
     def terminal(self) -> bool:
-        """Phase Succeeded or Failed: its controller has counted it; a restart leaves it alone."""
-        return self.phase in ("Succeeded", "Failed")
+        """Phase Succeeded or Failed, or about to be: under `restartPolicy: Never` every regular container has
+        terminated (the kubelet starts none again; the phase follows a moment later). Its controller counts
+        it; a restart leaves it alone (an eviction would mark it `DisruptionTarget` and hide its failure)."""
+        if self.phase in ("Succeeded", "Failed"):
+            return True
+        regular = [c for c in self.containers if not c.init]
+        return self.restart_policy == "Never" and bool(regular) and all(c.terminated is not None for c in regular)
 
 
 class Taint(NamedTuple):

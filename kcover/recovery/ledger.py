@@ -274,8 +274,9 @@ class Node:
             verdict: Verdict | None = Verdict(str(raw.get("v")))
         except ValueError:
             verdict = None
+        suspect_at = float(suspect) if _number(suspect) else None
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
-                   suspect_at=float(suspect) if _number(suspect) else None, suspicion=str(raw.get("e", ""))[:600],
+                   suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
                    verdict=verdict if _number(judged) else None)
 

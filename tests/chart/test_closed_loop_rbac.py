@@ -44,4 +44,6 @@ def test_return_validation_lets_the_agent_watch_nodes_and_turns_both_sides_on(re
     assert on[("", "nodes/status")] == {"patch"}, "the answer goes through nodes/status: no write to nodes"
     config = yaml.safe_load(find(objs, "ConfigMap", "")["data"]["config.yaml"])  # type: ignore[index]
     assert config["recovery"]["return_validation"] == {"enabled": True, "diag_level": 3}
-    assert config["agent"]["validation"] == {"enabled": True}
+    assert "agent" not in config, "agents validate by default (agent.validation.enabled)"
+    off_config = yaml.safe_load(find(render({"agentValidation": {"enabled": False}}), "ConfigMap", "")["data"]["config.yaml"])  # type: ignore[index]
+    assert off_config["agent"]["validation"] == {"enabled": False}

@@ -477,3 +477,27 @@ def test_own_policy_exit_rules_follow_the_operator_and_container() -> None:
     assert not rule.matches("c", 1)
     assert not rule.matches("other", 2)
     assert kinds.ExitRule("", "In", (7,)).matches("any", 7)
+
+
+@pytest.mark.parametrize(("policy", "phase", "terminated", "expected"), [
+    ("Never", "Running", True, "skip NothingToRemove quiet"),  # the kubelet starts it no more: the phase follows
+    ("Never", "Failed", True, "skip NothingToRemove quiet"),
+    ("OnFailure", "Running", True, "restart Job solo"),  # the kubelet restarts it in place: a member
+    ("Never", "Running", False, "restart Job solo"),
+], ids=["never-exited-phase-not-yet-failed", "never-failed", "onfailure-exited", "never-running"])
+def test_a_pod_that_will_not_run_again_is_no_member_of_its_restart(policy: str, phase: str, terminated: bool,
+                                                                   expected: str) -> None:
+    """A batch Job's only pod exits 1 under restartPolicy Never: its controller counts it, and evicting it
+    (its phase still Running for a moment on a real kubelet) would mark it DisruptionTarget and hide the
+    failure from backoffLimit, a free retry."""
+    job = o.workload("batch/v1", "Job", "solo", uid="solo-uid", labels=OPT,
+                     spec={"backoffLimit": 1, "template": {"spec": {"restartPolicy": policy}}})
+    pod = o.pod("solo-x", uid="solo-0", node="n1", owner=job, phase=phase,
+                labels={kinds.BATCH_JOB_NAME: "solo", kinds.BATCH_CONTROLLER_UID: "solo-uid"})
+    pod["spec"]["restartPolicy"] = policy
+    state = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}} if terminated \
+        else {"running": {}}
+    pod["status"]["containerStatuses"] = [{"name": "c", "restartCount": 0, "state": state}]
+    snap = caching.ClusterCache.offline([job, pod, o.node("n1")])
+    got = [" ".join(line.split(" ")[:3]) for line in summary(planning.plan(pod_event("solo-0"), snap, H0, rs(), NOW))]
+    assert got == [expected]

@@ -39,8 +39,8 @@ from typing import Any
 import orjson
 import structlog
 
-from kcover import metrics as metrics_
 from kcover import codec, serving, settings
+from kcover import metrics as metrics_
 from kcover.agent import reporting
 from kcover.aio import clock as clock_
 from kcover.controller import recovering

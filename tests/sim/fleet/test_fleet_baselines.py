@@ -51,8 +51,8 @@ def test_kubernetes_alone_restarts_in_place_and_a_bad_gpu_fails_again_until_a_pe
     assert all(i.at < fault.isolated_at for i in hits), "nothing strikes after the node is isolated"
     assert world.restarts["policy"] == 0
     nccl = world.params.nccl_timeout_minutes * 60
-    assert hits[0].decided_at is not None and hits[0].decided_at - hits[0].at >= nccl, \
-        "Kubernetes resumes the job only once the watchdog ended every rank"
+    assert hits[0].decided_at is not None
+    assert hits[0].decided_at - hits[0].at >= nccl, "Kubernetes resumes the job only once the watchdog ended every rank"
     assert 1 not in world.jobs[JOB].ranks
 
 
@@ -63,7 +63,8 @@ def test_a_transient_fault_strikes_once_and_a_bug_fails_its_job_then_is_fixed() 
     bug = world.faults[1]
     bounds = world.taxonomy.bug_failures
     assert bounds.min <= len(strikes(world, 1)) <= bounds.max
-    assert not bug.active and bug.failures_left == 0
+    assert not bug.active
+    assert bug.failures_left == 0
     assert not world.cordons
 
 
@@ -71,7 +72,8 @@ def test_a_fault_on_an_idle_node_waits_for_a_job() -> None:
     """A faulty GPU on a spare node strikes nothing until a job lands there."""
     world = replay(baselines.KubernetesAlone(), [onset(HOUR, 5, "faulty-gpu")])
     assert not world.interruptions
-    assert world.faults[0].active and world.faults[0].first_signal == HOUR, "an XID 79 shows on an idle GPU"
+    assert world.faults[0].active
+    assert world.faults[0].first_signal == HOUR, "an XID 79 shows on an idle GPU"
 
 
 def test_the_go_policy_restarts_on_every_exit_once_per_cooldown_and_cordons_only_on_dcgm() -> None:
@@ -82,7 +84,8 @@ def test_the_go_policy_restarts_on_every_exit_once_per_cooldown_and_cordons_only
     fault = world.faults[0]
     assert fault.isolated_by == "policy", "a faulty GPU fails the hourly diagnostic: the Go policy cordons"
     assert [c.cause for c in world.cordons] == ["DCGM diagnostic failed"]
-    assert fault.isolated_at is not None and fault.isolated_at <= HOUR + world.params.diag_interval_seconds + 1.0
+    assert fault.isolated_at is not None
+    assert fault.isolated_at <= HOUR + world.params.diag_interval_seconds + 1.0
     gsp = replay(baselines.GoController(), [onset(HOUR, 1, "gpu-system-processor", xid=119)])
     assert gsp.faults[0].isolated_by == "person", "no DCGM failure: the Go policy never isolates a GSP fault"
     assert len(strikes(gsp)) > 2
@@ -100,7 +103,8 @@ def test_the_oracle_isolates_hardware_at_its_first_signal_and_never_a_healthy_no
                                         onset(6 * HOUR, 2, "software-bug", tax.SignalKind.EXIT),
                                         onset(12 * HOUR, 3, "host-maintenance", tax.SignalKind.NOTREADY)])
     hbm = world.faults[0]
-    assert hbm.isolated_by == "policy" and hbm.isolated_at == hbm.first_signal == HOUR
+    assert hbm.isolated_by == "policy"
+    assert hbm.isolated_at == hbm.first_signal == HOUR
     assert len(strikes(world, 0)) == 1
     assert [c.node for c in world.cordons] == [1]
     assert not any(c.healthy for c in world.cordons)
@@ -141,5 +145,6 @@ def test_a_healthy_node_cordoned_costs_its_gpus_until_returned() -> None:
     params = small(days=2.0)
     world = replay(Cordoner(), [], params)
     (record,) = world.cordons
-    assert record.healthy and record.returned_at == HOUR + params.repair_hours * HOUR
+    assert record.healthy
+    assert record.returned_at == HOUR + params.repair_hours * HOUR
     assert record.idle_seconds == params.repair_hours * HOUR

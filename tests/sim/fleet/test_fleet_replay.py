@@ -83,7 +83,8 @@ def test_the_oracle_bounds_every_policy(replayed: tuple[dict[str, report.Figures
     assert oracle.isolated_by_policy == oracle.hardware_faults
     for name in ("kcover", "kubernetes", "go"):
         assert figs[name].ettr_fleet <= oracle.ettr_fleet + 1e-9, name
-    assert figs["kubernetes"].restarts == 0 and figs["kubernetes"].cordons == 0
+    assert figs["kubernetes"].restarts == 0
+    assert figs["kubernetes"].cordons == 0
 
 
 def test_one_seed_one_report(replayed: tuple[dict[str, report.Figures], dict[str, object], list[trace_.Onset]]) -> None:
@@ -107,7 +108,8 @@ def test_a_bad_gpu_strikes_again_until_it_is_isolated_and_never_after() -> None:
         assert sdc.isolated_at is not None, name
         assert all(i.at <= sdc.isolated_at for i in hits), f"{name}: a strike after the node was isolated"
         if name == "oracle":
-            assert len(hits) == 1 and sdc.isolated_at == hits[0].at
+            assert len(hits) == 1
+            assert sdc.isolated_at == hits[0].at
         else:
             assert len(hits) >= 2, f"{name}: the bad GPU was left in service and struck {len(hits)} time(s)"
             assert all(i.repeat for i in hits[1:])
@@ -129,7 +131,8 @@ def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
     assert cli.main([*base, "--write-trace", str(written), "--plot", str(picture)]) == 0
     text = capsys.readouterr().out
     assert "HEADLINE: kcover's effective training time is" in text
-    assert "effective training time, fleet (%)" in text and "healthy nodes cordoned" in text
+    assert "effective training time, fleet (%)" in text
+    assert "healthy nodes cordoned" in text
     for name in report.POLICIES:
         assert name in text.splitlines()[6], "one column per policy"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -137,7 +140,8 @@ def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["policies"]) == set(report.POLICIES)
     assert doc["meta"]["onsets"] == len(written.read_text().splitlines())
-    assert doc["meta"]["checkpoint_minutes"] == 30.0 and doc["meta"]["restart_minutes"] == 10.0
+    assert doc["meta"]["checkpoint_minutes"] == 30.0
+    assert doc["meta"]["restart_minutes"] == 10.0
     assert doc["kcover_to_oracle_points"] == pytest.approx(
         100 * (doc["policies"]["oracle"]["ettr_fleet"] - doc["policies"]["kcover"]["ettr_fleet"]), abs=1e-3)
     assert cli.main(["sim", "fleet", "--nodes", "8", "--job-mix", "2x8"]) == 2

@@ -71,7 +71,9 @@ def test_the_json_lines_format_round_trips(tmp_path: Path) -> None:
     assert trace.read(str(path), shipped, nodes=128, gpus_per_node=8) == [
         trace.Onset(round(o.time, 3), o.node, o.gpu, o.fault_class, o.signal, o.xid) for o in onsets]
     first = path.read_text().splitlines()[0]
-    assert first.startswith('{"time": ') and '"class": ' in first and '"signal": ' in first
+    assert first.startswith('{"time": ')
+    assert '"class": ' in first
+    assert '"signal": ' in first
 
 
 def test_a_users_trace_is_read_and_its_bad_lines_named() -> None:
@@ -92,7 +94,8 @@ def test_a_users_trace_is_read_and_its_bad_lines_named() -> None:
     text = "\n".join(caught.value.errors)
     assert "mine.jsonl:1: node 9 is past the fleet's 4 nodes" in text
     assert "mine.jsonl:2: class 'no-such' is not in the taxonomy" in text
-    assert "mine.jsonl:3:" in text and "xid" in text
+    assert "mine.jsonl:3:" in text
+    assert "xid" in text
     assert "mine.jsonl:4: not JSON" in text
     assert "mine.jsonl:5: gpu 8 is past the node's 8 GPUs" in text
 
