@@ -274,8 +274,6 @@ class Recorder:
         source = st.cause_of(step)
         spec: dict[str, Any] = {"target": target.spec(),
                                 "decision": {"action": decision(step), "leader": self.identity}}
-        if rs.dry_run:
-            spec["decision"]["dryRun"] = True
         if isinstance(step, st.RecordOnly):
             spec["decision"]["recordOnly"] = model.fit(step.why, 256)
             step = step.step
@@ -352,7 +350,9 @@ class Recorder:
 
     def _drop(self, reason: str, namespace: str, name: str, error: str = "") -> None:
         self.metrics.failed.labels(reason=reason).inc()
-        log.error("recovery_record_dropped", reason=reason, namespace=namespace, name=name, error=error)
+        # a replica that lost the Lease has a successor that records its own: worth a warning, not an error
+        emit = log.warning if reason == "not_leader" else log.error
+        emit("recovery_record_dropped", reason=reason, namespace=namespace, name=name, error=error)
 
     # ------------------------------------------------------------------------------------------ writing
 

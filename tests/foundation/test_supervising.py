@@ -194,8 +194,9 @@ async def test_a_failed_optional_plugin_shows_at_detectors_in_kcover_detectors_a
     stop = asyncio.Event()
     task = asyncio.create_task(sup.run(stop))
     try:
-        await asyncio.sleep(0.5)
-        assert len(d.Crasher.attempts) >= 2, "restarted more than once"
+        async with asyncio.timeout(30):  # a positive signal, not a guess at how fast a loaded machine restarts
+            while len(d.Crasher.attempts) < 2:
+                await asyncio.sleep(0.02)
         assert told == [("crasher", "RuntimeError: sensor on fire", False)], "once per distinct failure, not per restart"
         url = f"http://127.0.0.1:{server.port}"
         code = await asyncio.to_thread(cli.main, ["detectors", "--url", url])
