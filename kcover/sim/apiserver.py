@@ -125,12 +125,15 @@ class ApiServer:
     """The aiohttp application of one simulated cluster."""
 
     def __init__(self, store: stores.Store, logs: podlogs.LogBuffers, fault: faults.Faults,
-                 *, rng: random.Random | None = None, bookmark_interval: float = 60.0) -> None:
+                 *, rng: random.Random | None = None, bookmark_interval: float = 60.0,
+                 liveness_interval: float = 1.0) -> None:
         self.store = store
         self.logs = logs
         self.faults = fault
         self.request_counts: dict[str, int] = {}
         self.bookmark_interval = bookmark_interval
+        self.liveness_interval = liveness_interval
+        """Seconds between checks that a quiet watch's client is still there (a closed HTTP connection)."""
         self.server_address = "127.0.0.1:0"
         self._rng = rng or random.Random()
         self.openapi = openapi.Documents()

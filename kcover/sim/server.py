@@ -43,7 +43,7 @@ class SimServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, clock: clocks.Clock | None = None,
                  seed: int | None = None, history: int = stores.HISTORY_PER_RESOURCE,
-                 bookmark_interval: float = 60.0, listen: bool = True,
+                 bookmark_interval: float = 60.0, listen: bool = True, liveness_interval: float = 1.0,
                  crds: Sequence[Mapping[str, Any]] = ()) -> None:
         self.host = host
         self.listen = listen
@@ -55,7 +55,7 @@ class SimServer:
         self.logs = podlogs.LogBuffers(clock)
         self.faults = faults.Faults(self.store, rng=random.Random(seed))
         self.api = apiserver.ApiServer(self.store, self.logs, self.faults, rng=rng,
-                                       bookmark_interval=bookmark_interval)
+                                       bookmark_interval=bookmark_interval, liveness_interval=liveness_interval)
         self._runner: web.AppRunner | None = None
         self.front = inprocess.Front(self.api)
         """The in-process front: `client()` builds `KubeClient`s on it; `front.up` is False while the server
