@@ -423,7 +423,7 @@ async def test_cordon_drains_as_configured_honouring_the_budget_then_requests_re
     assert took == evicted
     if ended is not None:
         assert "1 still there" in ended["message"]
-        assert "disruption budget" in ended["message"]
+        assert "PodDisruptionBudget refused the eviction" in ended["message"]
     assert (obj["metadata"].get("labels") or {}).get(REMEDIATION_LABEL) == "true"
     cond = next(c for c in obj["status"]["conditions"] if c["type"] == "KcoverRemediationRequested")
     assert (cond["status"], cond["reason"]) == ("True", "KcoverRequested")
