@@ -83,6 +83,7 @@ def _failed(rn: RealNode, ns: str, name: str) -> bool:
     return any(c["type"] == "Failed" and c["status"] == "True" for c in status.get("conditions") or [])
 
 
+@pytest.mark.timeout(600)  # its own waits add up to 270 s: a real kubelet's back-off on a loaded machine
 def test_an_always_failing_job_gets_as_many_pods_with_kcover_as_without(realnode: RealNode, ns: str) -> None:
     rn = realnode
     rn.wait_ready()
