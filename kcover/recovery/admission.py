@@ -3,7 +3,8 @@
 Owns the checks that read what kcover did (the ledger) and what it is doing (actions in flight): a
 replayed signal (`ALREADY_ACTED`), a pod a restart already removed (`ALREADY_RESTARTED`), the unit's
 cooldown and restart budget, the node's cooldown, and the breaker (`BREAKER_LATCHED`, `BREAKER_COOLDOWN`,
-`BREAKER_OPEN`: restarts in flight, cordons held and in flight against their caps). `planning.plan`
+`BREAKER_OPEN`: restarts in flight, cordons held and in flight against their caps, device taints held
+and in flight against theirs). `planning.plan`
 calls these with the ledger as the cache-time view, and the executors call the same functions again
 inside the fenced ledger write, on the entry as the API server holds it then: so a second replica that
 believes it leads is refused by the very rule the first one passed, and no refusal has two homes.
@@ -125,3 +126,38 @@ def until_budget_frees(unit: ledger.Unit | None, rs: settings.RecoverySettings, 
 def until_cooldown_ends(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
     times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
     return times[-1] + rs.workload_cooldown_seconds if times else now
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """The device taints the breaker counts besides the ledger's: those planned and not yet recorded."""
+
+    on_node: int = 0
+    """Device taints in flight on this device's node (this one not included)."""
+    total: int = 0
+    """Device taints in flight across the cluster (this one not included)."""
+
+
+def device_taint(node: ledger.Node | None, device: str, name: str, *, rs: settings.RecoverySettings, now: float,
+                 breaker_state: ledger.Breaker, recent: int, load: DeviceLoad) -> Refusal | None:
+    """May `device` (a resourceID) of Node `name` be tainted now? The latched breaker, and the device taints'
+    own caps (`recovery.device_taints.max_per_node`, `max_per_window`), in-flight taints counted. `recent`:
+    device taints the ledger holds made within the window. A device the ledger already holds tainted needs
+    no admission (its rule is written again, idempotently, and counted once)."""
+    latched = breaker(breaker_state, rs, now)
+    if latched is not None:
+        return latched
+    held = node.devices if node is not None else {}
+    if device in held:
+        return None
+    opts = rs.device_taints
+    on_node = len(held) + load.on_node
+    if on_node >= opts.max_per_node:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover holds {len(held)} devices of Node {name} tainted "
+                       f"and {load.on_node} taints of it in flight (max {opts.max_per_node}, "
+                       f"recovery.device_taints.max_per_node); device {device} is not tainted")
+    if recent + load.total >= opts.max_per_window:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover made {recent} device taints in the last "
+                       f"{opts.window_seconds:.0f}s and {load.total} are in flight (max {opts.max_per_window}, "
+                       f"recovery.device_taints.max_per_window); device {device} is not tainted")
+    return None
