@@ -272,6 +272,10 @@ class DeviceTaintSettings(_Group):
     effect: DeviceTaintEffect = Field(DeviceTaintEffect.NO_SCHEDULE, description="Effect of kcover's device taints. `NoSchedule` keeps new claims off the device and leaves eviction to kcover's own restart of the holders (which honours cooldowns and budgets); `NoExecute` also lets Kubernetes evict every pod using the device, opted in or not.")
     key: str = Field("kcover.io/unhealthy", description="Key of kcover's device taints (a label name), the one pods tolerate to use a device kcover isolated.")
     discovery_interval_seconds: float = Field(300.0, gt=0, description="Seconds between checks of whether the API server serves DeviceTaintRules (discovery of `resource.k8s.io`); an upgrade or a changed runtime-config is noticed within this.")
+    max_per_node: int = Field(8, ge=1, description="Devices of one node kcover holds tainted at most, those in flight counted; a taint past it is refused (`BreakerOpen`) and the holders are still restarted. Eight is a whole HGX/DGX board: more faulty devices than that on one node at once is the node's fault or a flood of reports, not separate GPUs failing.")
+    max_per_window: int = Field(32, ge=1, description="Device taints kcover makes across the cluster within `window_seconds`, those in flight counted; past it the breaker opens for device taints (`BreakerOpen`). Four boards' worth of GPUs an hour is far above independent device failures and stops a storm of correlated (or forged) reports.")
+    window_seconds: float = Field(3600.0, gt=0, description="Seconds: the window of `max_per_window` (one hour, as the restart budget's).")
+    max_hold_seconds: float = Field(86400.0, gt=0, description="Seconds kcover keeps one of its device taints without word that the device is healthy again; then it removes the taint and says so (a `KcoverUntaintedDevice` Event). A day leaves time to reset or replace the GPU, and no taint outlives a healthy word that was lost (an agent gone, a node rebuilt).")
 
 
 class NodeJudgement(enum.StrEnum):

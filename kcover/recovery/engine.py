@@ -1,11 +1,12 @@
 """The recovery engine: a batch of faults in, planned and carried out while leading; the leader's periodic pass.
 
 Owns what is in flight and the order of things. `handle(batch)` reads the ledger (once per term), plans
-every event of the batch first (`planning.plan`), reserving each planned restart and cordon before the
-next event is planned, with no `await` in between, so events of one batch never both see the last free
-slot of a limit (five simultaneous node faults with a limit of one cordon one node); then it carries the
+every event of the batch first (`planning.plan`), reserving each planned restart, cordon and device taint
+before the next event is planned, with no `await` in between, so events of one batch never both see the
+last free slot of a limit (five simultaneous node faults with a limit of one cordon one node); then it carries the
 plans out concurrently, one `coordinating.Coordinator.run` per event. A restart's reservation ends with
-its run; a cordon's once the cache shows the node cordoned.
+its run; a cordon's once the cache shows the node cordoned; a device taint's with its run (the ledger
+holds a done one, and its caps count it from there).
 
 A fault whose first write failed before anything was recorded (the ledger's write during an API outage,
 the ledger's kind not served) is kept and handled again by `tick()` with backoff, until it succeeds, is
@@ -14,7 +15,8 @@ superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecov
 
 `tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
 the pending intents (`restarting.resume_steps`), the held restarts (`planning.replan_held`), the
-verifications' Events, the validations' answers, the drains, and the retried faults. The engine is
+verifications' Events, the validations' answers, the drains, the device taints held past
+`recovery.device_taints.max_hold_seconds` (removed, with an Event), and the retried faults. The engine is
 called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
 surfaces as `errors.NotLeaderError` from the gateway's fence, which propagates to the controller.
 
@@ -99,6 +101,8 @@ class RecoveryEngine:
         """Unit key -> restarts of it planned and not finished."""
         self._cordoning: dict[str, float] = {}
         """Node -> when its cordon was planned, until the cache shows it cordoned."""
+        self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
+        """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._retries: dict[str, _Retry] = {}
         """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._unavailable_said = False
@@ -124,7 +128,8 @@ class RecoveryEngine:
                 del self._cordoning[node]
         return planning.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
                                 cordons_in_flight=frozenset(self._cordoning),
-                                device_taints_served=self._devices.known_served)
+                                device_taints_served=self._devices.known_served,
+                                device_taints_in_flight={rid: node for rid, node in self._tainting})
 
     async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
         """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
@@ -149,16 +154,15 @@ class RecoveryEngine:
             self._unavailable_said = False
         self.engine_metrics.ledger_available.set(1)
         dra = [e for e in batch if e.fault.dra is not None and not e.cleared]
-        if self._recovery().device_taints.enabled and dra:
-            if await self._devices.served_version() is None:
-                self._metrics.device_taint_fallbacks.inc(len(dra))
-                if not self._devices.unserved_said:
-                    self._devices.unserved_said = True
-                    node = dra[0].target.node or dra[0].target.name
-                    await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
-                                            "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
-                                            f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
-                                            "later device faults are answered at node level"))
+        if self._recovery().device_taints.enabled and dra and await self._devices.served_version() is None:
+            self._metrics.device_taint_fallbacks.inc(len(dra))
+            if not self._devices.unserved_said:
+                self._devices.unserved_said = True
+                node = dra[0].target.node or dra[0].target.name
+                await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
+                                        "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
+                                        f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
+                                        "later device faults are answered at node level"))
         return True
 
     async def _say(self, emit: st.Emit) -> None:
@@ -201,6 +205,8 @@ class RecoveryEngine:
                 self._restarting[step.unit_key] += 1
             elif isinstance(step, st.Cordon):
                 self._cordoning[step.node] = self._clock.monotonic()
+            elif isinstance(step, st.TaintDevice):
+                self._tainting[(step.device.resource_id, step.node)] += 1
 
     def _release(self, planned: Sequence[st.Step], outcomes: Sequence[st.Outcome]) -> None:
         for step in planned:
@@ -208,6 +214,11 @@ class RecoveryEngine:
                 self._restarting[step.unit_key] -= 1
                 if self._restarting[step.unit_key] <= 0:
                     del self._restarting[step.unit_key]
+            elif isinstance(step, st.TaintDevice):  # done or not, the ledger now holds what landed
+                key = (step.device.resource_id, step.node)
+                self._tainting[key] -= 1
+                if self._tainting[key] <= 0:
+                    del self._tainting[key]
         done = {o.step.node for o in outcomes if isinstance(o, st.Done) and isinstance(o.step, st.Cordon)}
         for step in planned:
             if isinstance(step, st.Cordon) and step.node not in done:
@@ -271,6 +282,7 @@ class RecoveryEngine:
                        f"{drain.evicted} pods evicted, {len(drain.waiting)} still there (last refusal: {drain.refused})"
                        if drain.waiting else f"drain of Node {drain.node} done: {drain.evicted} pods evicted")
             await self.coordinator.run([st.Emit(about, escalating.ESCALATED, "Drain", message, warning=bool(drain.waiting))])
+        await self._expire_device_taints(now, rs)
         await self._retry(now)
         self._metrics.breaker_open.set(1 if self.ledger.breaker().latched else 0)
         self.engine_metrics.held.set(len(self.ledger.held()))
@@ -297,6 +309,17 @@ class RecoveryEngine:
                 outcomes = await self.coordinator.run(planned)
             finally:
                 self._release(planned, outcomes)
+
+    async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
+        """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed."""
+        limit = rs.device_taints.max_hold_seconds
+        for node, taint in self.ledger.tainted_devices():
+            if now.timestamp() - taint.at < limit:
+                break  # oldest first
+            await self.coordinator.run([st.UntaintDevice(
+                device=taint.device, node=node, cause=None,
+                why=f"kcover held it tainted since {_when(taint.at)}, {limit:g}s "
+                    "(recovery.device_taints.max_hold_seconds), with no word that it is healthy again")])
 
     def _unit_ref(self, held: ledger.HeldRestart) -> st.ObjectRef:
         try:

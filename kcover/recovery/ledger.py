@@ -7,7 +7,8 @@ valid name), labelled `kcover.io/ledger=<ledger>`, in `recovery.ledger_namespace
 * a restart unit, `w.<workload uid>` or `w.<uid>.g<group>` (a LeaderWorkerSet group): its restart times
   (cooldown and budget) with where each fault was (the evidence a node's blame reads), a note, the pending
   restart `Intent`, a held restart (`HeldRestart`);
-* a node, `n.<node>`: when kcover last cordoned it and why;
+* a node, `n.<node>`: when kcover last cordoned it and why, and which of its DRA devices kcover holds
+  tainted since when (`TaintedDevice`: the caps on device taints and their bounded life read these);
 * the breaker, `breaker`: whether it is latched, why, since when, and when it was last reset;
 
 each with the outside signals that moved it (`<signal>|<key>` -> epoch seconds), so a replay never acts
@@ -44,7 +45,7 @@ from typing import Any, TypeGuard, TypeVar
 import orjson
 import structlog
 
-from kcover import errors
+from kcover import errors, model
 from kcover.kube import gateway
 
 log = structlog.get_logger()
@@ -210,26 +211,52 @@ class Unit:
         return max(times, default=float("-inf"))
 
 
+@dataclass(frozen=True)
+class TaintedDevice:
+    """One of the node's DRA devices kcover holds tainted (its DeviceTaintRule), since when."""
+
+    device: model.DraDevice
+    at: float
+
+    def encode(self) -> list[Any]:
+        return [self.device.driver, self.device.pool, self.device.device, round(self.at, 3)]
+
+    @classmethod
+    def decode(cls, raw: Any) -> TaintedDevice | None:
+        if not isinstance(raw, list) or len(raw) != 4 or not _number(raw[3]):
+            return None
+        try:
+            return cls(model.DraDevice(driver=str(raw[0]), pool=str(raw[1]), device=str(raw[2])), float(raw[3]))
+        except ValueError:
+            return None
+
+
 @dataclass
 class Node:
-    """A node's entry."""
+    """A node's entry: its cordon, and its devices kcover holds tainted (resourceID -> the taint)."""
 
     cordoned_at: float | None = None
     reason: str = ""
+    devices: dict[str, TaintedDevice] = field(default_factory=dict)
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"r": self.reason}
         if self.cordoned_at is not None:
             out["c"] = round(self.cordoned_at, 3)
+        if self.devices:
+            out["v"] = [t.encode() for _, t in sorted(self.devices.items())]
         return out
 
     @classmethod
     def decode(cls, raw: Mapping[str, Any]) -> Node:
         at = raw.get("c")
-        return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")))
+        devices = [TaintedDevice.decode(t) for t in raw.get("v") or ()] if isinstance(raw.get("v"), list) else []
+        return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
+                   devices={t.device.resource_id: t for t in devices if t is not None})
 
     def newest(self) -> float:
-        return self.cordoned_at if self.cordoned_at is not None else float("-inf")
+        times = [*((self.cordoned_at,) if self.cordoned_at is not None else ()), *(t.at for t in self.devices.values())]
+        return max(times, default=float("-inf"))
 
 
 @dataclass
@@ -346,6 +373,8 @@ class Ledger:
         self._restart_times: list[float] = []
         """Every unit's restart times, sorted: the cluster-wide count in a window without reading every entry."""
         self._cordon_times: list[float] = []
+        self._device_times: list[float] = []
+        """When each device taint the ledger holds was made, sorted (the device taints' window)."""
         self._doomed: list[str] = []
         self.writes = 0
         self.conflicts = 0
@@ -400,6 +429,16 @@ class Ledger:
 
     def cordons_since(self, since: float) -> int:
         return len(self._cordon_times) - bisect.bisect_left(self._cordon_times, since)
+
+    def device_taints_since(self, since: float) -> int:
+        """Device taints kcover holds that it made at or after `since` (epoch seconds)."""
+        return len(self._device_times) - bisect.bisect_left(self._device_times, since)
+
+    def tainted_devices(self) -> list[tuple[str, TaintedDevice]]:
+        """(node, taint) of every device kcover holds tainted, oldest first."""
+        out = [(key[2:], t) for key, h in self._entries.items() if isinstance(h.entry, Node)
+               for t in h.entry.devices.values()]
+        return sorted(out, key=lambda pair: (pair[1].at, pair[1].device.resource_id))
 
     def pending(self) -> dict[str, Intent]:
         """Intents held as pending, less those completed here (unit key -> intent)."""
@@ -457,6 +496,8 @@ class Ledger:
                                      for t in h.entry.restarts)
         self._cordon_times = sorted(h.entry.cordoned_at for h in self._entries.values()
                                     if isinstance(h.entry, Node) and h.entry.cordoned_at is not None)
+        self._device_times = sorted(t.at for h in self._entries.values() if isinstance(h.entry, Node)
+                                    for t in h.entry.devices.values())
 
     def _replace(self, key: str, new: _Held | None) -> None:
         old = self._entries.get(key)
@@ -466,18 +507,22 @@ class Ledger:
                     i = bisect.bisect_left(self._restart_times, t)
                     if i < len(self._restart_times) and self._restart_times[i] == t:
                         del self._restart_times[i]
-            elif isinstance(old.entry, Node) and old.entry.cordoned_at is not None:
-                i = bisect.bisect_left(self._cordon_times, old.entry.cordoned_at)
-                if i < len(self._cordon_times) and self._cordon_times[i] == old.entry.cordoned_at:
-                    del self._cordon_times[i]
+            elif isinstance(old.entry, Node):
+                if old.entry.cordoned_at is not None:
+                    _remove(self._cordon_times, old.entry.cordoned_at)
+                for taint in old.entry.devices.values():
+                    _remove(self._device_times, taint.at)
             del self._entries[key]
         if new is not None:
             self._entries[key] = new
             if isinstance(new.entry, Unit):
                 for t in new.entry.restarts:
                     bisect.insort(self._restart_times, t)
-            elif isinstance(new.entry, Node) and new.entry.cordoned_at is not None:
-                bisect.insort(self._cordon_times, new.entry.cordoned_at)
+            elif isinstance(new.entry, Node):
+                if new.entry.cordoned_at is not None:
+                    bisect.insort(self._cordon_times, new.entry.cordoned_at)
+                for taint in new.entry.devices.values():
+                    bisect.insort(self._device_times, taint.at)
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -581,11 +626,17 @@ class _Offline:
         raise errors.KcoverError(f"an offline ledger cannot {name}")
 
 
+def _remove(times: list[float], at: float) -> None:
+    i = bisect.bisect_left(times, at)
+    if i < len(times) and times[i] == at:
+        del times[i]
+
+
 def _expired(entry: Entry, before: float) -> bool:
     if isinstance(entry, Unit):
         return entry.intent is None and entry.held is None and entry.newest() < before
     if isinstance(entry, Node):
-        return entry.newest() < before
+        return not entry.devices and entry.newest() < before  # a taint is kept until kcover removed it
     return False
 
 

@@ -178,11 +178,13 @@ class TaintDevice:
 
 @dataclass(frozen=True)
 class UntaintDevice:
-    """Remove kcover's own DeviceTaintRule of a device that is healthy again (never another's)."""
+    """Remove kcover's own DeviceTaintRule of a device (never another's): healthy again, or held too long."""
 
     device: model.DraDevice
     node: str
-    cause: model.CollectorEvent
+    cause: model.CollectorEvent | None
+    """The fault that cleared; None when kcover ends a taint it held past `device_taints.max_hold_seconds`."""
+    why: str = "the device is healthy again"
 
 
 @dataclass(frozen=True)
