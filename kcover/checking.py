@@ -1,12 +1,14 @@
 """The whole configuration checked at once: everything a role would refuse, found before anything runs or applies.
 
-Owns one list of problems for validated settings: the recovery rules (`recovery.rules.parse_rules`),
-every enabled detector's config against its own model (`detectors.registry.Registry.check_entries`,
+Owns one list of problems for validated settings: the recovery rules (`recovery.rules.parse_rules`,
+and the detector each names: a pattern that matches no installed detector is a rule that can never
+apply), every enabled detector's config against its own model (`detectors.registry.Registry.check_entries`,
 as the supervisor's `wanted()` does), the limits between a setting and a detector's config
 (`agent.event_retry_seconds` below the event watcher's staleness) and the XID policy file
 `agent.xid_policy_file` (`nvml.xid_policy.load`). `kcover config check`, the start of a role and every hot reload use it, so
 a file that passes the check is one the roles accept, and a reload applies nothing unless all of it is
-valid. It also names the files besides the settings file whose content is configuration
+valid. `warnings()` names what is valid but likely wrong (a rule that cordons for any fault of any
+detector); `kcover config check` prints them and a role logs them, neither refuses them. It also names the files besides the settings file whose content is configuration
 (`watched_files`), for the reloader to poll. The settings schema itself is `settings.layer()`'s.
 
 It reads the XID policy file (through `xid_policy.load`) and nothing else; it never raises on a bad
@@ -16,6 +18,7 @@ raises them together as one `errors.ConfigError`.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,10 +29,12 @@ from kcover.recovery import rules as rules_
 
 XID_POLICY_SETTING = "agent.xid_policy_file"
 EVENT_WATCHER = "event-watcher"
+CORDONING = frozenset({"cordon-node", "cordon-node-and-restart"})
 
 
-def rule_problems(rules: Sequence[Any]) -> list[str]:
-    """What is wrong with `recovery.rules` (unknown actions, keys, severities, targets)."""
+def rule_problems(rules: Sequence[Any], detectors: registry.Registry | None = None) -> list[str]:
+    """What is wrong with `recovery.rules` (unknown actions, keys, severities, targets; with `detectors`, a
+    `detector` pattern that matches no installed detector)."""
     if not all(isinstance(rule, Mapping) for rule in rules):
         return [f"recovery.rules[{i}]: must be a mapping, not {type(rule).__name__}"
                 for i, rule in enumerate(rules) if not isinstance(rule, Mapping)]
@@ -37,7 +42,37 @@ def rule_problems(rules: Sequence[Any]) -> list[str]:
         rules_.parse_rules(rules)
     except errors.ConfigError as exc:
         return list(exc.errors) or [f"recovery.rules: {exc}"]
-    return []
+    if detectors is None:
+        return []
+    known = sorted(detectors.names())
+    found = []
+    for i, rule in enumerate(rules):
+        pattern = str(rule.get("detector", "*"))
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in known):
+            found.append(f"recovery.rules[{i}].detector: {pattern!r} matches no installed detector, so the rule "
+                         f"never applies; installed: {', '.join(known)}")
+    return found
+
+
+def rule_warnings(rules: Sequence[Any]) -> list[str]:
+    """What in `recovery.rules` is valid but likely wrong: a rule that cordons (`cordon-node`,
+    `cordon-node-and-restart`) for every fault of every detector. Whoever can raise any fault (a tenant's
+    Event about its own pod, any plugin) could then move nodes; the built-in rules cordon only for the
+    node signals kcover checks the writer of."""
+    found = []
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, Mapping) or rule.get("action") not in CORDONING:
+            continue
+        if str(rule.get("detector", "*")) == "*" and str(rule.get("reason", "*")) == "*":
+            scope = f"every {rule['target']} fault" if rule.get("target") else "every fault"
+            found.append(f"recovery.rules[{i}]: {rule['action']} for {scope} of every detector and reason: any "
+                         f"fault anyone can raise then cordons a node; name the detector (and reason) it is for")
+    return found
+
+
+def warnings(cfg: settings.Settings) -> list[str]:
+    """What `kcover config check` prints and a role logs about valid settings that are likely wrong."""
+    return rule_warnings(cfg.recovery.rules)
 
 
 def xid_policy_problems(path: str) -> list[str]:
@@ -74,7 +109,7 @@ def event_retry_problems(event_retry_seconds: float, entries: Mapping[str, setti
 def problems(cfg: settings.Settings, detectors: registry.Registry, *, role: contract.Role | None = None) -> list[str]:
     """Every problem of validated settings. `role` None checks all; the controller skips the agent's XID file,
     which only agent pods mount."""
-    found = rule_problems(cfg.recovery.rules)
+    found = rule_problems(cfg.recovery.rules, detectors if role in (None, contract.Role.CONTROLLER) else None)
     found += detectors.check_entries(cfg.detectors.entries)
     found += event_retry_problems(cfg.agent.event_retry_seconds, cfg.detectors.entries, detectors)
     if role in (None, contract.Role.AGENT):

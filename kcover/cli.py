@@ -253,14 +253,19 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     except errors.ConfigError as exc:
         data = None
         problems = [str(exc).splitlines()[0], *exc.errors]
+    warned: list[str] = []
     if data is not None:
         problems = check_file_data(data, args.file, registry.discover())
+        rules = (data.get("recovery") or {}).get("rules") if isinstance(data.get("recovery"), Mapping) else None
+        warned = checking.rule_warnings(rules) if isinstance(rules, list) else []
+    for line in warned:
+        print(f"{args.file}: warning: {line}", file=sys.stderr)
     if problems:
         print(f"{args.file}: invalid", file=sys.stderr)
         for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"{args.file}: valid")
+    print(f"{args.file}: valid" + (f" ({len(warned)} warning{'s' if len(warned) > 1 else ''})" if warned else ""))
     return 0
 
 
@@ -276,7 +281,7 @@ def check_file_data(data: Mapping[str, Any], file_name: str, detectors: registry
     recovery = data.get("recovery") if isinstance(data.get("recovery"), Mapping) else {}
     rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
     if isinstance(rules, list):
-        found += checking.rule_problems(rules)
+        found += checking.rule_problems(rules, detectors)
     entries: dict[str, settings.DetectorEntry] | None = None
     try:
         entries = settings.DetectorsSettings.model_validate(data.get("detectors") or {}).entries
@@ -340,25 +345,39 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 EXIT_MARGIN_SECONDS = 5.0
 """Seconds past `server.shutdown_grace_seconds` after which the process exits whatever is left running."""
+FORCED_RELEASE_SECONDS = 2.0
+"""Seconds a forced exit gives the controller to release its Lease (inside `EXIT_MARGIN_SECONDS`), so a
+successor takes over at once instead of after the Lease's duration."""
 
 
-def _exit_guard(seconds: float) -> None:
-    """A daemon thread that ends the process after `seconds`: shutdown stays bounded even when something
-    never returns (a thread stuck in a blocking call that asyncio.run would wait for at exit)."""
+def _force_exit(hooks: wiring.RoleHooks, why: str, **fields: Any) -> None:
+    """End the process now, whatever is still running: first, bounded, what the role asked a forced exit to
+    do (the controller's Lease released over connections of its own, its loop may be blocked). Call it from a
+    thread other than the loop's."""
+    log.error("shutdown_forced", why=why, **fields)
+    if hooks.abandon is not None:
+        hooks.abandon(FORCED_RELEASE_SECONDS)
+    logging.shutdown()
+    os._exit(0)
+
+
+def _exit_guard(seconds: float, hooks: wiring.RoleHooks) -> None:
+    """A daemon thread that ends the process after `seconds` (and `FORCED_RELEASE_SECONDS` to release the
+    Lease): shutdown stays bounded even when something never returns (a detector that ignores its
+    cancellation, a thread stuck in a blocking call that asyncio.run would wait for at exit)."""
     def guard() -> None:
         time.sleep(seconds)
-        log.error("shutdown_forced", after_seconds=seconds)
-        logging.shutdown()
-        os._exit(0)
+        _force_exit(hooks, "shutdown_deadline", after_seconds=seconds)
 
     threading.Thread(target=guard, name="kcover-exit-guard", daemon=True).start()
 
 
-async def _bound_shutdown(stop: asyncio.Event, role_task: asyncio.Task[None], grace: Callable[[], float]) -> None:
+async def _bound_shutdown(stop: asyncio.Event, role_task: asyncio.Task[None], grace: Callable[[], float],
+                          hooks: wiring.RoleHooks) -> None:
     """After `stop`, give the role `grace()` seconds to finish (releasing the Lease), then cancel it."""
     await stop.wait()
     seconds = grace()
-    _exit_guard(seconds + EXIT_MARGIN_SECONDS)
+    _exit_guard(seconds + EXIT_MARGIN_SECONDS - FORCED_RELEASE_SECONDS, hooks)
     done, _ = await asyncio.wait({role_task}, timeout=seconds)
     if not done:
         log.warning("shutdown_grace_exceeded", grace_seconds=seconds)
@@ -377,10 +396,15 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     detectors = registry.discover() if detectors is None else detectors
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    hooks = wiring.RoleHooks(environ=dict(os.environ), detectors=detectors,
+                             fake_nvml_file=getattr(args, "fake_nvml", None) or "")
 
     def on_signal(sig: signal.Signals) -> None:
-        if not stop.is_set():
-            log.info("shutdown_requested", signal=sig.name)
+        if stop.is_set():  # a second signal: a person (or a supervisor) will not wait
+            threading.Thread(target=_force_exit, args=(hooks, "second_signal"), kwargs={"signal": sig.name},
+                             name="kcover-forced-exit", daemon=True).start()
+            return
+        log.info("shutdown_requested", signal=sig.name)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -392,8 +416,6 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(health.heartbeat(stop), name="heartbeat")
-            hooks = wiring.RoleHooks(environ=dict(os.environ), detectors=detectors,
-                                     fake_nvml_file=getattr(args, "fake_nvml", None) or "")
 
             async def apply(new: settings.Settings, changed: set[str]) -> None:
                 if any(p.startswith("logging.") for p in changed):
@@ -410,8 +432,8 @@ async def serve(layered: settings.Layered, args: argparse.Namespace, role: wirin
             group.create_task(reloader.run(stop), name="config-reloader")
 
             role_task = group.create_task(role(config, metrics_, health, stop, hooks), name=f"{args.command}-main")
-            group.create_task(_bound_shutdown(stop, role_task, lambda: reloader.current.server.shutdown_grace_seconds),
-                              name="shutdown-bound")
+            group.create_task(_bound_shutdown(stop, role_task, lambda: reloader.current.server.shutdown_grace_seconds,
+                                              hooks), name="shutdown-bound")
     finally:
         await server.stop()
     return 0
@@ -427,6 +449,8 @@ def _run_role(args: argparse.Namespace, role: wiring.RoleMain) -> int:
         return 1
     logs.configure(layered.settings.logging)
     log.info("kcover_starting", command=args.command, version=kcover.__version__, config=args.config)
+    for line in checking.warnings(layered.settings):
+        log.warning("config_warning", warning=line)
     return asyncio.run(serve(layered, args, role, detectors=detectors))
 
 

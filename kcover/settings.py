@@ -194,6 +194,7 @@ class KubeSettings(_Group):
     gc_freeze_after_sync: bool = Field(True, description="gc.freeze() once the controller cache first synced, so Python's cyclic GC never rescans the ~1.5 million cached objects of 150,000 pods (full collections otherwise stall watch delivery for about a second).",
                                        json_schema_extra=_RESTART)
     missing_kind_retry_seconds: float = Field(300.0, gt=0, description="Seconds between lists of a workload kind whose CRD is not installed: slow, since installing an operator is rare.")
+    stall_seconds: float = Field(60.0, gt=0, description="Seconds a watched collection may keep failing (no list finished, no watch opened) before the controller's /readyz says its cache stopped syncing. 60 s is two retries at the 30 s backoff ceiling: an API server restart does not flip readiness, a watch that cannot recover does.")
     gpu_resources: list[str] = Field(
         default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu", "metax-tech.com/gpu"],
         description="Extended resources (names or `fnmatch` globs) whose non-zero node capacity makes a GPU node, for the cordon breaker's count: NVIDIA whole GPUs and MIG slices (mixed strategy), AMD, MetaX.",

@@ -39,6 +39,9 @@ class RoleHooks:
     reconfigure: Reconfigure | None = None
     fake_nvml_file: str = ""
     """`kcover agent --fake-nvml FILE`: use `nvml.scripted`'s fake driven by FILE instead of the real NVML."""
+    abandon: Callable[[float], None] | None = None
+    """What a forced exit calls, from the thread that ends the process, with the seconds it may take: the
+    controller releases its Lease (`leasing.LeaderElector.abandon`)."""
 
 
 RoleMain = Callable[[settings.Settings, metrics.Metrics, serving.Health, asyncio.Event, RoleHooks],
@@ -59,6 +62,8 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
             cfg = cfg.model_copy(update={"lease": cfg.lease.model_copy(update={"identity": pod})})
         elector = leasing.LeaderElector(kube, cfg.lease, identity=cfg.lease.identity,
                                         metrics=metrics_) if cfg.lease.enabled else None
+        if elector is not None:
+            hooks.abandon = elector.abandon
         stopped = asyncio.Event()  # set once the controller has stopped: the campaign ends last, releasing the Lease
         async with asyncio.TaskGroup() as group:
             if elector is not None:

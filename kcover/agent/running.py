@@ -30,7 +30,7 @@ from kcover.agent import dradevices, podresources, reporting, validating
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, dcgm, registry, supervising
 from kcover.kube import client as client_
-from kcover.kube import retrying
+from kcover.kube import decoding, retrying
 from kcover.nvml import xid_policy
 from kcover.recovery import auditing, steps
 
@@ -96,6 +96,7 @@ class Agent:
                             block_timeout_seconds=config.bus.block_timeout_seconds)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
         metrics.registry.register(retrying.StatsCollector(client.retry_stats))  # kcover_api_retries*
+        metrics.registry.register(decoding.SkipsCollector(client.skips))  # kcover_objects_skipped*
         self.subscription = self.bus.subscribe("agent-reporter", capacity=config.bus.subscriber_capacity)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), self.context, self.bus,
                                                  config.detectors, metrics)

@@ -34,8 +34,8 @@ from typing import Any
 import structlog
 
 from kcover import errors
-from kcover.kube import client as client_
 from kcover.bench import footprint, latency, rawapi, reporting, restarts, scale, seeding, simproc
+from kcover.kube import client as client_
 
 log = structlog.get_logger()
 

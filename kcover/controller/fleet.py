@@ -6,7 +6,8 @@ Owns two sets of metrics on the controller's registry:
   (`kcover_gpu_nodes`), those kcover holds cordoned (`kcover_gpu_nodes_cordoned`), and GPU nodes whose
   agent condition (`agent.condition_type`) is missing (`kcover_agent_condition_missing_nodes`: the agent
   writes it when it starts, so a GPU node without it has no working agent) or False
-  (`kcover_agent_condition_unhealthy_nodes`).
+  (`kcover_agent_condition_unhealthy_nodes`); and the objects the cache's client could not decode and
+  left out of its lists and watches (`kcover_objects_skipped_total{kind,reason}`, `decoding.Skips`).
 * `FaultMetrics`: `kcover_faults_total{class,detector}`, every fault the leader's engine is handed, by
   `fault_class()` (a closed set read from the typed fault, never from free-form text, so the label
   stays bounded) and detector. Cleared events are not faults and are not counted.
@@ -79,3 +80,4 @@ class FleetCollector:
                                 "condition (agent.condition_type): no agent has reported there.", value=missing)
         yield GaugeMetricFamily("kcover_agent_condition_unhealthy_nodes", "GPU nodes whose agent condition is "
                                 "False (a GPU fault the agent reports).", value=unhealthy)
+        yield from self._cache.skips.metrics()

@@ -5,7 +5,9 @@ are registered in kcover's own pyproject exactly as a plugin would be). Discover
 only; a detector's module is imported the first time it is asked for (`get`, `load`, a config check), so a
 role imports the detectors its configuration enables and no others (`infos` imports them all, for
 `kcover detectors`). A plugin that fails to import is recorded with its name and the error, logged once,
-and does not stop the others. It does not run detectors (`supervising` does).
+and does not stop the others; enabled, it is a configuration problem only when it is required
+(`optional()`: a plugin is optional unless its entry says `required: true`). It does not run detectors
+(`supervising` does).
 """
 
 from __future__ import annotations
@@ -108,8 +110,18 @@ class Registry:
                      for e in exc.errors()]
             raise errors.ConfigError(f"invalid config for detector {name!r}", lines) from exc
 
+    def optional(self, name: str, entry: Any) -> bool:
+        """Whether the entry's failure leaves the process ready: `required` as set, else only plugins."""
+        required = getattr(entry, "required", None)
+        return not required if required is not None else not self.get(name).builtin
+
+    def unloadable(self, name: str) -> bool:
+        """The detector is installed but cannot be imported or is not a usable class."""
+        return self.get(name).cls is None
+
     def check_entries(self, entries: Mapping[str, Any]) -> list[str]:
-        """Field-level problems with configured detector entries (unknown names, bad configs)."""
+        """Field-level problems with configured detector entries (unknown names, bad configs, a required
+        detector that cannot be loaded; an optional one that cannot is no problem: it runs as failed)."""
         problems: list[str] = []
         for name, entry in entries.items():
             if not getattr(entry, "enabled", True):
@@ -122,7 +134,8 @@ class Registry:
             except errors.ConfigError as exc:
                 problems.extend(exc.errors)
             except errors.PluginError as exc:
-                problems.append(f"detectors.entries.{name}: {exc}")
+                if not self.optional(name, entry):
+                    problems.append(f"detectors.entries.{name}: {exc}")
         return problems
 
 

@@ -11,7 +11,8 @@ Third-party detectors run isolated (`isolating`: their own thread and loop, a ra
 the bus) unless their entry says `isolated: false`; built-ins run inline on the process's loop. A
 failed detector makes the process not ready only when it is required (built-ins by default): a
 failed optional plugin shows in `health()`, `kcover_detector_up` and the readiness text, and the
-process stays ready. Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
+process stays ready; so does an enabled optional plugin that cannot even be imported (it runs as failed,
+its import error the detail, retried with backoff). Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
 `describe()` is each detector's runtime state (served at /detectors, shown by `kcover detectors --url`),
 and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fails.
 """
@@ -82,6 +83,9 @@ class Supervisor:
         for name, entry in detector_settings.entries.items():
             if not entry.enabled:
                 continue
+            if self._registry.unloadable(name):  # optional (else `check_entries` refused it): shown as failed
+                out[name] = (entry, contract.EmptyConfig())
+                continue
             info = self._registry.get(name)
             if self._context.role not in info.roles:
                 continue
@@ -126,8 +130,8 @@ class Supervisor:
         available.set(1)
         unavailable_logged = False
         while not running.stop.is_set():
-            cls = self._registry.load(name)
             try:
+                cls = self._registry.load(name)
                 if running.isolated:
                     running.state, running.detail = "running", ""
                     up.set(1)

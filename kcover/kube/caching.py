@@ -3,8 +3,8 @@
 Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, each configured
 workload kind, and for the controller Namespaces and the controls ConfigMap), the indexes the detectors and the recovery engine read (pods by uid, by namespace/name,
 by node, by owner uid, by membership label; nodes by name; workloads by uid and by (group, kind,
-namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list),
-and change subscriptions delivered in order, synchronously after the cache was updated. It is the
+namespace, name); ResourceSlice drivers by node), readiness (every reflector finished its first list,
+and none has kept failing since: `Reflector.synced`), and change subscriptions delivered in order, synchronously after the cache was updated. It is the
 `policy.ClusterSnapshot` the recovery policy and executors read; owner resolution and opt-in are
 `ownership`'s, "is this a GPU node" is `gpus`'.
 
@@ -13,6 +13,7 @@ own list path (`Reflector.load`): tests and benchmarks read the product's model,
 
 It does not write to the API and keeps no raw objects. Reflectors retry on their own (see
 `watching.py`); a kind whose CRD or API group is missing is logged once and counts as synced (empty).
+An object that cannot be decoded is left out and counted in the client's `skips` (`skips`).
 A subscriber that raises is logged and skipped; it never stops the cache or other subscribers.
 """
 
@@ -30,7 +31,7 @@ import structlog
 from kcover import kinds, model
 from kcover import settings as settings_
 from kcover.kube import client as client_
-from kcover.kube import gpus, ownership, watching
+from kcover.kube import decoding, gpus, ownership, watching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -142,6 +143,7 @@ class ClusterCache:
         self._workloads_by_owner: dict[str, set[str]] = {}
         self._slices_by_node: dict[str, dict[str, str]] = {}
         """Node name -> ResourceSlice uid -> driver."""
+        self._skips = kube.skips if kube is not None else decoding.Skips()
         self.reflectors: list[watching.Reflector[Any]] = []
         self._routes: dict[tuple[str, str], watching.Reflector[Any]] = {}
         """(group, kind) -> the reflector of that collection, for `load()`."""
@@ -169,7 +171,7 @@ class ClusterCache:
                  options: watching.ReflectorOptions | None,
                  query: Mapping[str, str] | None = None) -> watching.Reflector[Any]:
         reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
-                                                                options=options, query=query)
+                                                                options=options, query=query, kind=route[1])
         self.reflectors.append(reflector)
         self._routes[route] = reflector
         return reflector
@@ -183,7 +185,7 @@ class ClusterCache:
             inactivity_timeout_seconds=s.inactivity_timeout_seconds,
             backoff_initial_seconds=s.backoff_initial_seconds, backoff_max_seconds=s.backoff_max_seconds,
             missing_retry_seconds=s.missing_kind_retry_seconds,
-            request_timeout_seconds=max(s.request_timeout_seconds, 60.0))
+            request_timeout_seconds=max(s.request_timeout_seconds, 60.0), stall_seconds=s.stall_seconds)
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
                    options=options, freeze_gc=s.gc_freeze_after_sync,
                    gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers), controls=controls)
@@ -197,6 +199,11 @@ class ClusterCache:
         cache = cls(None, workload_kinds=workload_kinds, gpu_rule=gpu_rule, controls=controls)
         cache.load(objects)
         return cache
+
+    @property
+    def skips(self) -> decoding.Skips:
+        """Objects the cache's client left out because they could not be decoded (empty offline)."""
+        return self._skips
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every collection's contents with `objects`, as a re-list would (`Reflector.load`):
@@ -228,22 +235,39 @@ class ClusterCache:
 
     @property
     def synced(self) -> bool:
+        """Every reflector is in step now (listed, and not failing for longer than its `stall_seconds`)."""
         return all(r.synced.is_set() for r in self.reflectors)
 
+    def stalled(self) -> list[watching.Reflector[Any]]:
+        """The reflectors that listed once and have kept failing since for longer than `stall_seconds`."""
+        return [r for r in self.reflectors if r.listed.is_set() and not r.synced.is_set()]
+
+    def readiness(self) -> tuple[bool, str]:
+        """The `/readyz` check of the cache: ready when every reflector is in step; the text names those
+        still waiting for their first list and those that stopped syncing, with how long and why."""
+        waiting = [r.name for r in self.reflectors if not r.listed.is_set()]
+        now = asyncio.get_running_loop().time() if self.reflectors and self.stalled() else 0.0
+        stalled = [f"{r.name} (failing for {now - (r.failing_since or now):.0f} s: {r.last_error})"
+                   for r in self.stalled()]
+        parts = ([f"waiting for {', '.join(waiting)}"] if waiting else []) + (
+            [f"stopped syncing: {'; '.join(stalled)}"] if stalled else [])
+        return not parts, "; ".join(parts) or "synced"
+
     async def wait_synced(self, stop: asyncio.Event | None = None) -> bool:
-        """Wait until every reflector listed once; False if `stop` was set first."""
+        """Wait until every reflector listed once; False if `stop` was set first. (It does not wait for a
+        reflector that stalled since: what is cached stays usable while it retries.)"""
         for reflector in self.reflectors:
             if stop is None:
-                await reflector.synced.wait()
+                await reflector.listed.wait()
                 continue
-            waiter = asyncio.ensure_future(reflector.synced.wait())
+            waiter = asyncio.ensure_future(reflector.listed.wait())
             stopper = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
                 stopper.cancel()
-            if not reflector.synced.is_set():
+            if not reflector.listed.is_set():
                 return False
         return True
 
@@ -468,6 +492,10 @@ class ClusterCache:
 
     def is_gpu_node(self, node: proj.Node) -> bool:
         return self.gpu_rule.is_gpu_node(node, self.slice_drivers(node.name))
+
+    def holds_gpus(self, pod: proj.Pod) -> bool:
+        """`gpus.GpuRule.holds_gpus`: the pod asks for GPUs (device-plugin resources or DRA claims)."""
+        return self.gpu_rule.holds_gpus(pod)
 
     def gpu_node_count(self) -> int:
         """Cached nodes that are GPU nodes by `gpus.GpuRule` (capacity or DRA ResourceSlices)."""

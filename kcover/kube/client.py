@@ -1,9 +1,11 @@
-"""The one HTTP path to the Kubernetes API: raw JSON in, orjson-parsed dicts out.
+"""The one HTTP path to the Kubernetes API: raw JSON in, parsed dicts out.
 
 Owns client construction (explicit kubeconfig, in-cluster, $KUBECONFIG, ~/.kube/config; the HTTP,
 TLS and credentials are `transport`'s, which re-reads rotating service-account tokens), and
 the mapping of error responses (Status objects and plain-text 429s) onto `errors.KubeError`
 subclasses. It never deserialises into kubernetes-asyncio models: that costs 12-35x plain parsing.
+Bodies are decoded by `decoding` (orjson, with fallbacks so that one object nested too deep cannot
+break a list): an item left out of a list is logged and counted in `skips`.
 
 Every request is counted by "<VERB> <resource>" in `request_counts`, which `kcover bench` reads.
 Every request is retried as `retrying` says (429, 5xx, connection errors, within a deadline); a
@@ -24,7 +26,7 @@ import orjson
 import structlog
 
 from kcover import errors
-from kcover.kube import retrying, transport
+from kcover.kube import decoding, retrying, transport
 
 log = structlog.get_logger()
 
@@ -111,6 +113,8 @@ class KubeClient:
         """How requests are retried; replace it to reconfigure (`retrying.NO_RETRY` turns retries off)."""
         self.request_counts: collections.Counter[str] = collections.Counter()
         self.retry_stats = retrying.Stats()
+        self.skips = decoding.Skips()
+        """Objects left out of lists and watches because they could not be decoded (`kcover_objects_skipped`)."""
 
     @property
     def host(self) -> str:
@@ -118,6 +122,11 @@ class KubeClient:
 
     async def close(self) -> None:
         await self._api.close()
+
+    def fork(self) -> KubeClient:
+        """A client of the same server and credentials with connections of its own and no retries, for use
+        on another event loop (a thread that must not wait for this client's loop)."""
+        return KubeClient(self._api.fork(), request_timeout=self.request_timeout, retry=retrying.NO_RETRY)
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -166,7 +175,18 @@ class KubeClient:
                 raise error_from(response.status, data, response.headers)
             if response.content_type == "text/plain":
                 return data.decode("utf-8", "replace")
-            return orjson.loads(data) if data else None
+            if not data:
+                return None
+            document, skipped = decoding.page(data)
+            for item in skipped:
+                self.skipped(item, path=path)
+            return document
+
+    def skipped(self, item: decoding.Skipped, *, path: str) -> None:
+        """Count and log an object left out of a list or a watch of `path`."""
+        self.skips.add(item)
+        log.warning("object_skipped", path=path, kind=item.kind, namespace=item.namespace, name=item.name,
+                    reason=item.reason, error=item.error)
 
     async def text(self, path: str, *, query: Query | None = None, limit_bytes: int | None = None) -> str:
         """GET a text/plain resource such as pods/log, reading at most `limit_bytes`."""

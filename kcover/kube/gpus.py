@@ -51,6 +51,12 @@ class GpuRule:
         """GPU devices the node's capacity lists (MIG slices count one each)."""
         return sum(count for name, count in node.extended_resources if self.is_gpu_resource(name))
 
+    def holds_gpus(self, pod: proj.Pod) -> bool:
+        """The pod asks for a GPU resource, or holds DRA claims while GPU DRA drivers are configured (a
+        claim's devices are not in the pod: any claim may be a GPU's)."""
+        return any(self.is_gpu_resource(name) or (name == proj.DRA_CLAIMS and bool(self.dra_drivers))
+                   for name in pod.devices)
+
     def is_gpu_node(self, node: proj.Node, slice_drivers: Iterable[str] = ()) -> bool:
         """`slice_drivers`: the `spec.driver` of every ResourceSlice naming this node."""
         if self.gpu_capacity(node) > 0:

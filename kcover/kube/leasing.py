@@ -14,7 +14,9 @@ has not noticed yet), or hand their work to `run_while_leading()`, which cancels
 
 How it fails: API errors never escape `run()`; they count as failed attempts, retried with jitter.
 A leader that cannot renew steps down after `renew_deadline_seconds`; one that is cancelled
-releases the Lease on the way out unless `release_on_exit` is off.
+releases the Lease on the way out unless `release_on_exit` is off. A process that must exit without
+waiting for its loop (a forced exit) calls `abandon()` from any thread: it stops counting as leader at
+once and releases the Lease over connections of its own, bounded in time.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
 import structlog
 
 from kcover import errors, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
+from kcover.kube import decoding
 
 log = structlog.get_logger()
 
@@ -131,6 +133,8 @@ class LeaderElector:
         self._observed_rv = ""
         self._observed_at = 0.0
         self._last_renew = -math.inf
+        self._abandoned = False
+        """Set by `abandon()`: never leader again, whatever the loop still believes."""
         self.leader_seen_before_term = -math.inf
         """When the current term began: the last time (monotonic) a leader was seen alive before it. Work
         observed after that moment (less the Lease duration) may be work no leader carried out: an outage of
@@ -148,7 +152,7 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         """True only while leading *and* the last successful renewal is younger than the renew deadline."""
-        if not self.leading.is_set():
+        if not self.leading.is_set() or self._abandoned:
             return False
         return self._clock.monotonic() - self._last_renew < self.settings.renew_deadline_seconds
 
@@ -232,13 +236,13 @@ class LeaderElector:
                 async with self._client.stream(lease_path(self.settings.namespace), query={**query, **since},
                                                read_timeout=330) as response:
                     async for line in response.content:
-                        event = orjson.loads(line)
+                        event = decoding.loads(line)
                         kind, obj = event.get("type"), event.get("object") or {}
                         if kind == "ERROR":
                             break
                         if kind == "DELETED" or (kind == "MODIFIED" and not Record.from_lease(obj).holder):
                             released.set()
-            except (errors.KubeError, aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            except (errors.KubeError, aiohttp.ClientError, TimeoutError) as exc:
                 log.debug("lease_watch_failed", lease=self.settings.name, error=str(exc) or type(exc).__name__)
             await _wait(stop, self.settings.retry_period_seconds)
 
@@ -261,6 +265,8 @@ class LeaderElector:
                 return
 
     async def _try_acquire_or_renew(self, *, budget: float) -> bool:
+        if self._abandoned:
+            return False  # a forced exit is releasing the Lease: never write it again
         now_wall = clock_.micro_time(self._clock.now())
         path = lease_path(self.settings.namespace, self.settings.name)
         try:
@@ -325,6 +331,41 @@ class LeaderElector:
         except (errors.KubeError, TimeoutError) as exc:
             log.warning("lease_release_failed", lease=self.settings.name, identity=self.identity,
                         error=str(exc) or type(exc).__name__)
+
+    def abandon(self, timeout: float) -> None:
+        """For a forced exit, from any thread (the process's loop may be blocked): stop counting as leader
+        (every fenced write is refused from now on) and release the Lease if this replica holds it, within
+        `timeout` seconds, on a loop and connections of its own. Never raises; a failure is logged."""
+        self._abandoned = True
+        if self.release_on_exit:
+            try:
+                asyncio.run(asyncio.wait_for(self._release_fresh(), timeout))
+            except Exception as exc:  # a forced exit must go on: the successor then waits for expiry
+                log.warning("lease_release_failed", lease=self.settings.name, identity=self.identity,
+                            error=str(exc) or type(exc).__name__, forced=True)
+
+    async def _release_fresh(self) -> None:
+        kube = self._client.fork()
+        path = lease_path(self.settings.namespace, self.settings.name)
+        try:
+            for _ in range(3):  # a renewal this process's loop still had in flight may win the first PUT
+                lease = await kube.request("GET", path)
+                observed = Record.from_lease(lease)
+                if observed.holder != self.identity:
+                    return
+                record = released(observed, now=clock_.micro_time(self._clock.now()))
+                try:
+                    await kube.request("PUT", path, body={
+                        "apiVersion": API_VERSION, "kind": "Lease",
+                        "metadata": {"name": self.settings.name, "namespace": self.settings.namespace,
+                                     "resourceVersion": str((lease.get("metadata") or {}).get("resourceVersion") or "")},
+                        "spec": record.spec()})
+                except errors.ConflictError:
+                    continue
+                log.info("lease_released", lease=self.settings.name, identity=self.identity, forced=True)
+                return
+        finally:
+            await kube.close()
 
     def _set_leading(self, leading: bool, *, reason: str) -> None:
         if leading == self.leading.is_set():

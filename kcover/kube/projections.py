@@ -111,6 +111,9 @@ class Pod(NamedTuple):
     """The scheduler's message while the pod's `PodScheduled` condition is False (reason `Unschedulable`)."""
     created: str = ""
     """`metadata.creationTimestamp`: a restart removes only pods created before it was recorded."""
+    devices: tuple[str, ...] = ()
+    """The extended resources its containers' limits or requests name (`nvidia.com/gpu`, ...), and
+    `DRA_CLAIMS` when it has DRA resource claims: what devices it may hold (`gpus.GpuRule.holds_gpus`)."""
 
     @property
     def deleting(self) -> bool:
@@ -149,6 +152,9 @@ class Node(NamedTuple):
     extended_resources: tuple[tuple[str, int], ...]
     """(resource name, count > 0) of every extended resource in `status.capacity` (a name with a domain,
     `nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`, `amd.com/gpu`); `gpus.GpuRule` says which are GPUs."""
+    addresses: tuple[str, ...] = ()
+    """`status.addresses` of type InternalIP and ExternalIP, as the kubelet reports them: what a workload's
+    own reports (the preflight plugin's) may name the node by."""
 
     @property
     def cordoned_by_kcover(self) -> bool:
@@ -356,7 +362,23 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         containers=containers,
         unschedulable=_unschedulable(status),
         created=_s(meta.get("creationTimestamp")),
+        devices=_devices(spec),
     )
+
+
+DRA_CLAIMS = "resource.k8s.io/claims"
+"""`Pod.devices` entry of a pod with DRA resource claims (`spec.resourceClaims`)."""
+
+
+def _devices(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    names: set[str] = set()
+    for c in map(_d, [*_l(spec.get("initContainers")), *_l(spec.get("containers"))]):
+        resources = _d(c.get("resources"))
+        for part in (_d(resources.get("limits")), _d(resources.get("requests"))):
+            names.update(name for name in part if "/" in name and _quantity(part[name]) > 0)
+    if _l(spec.get("resourceClaims")):
+        names.add(DRA_CLAIMS)
+    return tuple(sorted(_intern(n) for n in names)) if names else ()
 
 
 def _quantity(value: Any) -> int:
@@ -397,6 +419,8 @@ def node(raw: Mapping[str, Any]) -> Node:
                          for c in map(_d, _l(status.get("conditions")))),
         annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
         extended_resources=_extended(capacity),
+        addresses=tuple(_s(a.get("address")) for a in map(_d, _l(status.get("addresses")))
+                        if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")),
     )
 
 

@@ -96,6 +96,11 @@ class Sender(Protocol):
 
     async def close(self) -> None: ...
 
+    def fork(self) -> Sender:
+        """The same server and credentials for another event loop (a thread); raises `errors.KcoverError`
+        where that cannot be."""
+        ...
+
 
 class FileToken:
     """A bearer token read from a file, re-read at most every `TOKEN_REREAD_SECONDS`."""
@@ -140,6 +145,11 @@ class Transport:
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._proxy: dict[str, Any] = {}
+
+    def fork(self) -> Transport:
+        """The same server and credentials over a session of its own, for another event loop (a thread)."""
+        return Transport(self.host, ssl_context=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
+                         token=self._token, headers=self.headers, server_hostname=self._server_hostname, pool_size=2)
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -3,8 +3,8 @@
 Owns the list/watch protocol of one collection: a consistent paginated list (`limit`/`continue`),
 a watch from the list's resourceVersion with bookmarks and a server-side timeout, re-listing on 410
 (an ERROR event with code 410 or a `GoneError`), backoff with jitter on errors, `Retry-After` on 429,
-and an inactivity timeout (no line for that long restarts the watch). Lines are parsed with orjson
-and projected at once; raw dicts are never kept.
+and an inactivity timeout (no line for that long restarts the watch). Lines are decoded and projected
+at once; raw dicts are never kept.
 
 A re-list never loses or repeats a change: the new list is diffed against the store and only the
 differences are delivered (an object whose resourceVersion is unchanged keeps its record, not projected
@@ -13,8 +13,15 @@ resourceVersion). Every change goes to `sink(old, new)` synchronously after the 
 (`old` None on add, `new` None on delete). `load(objects)` runs the same projection and diff on
 objects handed in (an offline reflector, with no client, gets its contents only that way).
 
-It does not index or fan out (see `caching.py`). Failures never escape `run()` except cancellation:
-errors are logged and retried; a 404 on list (CRD not installed) is logged once and retried slowly.
+Bodies and lines are decoded by `decoding`: an object that cannot be decoded (nested too deep outside
+its managedFields) is left out of its list page or skipped in the watch, logged and counted in the
+client's `skips`; it never fails the list or ends the watch.
+
+`listed` is set once the first list finished; `synced` while the store is in step: it is set by every
+list and cleared once the reflector has kept failing (no list finished and no watch opened) for
+`stall_seconds`, until it lists or watches again. It does not index or fan out (see `caching.py`).
+Failures never escape `run()` except cancellation: errors are logged and retried; a 404 on list (CRD
+not installed) is logged once and retried slowly.
 """
 
 from __future__ import annotations
@@ -26,12 +33,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
-import orjson
 import structlog
 
 from kcover import errors
 from kcover.aio import backoff as backoff_
 from kcover.kube import client as client_
+from kcover.kube import decoding
 
 log = structlog.get_logger()
 
@@ -62,6 +69,8 @@ class ReflectorOptions:
     """Retry interval while the collection answers 404 (its CRD is not installed)."""
     request_timeout_seconds: float = 60.0
     """Seconds one list page may take."""
+    stall_seconds: float = 60.0
+    """Failing for this long without a list finished or a watch opened clears `synced`."""
 
 
 class _Expired(Exception):
@@ -73,17 +82,25 @@ class Reflector(Generic[T]):
 
     def __init__(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], T | None],
                  *, sink: Sink[T], name: str = "", options: ReflectorOptions | None = None,
-                 query: Mapping[str, str] | None = None) -> None:
+                 query: Mapping[str, str] | None = None, kind: str = "") -> None:
         self._kube = kube
         self.path = path
         self.name = name or path
+        self.kind = kind
+        """The kind of the collection's objects, naming those skipped ('' lets each list say)."""
         self._project = project
         self._sink = sink
         self.options = options or ReflectorOptions()
         self._query = dict(query or {})
         self.store: dict[str, T] = {}
         self.resource_version = ""
+        self.listed = asyncio.Event()
+        """Set once the first list finished (or the collection was found missing)."""
         self.synced = asyncio.Event()
+        """Set while the store is in step: by every list; cleared after `stall_seconds` of failures."""
+        self.failing_since: float | None = None
+        """Loop time of the first failure since the last list or watch that worked; None while working."""
+        self.last_error = ""
         self.missing = False
         """True while the collection answers 404."""
         self.lists = 0
@@ -105,6 +122,7 @@ class Reflector(Generic[T]):
             if record is not None:
                 items[record.uid] = record
         self._replace(items)
+        self.listed.set()
         self.synced.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -130,6 +148,8 @@ class Reflector(Generic[T]):
                                     retry_seconds=opts.missing_retry_seconds)
                     self.missing = True
                     self._replace({})
+                    self._working()
+                    self.listed.set()
                     self.synced.set()
                     delay = opts.missing_retry_seconds
                 else:
@@ -146,16 +166,37 @@ class Reflector(Generic[T]):
             except errors.TooManyRequestsError as exc:
                 delay = exc.retry_after if exc.retry_after is not None else backoff.next_delay()
                 log.warning("watch_throttled", reflector=self.name, retry_after=delay)
+                self._failed(exc)
             except errors.KubeError as exc:
                 delay = backoff.next_delay()
                 log.warning("watch_failed", reflector=self.name, error=str(exc), retry_in=round(delay, 3))
-            except Exception:  # task boundary: an unexpected bug must not end the cache; start over
+                self._failed(exc)
+            except Exception as exc:  # task boundary: an unexpected bug must not end the cache; start over
                 delay = backoff.next_delay()
                 need_list = True
                 log.exception("reflector_failed", reflector=self.name, retry_in=round(delay, 3))
+                self._failed(exc)
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
+
+    def _working(self) -> None:
+        """A list finished or a watch opened: the reflector is in step again."""
+        if self.failing_since is not None and not self.synced.is_set() and self.listed.is_set():
+            log.info("reflector_syncing_again", reflector=self.name)
+        self.failing_since = None
+        self.last_error = ""
+
+    def _failed(self, exc: BaseException) -> None:
+        """A list or watch failed; past `stall_seconds` of nothing but failures, `synced` is cleared."""
+        now = asyncio.get_running_loop().time()
+        self.last_error = str(exc)[:300] or type(exc).__name__
+        if self.failing_since is None:
+            self.failing_since = now
+        elif now - self.failing_since >= self.options.stall_seconds and self.synced.is_set():
+            log.warning("reflector_stalled", reflector=self.name, seconds=round(now - self.failing_since, 1),
+                        error=self.last_error)
+            self.synced.clear()
 
     # ----------------------------------------------------------------------------------------- list
 
@@ -190,6 +231,8 @@ class Reflector(Generic[T]):
             self.missing = False
         self.resource_version = list_rv
         self._replace(items)
+        self._working()
+        self.listed.set()
         self.synced.set()
         log.debug("list_synced", reflector=self.name, objects=len(items), resource_version=list_rv)
 
@@ -222,6 +265,9 @@ class Reflector(Generic[T]):
         try:
             async with self.kube.stream(self.path, query=query,
                                          read_timeout=opts.inactivity_timeout_seconds) as response:
+                if self.failing_since is not None:
+                    self._working()
+                    self.synced.set()
                 pending = b""
                 chunks = response.content.iter_any().__aiter__()
                 while True:
@@ -254,13 +300,15 @@ class Reflector(Generic[T]):
                     reader.add_done_callback(_consume)
 
     def _handle(self, line: bytes) -> None:
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            text = line[:200].decode("utf-8", "replace")
+        event, skipped = decoding.event(line, kind=self.kind)
+        if skipped is not None:
+            if line.lstrip()[:1] == b"{":  # an object that cannot be decoded: skip it, keep watching
+                self.kube.skipped(skipped, path=self.path)
+                return
+            text = line[:200].decode("utf-8", "replace")  # not JSON at all: the stream itself is wrong
             if "too many requests" in text.lower():
-                raise errors.TooManyRequestsError(f"watch {self.path}: {text}", status=429) from exc
-            raise errors.KubeError(f"watch {self.path}: a line is not JSON: {text!r}") from exc
+                raise errors.TooManyRequestsError(f"watch {self.path}: {text}", status=429)
+            raise errors.KubeError(f"watch {self.path}: a line is not JSON: {text!r}")
         kind = event.get("type") if isinstance(event, dict) else None
         obj = event.get("object") if isinstance(event, dict) else None
         if not isinstance(obj, dict):

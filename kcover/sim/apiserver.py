@@ -25,6 +25,7 @@ import orjson
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    deepjson,
     devicetaints,
     discovery,
     evicting,
@@ -72,7 +73,7 @@ def parse_int(query: Any, name: str) -> int | None:
 
 
 def _json(body: Obj | bytes, code: int = 200) -> exchange.Reply:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    data = body if isinstance(body, bytes) else deepjson.dumps(body)
     return exchange.Reply(status=code, body=data, content_type=_JSON)
 
 
@@ -253,7 +254,7 @@ class ApiServer:
 
     def _render(self, t: Target, raw: bytes) -> bytes:
         if t.new_events:
-            return orjson.dumps(strategy.event_from_core(orjson.loads(raw)))
+            return deepjson.dumps(strategy.event_from_core(deepjson.loads(raw)))
         return raw
 
     def _render_obj(self, t: Target, obj: Obj) -> Obj:
@@ -266,7 +267,7 @@ class ApiServer:
         if _is_protobuf(request):
             return _protobuf_body(data)
         try:
-            return orjson.loads(data)
+            return deepjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise status.bad_request(f"the object provided is unrecognized: {exc}") from None
 
@@ -300,10 +301,10 @@ class ApiServer:
         head = orjson.dumps({"apiVersion": api_version, "kind": t.resource.kind})[:-1] + b","
         if raw.startswith(head):
             return b"{" + raw[len(head):]
-        obj = orjson.loads(raw)
+        obj = deepjson.loads(raw)
         obj.pop("kind", None)
         obj.pop("apiVersion", None)
-        return orjson.dumps(obj)
+        return deepjson.dumps(obj)
 
     def _list_kind(self, t: Target) -> str:
         return f"{t.resource.kind}List"
@@ -479,7 +480,7 @@ class ApiServer:
                 raise
             if gone and t.resource.key == "pods":
                 self.logs.forget_pod(entry.namespace, entry.name)
-            items.append(self._list_item(t, orjson.dumps(self._render_obj(t, obj))))
+            items.append(self._list_item(t, deepjson.dumps(self._render_obj(t, obj))))
         head = orjson.dumps({"kind": self._list_kind(t), "apiVersion": t.resource.api_version,
                              "metadata": {"resourceVersion": str(self.store.resource_version)}})
         return exchange.Reply(body=head[:-1] + b',"items":[' + b",".join(items) + b"]}", content_type=_JSON)

@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from kcover import errors
 from kcover.sim import exchange
 
 if TYPE_CHECKING:
@@ -151,6 +152,10 @@ class Transport:
 
     async def close(self) -> None:
         return None
+
+    def fork(self) -> Transport:
+        """Never: the front serves the simulated cluster's own event loop only."""
+        raise errors.KcoverError("the in-process transport serves the simulated cluster's event loop only")
 
     async def send(self, method: str, path: str, *, query: Sequence[tuple[str, str]], headers: Mapping[str, str],
                    body: Any, timeout: float | aiohttp.ClientTimeout | None) -> Response:

@@ -6,8 +6,8 @@ values, so lists and watches never re-parse), each resource keeps a bounded ring
 to serve watches from a resourceVersion (older ones answer 410 Expired), and live watchers get
 changes through bounded asyncio queues (a watcher that falls too far behind is closed, as the real
 cache closes slow watchers). It also owns the generic write rules: uid, creationTimestamp,
-generation (bumped only on spec changes), no-op writes that bump nothing, finalizers, and graceful
-pod deletion. Per-kind validation and the status/spec split live in `strategy`; HTTP in `apiserver`.
+generation (bumped only on spec changes), no-op writes that bump nothing, finalizers, graceful
+pod deletion, and the managedFields a write keeps (`managedfields`: a client's, nested to any depth). Per-kind validation and the status/spec split live in `strategy`; HTTP in `apiserver`.
 
 Resource keys are the plural for the core group and ``plural.group`` otherwise: ``pods``, ``nodes``,
 ``events`` (also served as events.k8s.io), ``configmaps``, ``secrets``, ``namespaces``,
@@ -28,10 +28,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
-
 from kcover.aio import clock as clocks
-from kcover.sim import registry, selectors, status
+from kcover.sim import deepjson, managedfields, registry, selectors, status
 from kcover.sim.tables import Change, Entry, Filter, ListResult, Watcher, _Table
 
 Obj = dict[str, Any]
@@ -189,7 +187,7 @@ class Store:
     def _entry(self, table: _Table, obj: Obj) -> Entry:
         meta = obj["metadata"]
         res = table.resource
-        return Entry(orjson.dumps(obj), meta.get("namespace", ""), meta["name"], meta.get("labels") or {},
+        return Entry(deepjson.dumps(obj), meta.get("namespace", ""), meta["name"], meta.get("labels") or {},
                      selectors.field_values(obj, res.field_labels))
 
     def _bump(self) -> int:
@@ -241,8 +239,9 @@ class Store:
         if not (keep_uid and meta.get("uid")):
             meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = self._now()
-        for dropped in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+        for dropped in ("deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(dropped, None)
+        managedfields.merge(meta, None)
         if res.has_generation:
             meta["generation"] = 1
         else:
@@ -280,7 +279,7 @@ class Store:
                 new_meta[kept] = old_meta[kept]
             else:
                 new_meta.pop(kept, None)
-        new_meta.pop("managedFields", None)
+        managedfields.merge(new_meta, old_meta.get("managedFields"))
         if res.has_generation:
             gen = int(old_meta.get("generation", 1))
             new_meta["generation"] = gen + 1 if _spec_part(new) != _spec_part(old) else gen

@@ -14,9 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from kcover.sim import registry, selectors
+from kcover.sim import deepjson, registry, selectors
 
 Obj = dict[str, Any]
 WATCH_QUEUE_LIMIT = 200_000
@@ -33,7 +31,7 @@ class Entry:
     fields: dict[str, str]
 
     def obj(self) -> Obj:
-        result: Obj = orjson.loads(self.raw)
+        result: Obj = deepjson.loads(self.raw)
         return result
 
 
@@ -102,7 +100,7 @@ class Watcher:
         if old_ok and change.old is not None:
             obj = change.old.obj()
             obj["metadata"]["resourceVersion"] = str(change.rv)
-            return "DELETED", _replace_raw(change.old, orjson.dumps(obj))
+            return "DELETED", _replace_raw(change.old, deepjson.dumps(obj))
         return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -115,6 +116,54 @@ def test_agent_pod_needs_a_namespace_that_allows_host_path(cluster: Api, render:
     assert "hostPath" in json.dumps(body)
     status, body = cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods?dryRun=All", pod)
     assert status == 201, body
+
+
+def test_the_preflight_hostpath_policy_keeps_each_namespace_to_its_own_folder(cluster: Api, render: Render) -> None:
+    """With preflight on, the chart's ValidatingAdmissionPolicy lets a pod mount the preflight folder writable
+    only at its own namespace's folder (so no namespace can place report files in another's), read-only
+    anywhere (the agent), and refuses writable hostPaths not written plainly."""
+    objs = [o for o in render(SCENARIOS["preflight"])
+            if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert [o["kind"] for o in objs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    base = "/apis/admissionregistration.k8s.io/v1"
+    paths = {"ValidatingAdmissionPolicy": f"{base}/validatingadmissionpolicies",
+             "ValidatingAdmissionPolicyBinding": f"{base}/validatingadmissionpolicybindings"}
+    root = "/var/lib/kcover/preflight"
+
+    def pod(path: str, *, read_only: bool = False, init: bool = False) -> int:
+        mount = {"name": "reports", "mountPath": "/reports", "readOnly": read_only}
+        container = {"name": "c", "image": "busybox", "volumeMounts": [mount]}
+        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}] if init else [container],
+                                "volumes": [{"name": "reports", "hostPath": {"path": path}}]}
+        if init:
+            spec["initContainers"] = [container]
+        status, body = cluster.request("POST", "/api/v1/namespaces/team-a/pods?dryRun=All", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "pf-"}, "spec": spec})
+        assert status in (201, 403), body
+        assert status == 201 or "only at its own namespace's folder" in json.dumps(body), body
+        return int(status)
+
+    try:
+        for obj in objs:
+            status, body = cluster.request("POST", paths[obj["kind"]], obj)
+            assert status == 201, body
+        deadline = time.monotonic() + 30
+        while pod(root) != 403:  # the policy takes effect once the admission plugin has seen it
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.2)
+        cases = {
+            (f"{root}/team-a", False, False): 201, (f"{root}/team-a/", False, False): 201,
+            (f"{root}/team-a/ranks", False, False): 201, (root, True, False): 201, ("/var/log", False, False): 201,
+            (root, False, False): 403, (f"{root}/", False, False): 403, (f"{root}/team-b", False, False): 403,
+            (f"{root}/team-ab", False, False): 403, ("/var/lib/kcover//preflight/team-b", False, False): 403,
+            (f"{root}/./team-b", False, False): 403, (f"{root}/team-b", False, True): 403,
+            (f"{root}/team-a", False, True): 201,
+        }
+        got = {case: pod(case[0], read_only=case[1], init=case[2]) for case in cases}
+        assert got == cases
+    finally:
+        for obj in reversed(objs):
+            cluster.request("DELETE", f"{paths[obj['kind']]}/{obj['metadata']['name']}")
 
 
 # ------------------------------------------------------------------------------------------------ RBAC

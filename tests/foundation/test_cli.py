@@ -81,6 +81,37 @@ def test_config_check_accepts_valid_rules_and_xid_policy(tmp_path: Path) -> None
     assert out.returncode == 0, out.stderr
 
 
+def test_config_check_refuses_a_rule_for_a_detector_that_does_not_exist(tmp_path: Path) -> None:
+    """A rule whose detector matches no installed detector can never apply: a typo that silently
+    disables what the rule was for. Patterns that match one are fine."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recovery:\n  rules:\n  - {detector: pod-stats, action: ignore}\n"
+                   "  - {detector: event-*, reason: Hang*, action: restart-workload}\n")
+    out = kcover("config", "check", str(bad))
+    assert out.returncode == 1
+    assert "recovery.rules[0].detector: 'pod-stats' matches no installed detector" in out.stderr
+    assert "recovery.rules[1]" not in out.stderr
+
+
+@pytest.mark.parametrize("rule", ["{action: cordon-node}", "{detector: '*', reason: '*', action: cordon-node-and-restart}",
+                                  "{target: Node, severity: Error, action: cordon-node-and-restart}"])
+def test_config_check_warns_of_a_catch_all_cordon_rule(tmp_path: Path, rule: str) -> None:
+    broad = tmp_path / "broad.yaml"
+    broad.write_text(f"recovery:\n  rules:\n  - {{detector: pod-status, action: restart-workload}}\n  - {rule}\n")
+    out = kcover("config", "check", str(broad))
+    assert out.returncode == 0, out.stderr
+    assert "warning: recovery.rules[1]:" in out.stderr
+    assert "of every detector and reason" in out.stderr
+    assert "recovery.rules[0]" not in out.stderr
+    assert out.stdout.strip().endswith(": valid (1 warning)")
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text("recovery:\n  rules:\n  - {detector: node-condition, action: cordon-node}\n"
+                      "  - {reason: XID79, action: cordon-node}\n")
+    out = kcover("config", "check", str(narrow))
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("recovery: [unclosed", "not valid YAML"),
     ("- a list\n", "the top level must be a mapping"),

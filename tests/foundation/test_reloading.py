@@ -133,7 +133,7 @@ async def test_reload_applies_nothing_unless_rules_and_detector_configs_are_vali
 
     reloader = reloading.Reloader(str(cm.path), load, apply, load().settings, m)
     bad = base_config("v1", cooldown=120)
-    bad["recovery"]["rules"] = [{"detector": "pod-status", "action": "reboot-the-cluster"}]
+    bad["recovery"]["rules"] = [{"detector": "ticker", "action": "reboot-the-cluster"}]
     bad["detectors"]["entries"]["ticker"]["config"]["interval_seconds"] = "often"
     cm.publish(bad)
     with structlog.testing.capture_logs() as logs:
@@ -146,7 +146,7 @@ async def test_reload_applies_nothing_unless_rules_and_detector_configs_are_vali
                for line in refused["field_errors"])
     assert any(line.startswith("detectors.entries.ticker.config.interval_seconds:") for line in refused["field_errors"])
 
-    bad["recovery"]["rules"] = [{"detector": "pod-status", "action": "ignore"}]
+    bad["recovery"]["rules"] = [{"detector": "ticker", "action": "ignore"}]  # this registry's detector
     bad["detectors"]["entries"]["ticker"]["config"]["interval_seconds"] = 0.5
     cm.publish(bad)
     assert await reloader.check_once() is True

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,20 +103,26 @@ async def test_a_workload_out_of_budget_is_read_from_the_per_unit_ledger() -> No
     from kcover import settings
     from kcover.aio import clock as clock_
     from kcover.kube import client as client_
+    from kcover.kube import gateway
     from kcover.recovery import ledger
     from kcover.sim import server as simserver
 
     cfg = settings.Settings.model_validate({"recovery": {"max_restarts_per_window": 2}})
     now = clock_.utcnow()
     async with simserver.SimServer() as srv, client_.from_configuration(srv.kube_configuration()) as kube:
-        led = ledger.Ledger(kube, namespace=cfg.recovery.ledger_namespace, name=cfg.recovery.ledger_name,
-                            is_leader=lambda: True, retention_seconds=lambda: 3600.0, layout="per-unit")
+        led = ledger.Ledger(gateway.Http(kube), namespace=cfg.recovery.ledger_namespace,
+                            name=cfg.recovery.ledger_name, retention_seconds=lambda: 3600.0)
 
-        def two_restarts(state: ledger.State) -> None:
-            state.restarts["w.u1"] = [now.timestamp() - 60, now.timestamp() - 30]
-            state.notes["w.u1"] = "PyTorchJob ml/train"
-            state.restarts["w.u2"] = [now.timestamp() - 30]
-        await led.update(two_restarts, now=now.timestamp())
+        def restarted(times: list[float], note: str) -> Callable[[ledger.Entry, dict[str, float]], None]:
+            def mutate(entry: ledger.Entry, signals: dict[str, float]) -> None:
+                assert isinstance(entry, ledger.Unit)
+                for at in times:
+                    entry.record(at, "")
+                entry.note = note
+            return mutate
+        await led.update("w.u1", restarted([now.timestamp() - 60, now.timestamp() - 30], "PyTorchJob ml/train"),
+                         now=now.timestamp())
+        await led.update("w.u2", restarted([now.timestamp() - 30], ""), now=now.timestamp())
         report = await status_.gather(kube, cfg, now=now)
     assert [(w.key, w.what, w.restarts) for w in report.out_of_budget] == [("w.u1", "PyTorchJob ml/train", 2)]
     assert any("out of its restart budget" in p for p in report.problems())

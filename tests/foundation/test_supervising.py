@@ -117,11 +117,14 @@ def test_unknown_detector_is_an_error_naming_the_known_ones() -> None:
     assert "detectors.entries.tickr: unknown detector; installed: agent-only, broken, crasher, missing, ticker" in info.value.errors
 
 
-def test_bad_detector_config_and_broken_plugin_are_field_level_errors() -> None:
+def test_bad_detector_config_and_broken_required_plugin_are_field_level_errors() -> None:
+    """A plugin that cannot be imported is a problem only when its entry makes it required; optional (the
+    default for plugins), it runs as failed and leaves the process ready."""
     problems = make_registry().check_entries(detector_settings(
-        {"ticker": {"config": {"interval_seconds": "often"}}, "broken": {}}).entries)
+        {"ticker": {"config": {"interval_seconds": "often"}}, "broken": {"required": True}}).entries)
     assert "detectors.entries.ticker.config.interval_seconds: Input should be a valid number, unable to parse string as a number" in problems
     assert any(p.startswith("detectors.entries.broken:") and "ImportError: no module named x" in p for p in problems)
+    assert make_registry().check_entries(detector_settings({"broken": {}}).entries) == []
 
 
 @pytest.mark.looptime

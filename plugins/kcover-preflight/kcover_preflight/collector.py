@@ -4,7 +4,10 @@ Owns, on one node: a watch of the pods on this node that run a preflight (`label
 selector `spec.nodeName`), noticing when a pod's `preflight` init container has terminated, finding
 the report file it wrote (`<report_dir>/<namespace>/<workload>-<index>.json` with this node's name in
 it, written after the pod was created), and creating the immutable `PreflightReport` for it, owned by
-the pod (`resources.body`). A report file may land just after the container ends: it is looked for
+the pod (`resources.body`). A pod's reports are read only from its own namespace's folder, and only
+plain files there: the folder and the file may not be symbolic links, nor the file a hard link (either
+could bring in a file of another namespace's folder); what else keeps one namespace from writing into
+another's folder is the chart's admission policy (`preflight.restrictHostPath`). A report file may land just after the container ends: it is looked for
 every `retry_seconds` for `report_wait_seconds`, then the rank is left silent (the controller's
 collection timeout reports it).
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import stat as stat_
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,24 +106,55 @@ class Found:
     report: reports.Report
 
 
+def _plain(path: Path, max_bytes: int) -> tuple[os.stat_result, str] | str:
+    """(its stat, its text) for a plain file at `path` (not a link of either kind, at most `max_bytes`),
+    else why not. Opened without following a link, so a link swapped in after the check is refused too."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        return "a symbolic link" if os.path.islink(path) else f"cannot be opened: {exc}"
+    with os.fdopen(fd, "rb") as f:
+        stat = os.fstat(f.fileno())
+        if not stat_.S_ISREG(stat.st_mode):
+            return "not a regular file"
+        if stat.st_nlink != 1:
+            return f"a file with {stat.st_nlink} hard links"
+        if stat.st_size > max_bytes:
+            return f"larger than {max_bytes} bytes"
+        return stat, f.read(max_bytes + 1).decode("utf-8")
+
+
 def find_report(root: Path, pod: PreflightPod, node: str, *, max_bytes: int,
-                taken: set[tuple[str, float]]) -> Found | None:
-    """The report file `pod`'s init container wrote: in `<root>/<namespace>/`, named `<workload>-<index>.json`,
-    naming this node, written no earlier than the pod was created, and not already taken by another pod.
-    Blocking (run it in a thread)."""
+                taken: set[tuple[str, float]], refused: set[tuple[str, str]] | None = None) -> Found | None:
+    """The report file `pod`'s init container wrote: in `<root>/<namespace>/` (a folder, not a link to one),
+    a plain file named `<workload>-<index>.json`, naming this node, written no earlier than the pod was
+    created, and not already taken by another pod. A refusal is logged once per path and reason in
+    `refused`. Blocking (run it in a thread)."""
     folder = root / pod.namespace
     candidates: list[Found] = []
+    told = refused if refused is not None else set()
+
+    def refuse(path: Path, why: str) -> None:
+        if (str(path), why) not in told:
+            told.add((str(path), why))
+            log.warning("preflight_report_refused", path=str(path), why=why, namespace=pod.namespace, pod=pod.name)
     try:
+        if not stat_.S_ISDIR(os.lstat(folder).st_mode):
+            refuse(folder, "the namespace's folder is not a folder (a symbolic link?)")
+            return None
         entries = list(folder.glob(f"{pod.workload}-*.json"))
     except OSError:
         return None
     not_before = pod.created.timestamp() - 1.0  # creationTimestamp has whole seconds
     for path in entries:
         try:
-            stat = path.stat()
-            if stat.st_size > max_bytes or stat.st_mtime < not_before or (str(path), stat.st_mtime) in taken:
+            read = _plain(path, max_bytes)
+            if isinstance(read, str):
+                refuse(path, read)
                 continue
-            text = path.read_text(encoding="utf-8")
+            stat, text = read
+            if stat.st_mtime < not_before or (str(path), stat.st_mtime) in taken:
+                continue
             report = reports.parse(text)
         except (OSError, UnicodeDecodeError, reports.ReportError) as exc:
             log.warning("preflight_report_unreadable", path=str(path), error=str(exc))
@@ -149,6 +184,8 @@ class PreflightCollector:
         self.done: set[str] = set()
         """Pod uids whose report was created (or given up on)."""
         self.taken: set[tuple[str, float]] = set()
+        self.refused: set[tuple[str, str]] = set()
+        """(path, why) of report files refused and logged."""
         self.created = 0
         self._wake = asyncio.Event()
 
@@ -201,7 +238,7 @@ class PreflightCollector:
     async def _one(self, kube: client_.KubeClient, pod: PreflightPod) -> None:
         cfg = self.config
         found = await asyncio.to_thread(find_report, Path(cfg.report_dir), pod, self.node,
-                                        max_bytes=cfg.max_report_bytes, taken=self.taken)
+                                        max_bytes=cfg.max_report_bytes, taken=self.taken, refused=self.refused)
         now = self.context.clock.now()
         if found is None:
             assert pod.finished is not None

@@ -33,6 +33,7 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    init_container: str = Field("preflight", min_length=1, max_length=63, description="Name of the init container a workload's pods run the preflight in: a workload has at least as many ranks as live pods with it, whatever its reports state (`workload_size`).")
     relative_fraction: float = Field(0.5, ge=0, lt=1, description="A pair is slow below this fraction of the median busbw of the workload's pairs at the same message size; 0 turns the relative test off. 0.5 is far outside run-to-run noise (a few per cent on the fixtures) and well above a degraded link (2-6 per cent of healthy on the fixtures).")
     absolute_threshold_gbps: float = Field(0.0, ge=0, description="A pair is slow below this busbw in GB/s; 0 (the Go project's default) turns it off, and then a report's own `node_check_busbw_threshold_gbps` applies when set.")
     collection_timeout_seconds: float = Field(600.0, gt=0, description="Seconds a workload's reports are waited for, from its first report, before the missing ranks are reported (the Go project's 10 minutes; its chart sets 30).")

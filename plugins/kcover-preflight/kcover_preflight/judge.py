@@ -1,8 +1,10 @@
 """The `preflight` detector (controller): judge each workload's PreflightReports and publish the slow nodes.
 
 Owns the loop around the pure verdict (`judging.judge`): a watch of every PreflightReport, grouping them
-by workload (only reports whose pod is still in the cluster cache count: a restarted job's old pods'
-reports are history), judging a workload once its `workload_size` ranks have all reported, or once
+by the workload their pods belong to (only reports whose pod is still in the cluster cache count: a
+restarted job's old pods' reports are history; and only those `vetting.vet` admits: a report speaks for
+its own pod's node and workload, or is refused, counted in `kcover_preflight_reports_refused_total{reason}`
+and logged once), judging a workload once its ranks have all reported (`vetting.expected_size`), or once
 `collection_timeout_seconds` passed since its first report (swept every `sweep_seconds`), and then
 
 * publishing one `PreflightSlowNode` fault per slow node, targeting the Node and recommending
@@ -39,7 +41,7 @@ from kcover.detectors import contract
 from kcover.kube import client as client_
 from kcover.kube import watching
 from kcover_preflight import config as config_
-from kcover_preflight import judging, resources
+from kcover_preflight import judging, resources, vetting
 from kcover_preflight.resources import inline
 
 log = structlog.get_logger()
@@ -60,6 +62,9 @@ class PreflightMetrics:
         self.missing_ranks = Gauge("kcover_preflight_missing_ranks",
                                    "1 for each rank of a workload whose preflight report never came within the "
                                    "collection timeout.", ["namespace", "workload", "rank"], registry=registry)
+        self.refused = Counter("kcover_preflight_reports_refused", "PreflightReports that do not count, by reason "
+                               "(owner_in_another_namespace, not_the_owner_pods_node, owner_not_in_a_workload, "
+                               "workload_mismatch, unreadable).", ["reason"], registry=registry)
 
 
 def metrics_of(context: contract.DetectorContext) -> PreflightMetrics:
@@ -71,14 +76,23 @@ def metrics_of(context: contract.DetectorContext) -> PreflightMetrics:
 
 
 GroupKey = tuple[str, str, str]
-"""(namespace, workload name, workload uid) as the reports' specs name them."""
+"""(namespace, workload name, workload uid) of the workload the reports' pods belong to."""
 
 
 @dataclass(frozen=True)
 class Group:
     key: GroupKey
-    reports: tuple[resources.Stored, ...]
+    vetted: tuple[vetting.Vetted, ...]
     size: int
+
+    @property
+    def reports(self) -> tuple[resources.Stored, ...]:
+        return tuple(v.report for v in self.vetted)
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        """The nodes the workload's reporting pods run on: all a verdict on it may name."""
+        return frozenset(v.node for v in self.vetted)
 
     @property
     def digest(self) -> str:
@@ -86,24 +100,40 @@ class Group:
         return hashlib.sha256(",".join(sorted(r.uid for r in self.reports)).encode()).hexdigest()[:12]
 
     def members(self) -> list[judging.Member]:
-        by_rank: dict[int, resources.Stored] = {}
-        for r in sorted(self.reports, key=lambda r: r.observed_at):
-            if r.report is not None:
-                by_rank[r.rank] = r
-        return [judging.Member(rank, r.node or r.report.node_name, r.report)
-                for rank, r in sorted(by_rank.items()) if r.report is not None]
+        by_rank: dict[int, vetting.Vetted] = {}
+        for v in sorted(self.vetted, key=lambda v: v.report.observed_at):
+            by_rank[v.report.rank] = v
+        return [judging.Member(rank, v.node, v.report.report, gpu_node=v.gpu_node)
+                for rank, v in sorted(by_rank.items()) if v.report.report is not None]
 
 
-def groups(stored: Sequence[resources.Stored], alive: Any) -> list[Group]:
-    """Reports grouped by workload, keeping those whose pod `alive(uid)` says still exists. Pure."""
-    found: dict[GroupKey, list[resources.Stored]] = {}
+def groups(stored: Sequence[resources.Stored], cache: vetting.Cache, *,
+           init_container: str = "preflight") -> tuple[list[Group], list[vetting.Refused]]:
+    """The admitted reports grouped by the workload their pods belong to, and the refused ones. Pure."""
+    found: dict[GroupKey, list[vetting.Vetted]] = {}
+    refused: list[vetting.Refused] = []
     for r in stored:
-        if r.pod_uid and alive(r.pod_uid):
-            found.setdefault((r.namespace, r.workload, r.workload_uid), []).append(r)
-    out = []
-    for key, members in sorted(found.items()):
-        size = max((m.report.workload_size for m in members if m.report is not None), default=0)
-        out.append(Group(key, tuple(members), size))
+        verdict = vetting.vet(r, cache)
+        if isinstance(verdict, vetting.Refused):
+            refused.append(verdict)
+        elif verdict is not None:
+            w = verdict.workload
+            found.setdefault((w.namespace, w.name, w.uid), []).append(verdict)
+    out = [Group(key, tuple(members), vetting.expected_size(members, cache, init_container=init_container))
+           for key, members in sorted(found.items())]
+    return out, refused
+
+
+def workload_nodes(group: Group, cache: vetting.Cache) -> dict[str, str]:
+    """Address or name -> node, for every node the group's workload has a live pod on (the cluster's word on
+    what its reports may name, silent ranks' nodes included)."""
+    out: dict[str, str] = {}
+    for pod in cache.pods_of_workload(group.key[2]):
+        node = cache.node(pod.node) if pod.node and not pod.deleting else None
+        if node is not None:
+            out[node.name] = node.name
+            for address in node.addresses:
+                out.setdefault(address, node.name)
     return out
 
 
@@ -124,6 +154,8 @@ class PreflightJudge:
         self.judged: dict[GroupKey, tuple[str, judging.Judgement]] = {}
         """Workload -> (digest of the report set last judged, complete or timed out; its judgement)."""
         self._missing: dict[GroupKey, tuple[int, ...]] = {}
+        self._refused: set[tuple[str, str]] = set()
+        """(report uid, reason) refusals counted and logged already."""
         self._dirty = asyncio.Event()
 
     def _client(self) -> client_.KubeClient:
@@ -134,13 +166,6 @@ class PreflightJudge:
 
     def _changed(self, old: resources.Stored | None, new: resources.Stored | None) -> None:
         self._dirty.set()
-
-    def _alive(self, pod_uid: str) -> bool:
-        cache = self.context.cache
-        if cache is None:
-            return True
-        pod = cache.pod(pod_uid)
-        return pod is not None and not pod.deletion_timestamp
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
         inline(self.name, bus)
@@ -170,7 +195,12 @@ class PreflightJudge:
         """One pass over every workload's reports."""
         now = self.context.clock.now()
         stored = list(self._reflector.store.values()) if self._reflector is not None else []
-        current = groups(stored, self._alive)
+        cache = self.context.cache
+        if cache is None:
+            return  # nothing to vet the reports against: none counts
+        current, refused = groups(stored, cache, init_container=self.config.init_container)
+        self._refused = {k for k in self._refused if k[0] in self._reflector.store} if self._reflector else set()
+        self._count_refusals(refused)
         keys = {g.key for g in current}
         for key in [k for k in self.judged if k not in keys]:
             del self.judged[key]
@@ -189,31 +219,32 @@ class PreflightJudge:
                 await self._write(kube, group, None, now)
                 continue
             judgement = judging.judge(members, size=group.size, relative_fraction=self.config.relative_fraction,
-                                      absolute_gbps=self.config.absolute_threshold_gbps)
+                                      absolute_gbps=self.config.absolute_threshold_gbps,
+                                      nodes=workload_nodes(group, cache))
             self.judged[group.key] = (group.digest, judgement)
             self.metrics.verdicts.labels(judgement.verdict.value).inc()
             log.info("preflight_judged", namespace=group.key[0], workload=group.key[1], verdict=judgement.verdict.value,
                      slow_nodes=sorted(judgement.slow_nodes), missing_ranks=list(judgement.missing_ranks),
-                     pairs=len(judgement.pairs))
+                     pairs=len(judgement.pairs), foreign_pairs=judgement.foreign_pairs)
             # the status first: the restart the faults lead to takes the pods, and with them the group
             await self._write(kube, group, judgement, now)
             await self._publish(bus, group, judgement)
 
+    def _count_refusals(self, refused: Sequence[vetting.Refused]) -> None:
+        for refusal in refused:
+            key = (refusal.report.uid, refusal.reason.value)
+            if key in self._refused:
+                continue
+            self._refused.add(key)
+            self.metrics.refused.labels(refusal.reason.value).inc()
+            log.warning("preflight_report_refused", **vetting.describe(refusal))
+
     # ------------------------------------------------------------------------------------------ events
 
     def _workload_target(self, group: Group) -> model.Target:
-        namespace, name, uid = group.key
-        kind = ""
-        cache = self.context.cache
-        if cache is not None:
-            for r in group.reports:
-                pod = cache.pod(r.pod_uid)
-                workload = cache.workload_of(pod) if pod is not None else None
-                if workload is not None:
-                    name, uid, kind = workload.name, workload.uid, workload.kind
-                    break
-        return model.Target(kind=model.TargetKind.WORKLOAD, namespace=namespace, name=name, uid=uid,
-                            workload_kind=kind)
+        workload = group.vetted[0].workload
+        return model.Target(kind=model.TargetKind.WORKLOAD, namespace=workload.namespace, name=workload.name,
+                            uid=workload.uid, workload_kind=workload.kind)
 
     def _silent_nodes(self, group: Group, target: model.Target) -> list[str]:
         cache = self.context.cache
@@ -228,6 +259,9 @@ class PreflightJudge:
         target = self._workload_target(group)
         detail = {"namespace": namespace, "workload": workload, "verdict": judgement.verdict.value}
         for node, why in sorted(judgement.slow_nodes.items()):
+            if node not in group.nodes:  # the verdict names members' nodes only; a workload moves no other node
+                log.error("preflight_slow_node_not_a_member", namespace=namespace, workload=workload, node=node)
+                continue
             self.metrics.slow_nodes.inc()
             await bus.publish(model.CollectorEvent(
                 detector=self.name, target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),

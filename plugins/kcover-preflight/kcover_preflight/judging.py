@@ -8,6 +8,13 @@ Owns the rule, as a pure function of a workload's reports (`judge`). A **pair is
 * its busbw is below `relative_fraction` (default 0.5) of the **median busbw of the workload's pairs
   measured at the same message size**.
 
+Only the workload's own nodes can be named: a pair entry is a node of the workload when it is one of
+`nodes` (the addresses and names of the nodes the workload's pods run on, from the cluster, so a silent
+rank's node is still judged from its peers' reports), or a member's node name, or the `node_ip` a member
+reported; any other entry is not a node of this workload, and its pair is left out (`Judgement.foreign_pairs`);
+a rank's checks speak for its own node only, and a failed `gpu_check` counts only on a GPU node whose
+pod holds GPUs.
+
 A **node is slow** when its GPU or storage check failed, or when both hold:
 
 1. it is in a slow pair in every round that has a slow pair and in which it was paired, and
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 import enum
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcover_preflight import reports
@@ -51,11 +58,17 @@ class Verdict(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Member:
-    """One rank's report, with the node it ran on."""
+    """One rank's report, with the node it ran on (its pod's, as vetted)."""
 
     rank: int
     node: str
     report: reports.Report
+    gpu_node: bool = True
+    """Whether `node` is a GPU node where this rank's pod holds GPUs: a failed `gpu_check` counts only then."""
+
+    @property
+    def failed_checks(self) -> list[str]:
+        return [c for c in self.report.failed_checks if c != "gpu" or self.gpu_node]
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class Judgement:
     slow_nodes: dict[str, str] = field(default_factory=dict)
     """Node -> why it is slow."""
     missing_ranks: tuple[int, ...] = ()
+    foreign_pairs: int = 0
+    """Pairs left out because an end is not a node of this workload."""
 
     def pairs_of(self, node: str) -> list[PairResult]:
         return [p for p in self.pairs if node in p.nodes]
@@ -96,25 +111,36 @@ def _merged(members: Sequence[Member]) -> dict[tuple[int, tuple[str, ...]], list
     return found
 
 
-def _node_names(members: Sequence[Member]) -> dict[str, str]:
-    names: dict[str, str] = {}
+def _node_names(members: Sequence[Member], nodes: Mapping[str, str]) -> dict[str, str]:
+    """A pair entry -> the workload's node it names: `nodes` first (the cluster's word), then members' node
+    names, then the `node_ip` each member reported."""
+    names: dict[str, str] = dict(nodes)
     for m in members:
-        if m.report.node_ip:
-            names[m.report.node_ip] = m.node or m.report.node_name or m.report.node_ip
+        if m.node:
+            names.setdefault(m.node, m.node)
+    for m in members:
+        if m.report.node_ip and m.node:
+            names.setdefault(m.report.node_ip, m.node)
     return names
 
 
 def judge(members: Sequence[Member], *, size: int, relative_fraction: float = 0.5,
-          absolute_gbps: float = 0.0) -> Judgement:
+          absolute_gbps: float = 0.0, nodes: Mapping[str, str] | None = None) -> Judgement:
     """The verdict on a workload's reports (`size` ranks expected): on a complete set, or on what came
-    in by the collection timeout. Pure."""
-    names = _node_names(members)
+    in by the collection timeout. `nodes`: address or name -> node, for the nodes the workload's pods run
+    on. Pure."""
+    names = _node_names(members, nodes or {})
     threshold = absolute_gbps or max((m.report.threshold_gbps for m in members), default=0.0)
 
     # one result per (round, pair): either end may carry the numbers; a failure at either end counts
     merged: list[tuple[int, tuple[str, str], int | None, float | None, str]] = []
+    foreign = 0
     for (batch, ends), seen in sorted(_merged(members).items()):
-        a, b = sorted(names.get(ip, ip) for ip in ends[:2])
+        named = {names.get(end) for end in ends}
+        if len(ends) != 2 or None in named or len(named) != 2:
+            foreign += 1  # an end that is not one of the workload's nodes: nothing to say about it
+            continue
+        a, b = sorted(str(n) for n in named)
         failures = [m.why for m in seen if m.failed]
         sizes = [m.size_bytes for m in seen if m.size_bytes is not None and not m.failed]
         values = [m.busbw_gbps for m in seen if m.busbw_gbps is not None and not m.failed]
@@ -128,7 +154,7 @@ def judge(members: Sequence[Member], *, size: int, relative_fraction: float = 0.
     medians = {s: statistics.median(v) for s, v in by_size.items()}
 
     pairs: list[PairResult] = []
-    for batch, nodes, size_bytes, busbw, failure in merged:
+    for batch, pair_nodes, size_bytes, busbw, failure in merged:
         median = medians.get(size_bytes) if size_bytes is not None else None
         why = failure
         if not why and busbw is not None:
@@ -137,12 +163,12 @@ def judge(members: Sequence[Member], *, size: int, relative_fraction: float = 0.
             elif relative_fraction > 0 and median is not None and busbw < relative_fraction * median:
                 why = (f"busbw {busbw:.2f} GB/s below {relative_fraction:g} x the median {median:.2f} GB/s "
                        f"at {size_bytes} B")
-        pairs.append(PairResult(batch, nodes, size_bytes, busbw, median, bool(why), why))
+        pairs.append(PairResult(batch, pair_nodes, size_bytes, busbw, median, bool(why), why))
 
     slow: dict[str, str] = {}
     for m in members:
-        if m.report.failed_checks:
-            slow[m.node] = f"{' and '.join(m.report.failed_checks)} check failed on rank {m.rank}"
+        if m.failed_checks:
+            slow[m.node] = f"{' and '.join(m.failed_checks)} check failed on rank {m.rank}"
     failing_rounds = {p.batch for p in pairs if p.slow}
     for node in sorted({n for p in pairs for n in p.nodes}):
         mine = [p for p in pairs if node in p.nodes]
@@ -159,4 +185,4 @@ def judge(members: Sequence[Member], *, size: int, relative_fraction: float = 0.
         verdict = Verdict.INCOMPLETE
     else:
         verdict = Verdict.HEALTHY
-    return Judgement(verdict, tuple(pairs), slow, missing)
+    return Judgement(verdict, tuple(pairs), slow, missing, foreign)

@@ -119,10 +119,40 @@ def test_a_refused_nccl_tests_output_fails_its_pair() -> None:
 
 def test_missing_ranks_make_it_incomplete() -> None:
     members = [m for m in workload(H100) if m.rank not in (2, 6)]
-    judged = judging.judge(members, size=8)
+    silent = {"10.0.0.3": "n2", "10.0.0.7": "n6"}  # where the workload's silent pods run, as the cluster says
+    judged = judging.judge(members, size=8, nodes=silent)
     assert judged.verdict is judging.Verdict.INCOMPLETE
     assert judged.missing_ranks == (2, 6)
     assert len(judged.pairs) == 27  # the silent ranks' pairs come from their peers' reports, all but 2-6
+    assert judged.foreign_pairs == 0
+    unknown = judging.judge(members, size=8)  # nodes the cluster does not place the workload on: left out
+    assert len(unknown.pairs) == 15
+    assert unknown.foreign_pairs == 12
+
+
+def test_pair_entries_name_only_the_workloads_nodes() -> None:
+    """A report's pair may name anything: an IP or a node name that is not one of the workload's nodes says
+    nothing about that node, however slow it claims the pair was (it was taken as a node name)."""
+    members = workload(H100)
+    forged = members[0].report.model_copy(update={"batches": [
+        *members[0].report.batches,
+        *(reports.Batch(batch_idx=100 + i, pair=["10.0.0.1", victim], self_ip="10.0.0.1",
+                        status=reports.BatchStatus.FAIL, error="forged") for i, victim in
+          enumerate(("victim-node", "10.9.9.9", "victim-node-2")))]})
+    judged = judging.judge([judging.Member(0, "n0", forged), *members[1:]], size=8)
+    assert judged.verdict is judging.Verdict.HEALTHY
+    assert not judged.slow_nodes
+    assert judged.foreign_pairs == 3
+    assert all(set(p.nodes) <= {m.node for m in members} for p in judged.pairs)
+
+
+def test_a_failed_gpu_check_counts_only_on_a_gpu_node() -> None:
+    members = workload(H100)
+    claims = members[2].report.model_copy(update={"gpu_check": reports.Check.FAIL})
+    on_cpu = judging.judge([*members[:2], judging.Member(2, "n2", claims, gpu_node=False), *members[3:]], size=8)
+    assert not on_cpu.slow_nodes
+    on_gpu = judging.judge([*members[:2], judging.Member(2, "n2", claims), *members[3:]], size=8)
+    assert sorted(on_gpu.slow_nodes) == ["n2"]
 
 
 def test_a_go_format_file_judges_as_the_native_format(tmp_path: Path) -> None:

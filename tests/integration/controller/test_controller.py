@@ -8,6 +8,7 @@ reload applies tunables live. Real time with short lease timings: looptime canno
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -284,6 +285,76 @@ async def test_a_failed_optional_plugin_leaves_an_event_on_the_lease_and_the_rep
             assert "optional detector crasher failed on a (RuntimeError: sensor on fire)" in event["message"]
             assert ctl.supervisor.describe()["crasher"]["state"] == "failed"
             await _until(lambda: health.readiness()[0], 5.0)  # an optional plugin leaves the replica ready
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+async def test_an_optional_plugin_that_cannot_be_imported_leaves_the_replica_starting_and_ready(
+        cluster: Cluster) -> None:
+    """Enabled, a plugin whose import raises runs as failed (a `KcoverDetectorFailed` Event, the import error
+    in /readyz's text) and the replica starts, leads and is ready; marked `required: true`, it is refused
+    at start, as a required detector that cannot run is."""
+    broken = importlib.metadata.EntryPoint(name="broken", value="kcover_no_such_plugin_module:Detector",
+                                           group=registry.GROUP)
+    cfg = _settings("a", cluster.namespace)
+    entries = cfg.detectors.model_dump()["entries"]
+    with_broken = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
+        {"entries": {**entries, "broken": {"enabled": True}}})})
+    health = serving.Health()
+    async with cluster.new_client() as kube:
+        ctl = running.Controller(with_broken, client=kube, metrics=metrics_.Metrics(), health=health,
+                                 detector_registry=registry.Registry(entry_points=[broken]),
+                                 engine_factory=RecordingEngine)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop))
+        try:
+            await _until(lambda: ctl.is_leader() and ctl.supervisor.health().get("broken") == "failed", 10.0)
+            await _until(lambda: health.readiness()[0], 5.0)
+            assert "ModuleNotFoundError" in health.readiness()[1]["detectors"]
+            listed = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/events")
+            failed = [e for e in listed.get("items") or [] if e.get("reason") == "KcoverDetectorFailed"]
+            assert [e["involvedObject"]["kind"] for e in failed] == ["Lease"]
+            assert "optional detector broken failed" in failed[0]["message"]
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        required = cfg.model_copy(update={"detectors": settings.DetectorsSettings.model_validate(
+            {"entries": {**entries, "broken": {"enabled": True, "required": True}}})})
+        with pytest.raises(errors.ConfigError, match=r"detectors\.entries\.broken: detector 'broken'"):
+            running.Controller(required, client=kube, metrics=metrics_.Metrics(), health=serving.Health(),
+                               detector_registry=registry.Registry(entry_points=[broken]),
+                               engine_factory=RecordingEngine)
+
+
+@pytest.mark.sim_only("injects API faults")
+async def test_readiness_says_when_a_cache_stops_syncing_and_again_when_it_syncs(cluster: Cluster) -> None:
+    """A reflector that keeps failing (every list and watch of pods answered 500) turns /readyz to not
+    ready after `kube.stall_seconds`, naming the collection; ready again once it lists."""
+    cfg = _settings("a", cluster.namespace)
+    cfg = cfg.model_copy(update={"kube": cfg.kube.model_copy(update={
+        "stall_seconds": 0.6, "retry_deadline_seconds": 0.0, "backoff_initial_seconds": 0.05,
+        "backoff_max_seconds": 0.1})})
+    health = serving.Health()
+    async with cluster.new_client() as kube:
+        ctl = running.Controller(cfg, client=kube, metrics=metrics_.Metrics(), health=health,
+                                 detector_registry=registry.discover(), engine_factory=RecordingEngine)
+        stop = asyncio.Event()
+        task = asyncio.create_task(ctl.run(stop))
+        try:
+            await _until(lambda: health.readiness()[0], 10.0)
+            faults = cluster.sim.faults
+            faults.resources = frozenset({"pods"})
+            faults.error_rate = 1.0
+            faults.drop_watches("pods")
+            await _until(lambda: not health.readiness()[0], 10.0)
+            assert "pods" in health.readiness()[1]["cache"]
+            ready, text = ctl.cache.readiness()
+            assert not ready
+            assert text.startswith("stopped syncing: pods (failing for "), text
+            assert "500" in text, text
+            faults.reset()
+            await _until(lambda: health.readiness()[0], 10.0)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)

@@ -72,7 +72,7 @@ async def _install_crd(cluster: Cluster) -> None:
     await _until(served, "the PreflightReport CRD to be served", within=60.0)
 
 
-async def _node(kube: client_.KubeClient, name: str) -> None:
+async def _node(kube: client_.KubeClient, name: str, address: str = "") -> None:
     await kube.request("POST", "/api/v1/nodes", body={
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}}})
     node = await kube.request("GET", f"/api/v1/nodes/{name}")
@@ -80,6 +80,8 @@ async def _node(kube: client_.KubeClient, name: str) -> None:
     node["status"] = {"capacity": resources_, "allocatable": resources_,
                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                       "message": "kubelet is posting ready status"}]}
+    if address:
+        node["status"]["addresses"] = [{"type": "InternalIP", "address": address}]
     await kube.request("PUT", f"/api/v1/nodes/{name}/status", body=node)
 
 
@@ -121,8 +123,9 @@ def _controller_settings(cluster: Cluster, tmp_path: Path) -> settings.Settings:
 
 
 @contextlib.asynccontextmanager
-async def _kcover(cluster: Cluster, nodes: list[str], report_dir: Path, tmp_path: Path) -> AsyncIterator[None]:
-    """Eight agents and one controller, running until the block ends (a crash fails the test)."""
+async def _kcover(cluster: Cluster, nodes: list[str], report_dir: Path,
+                  tmp_path: Path) -> AsyncIterator[controller_running.Controller]:
+    """An agent per node and one controller, running until the block ends (a crash fails the test)."""
     stops: list[asyncio.Event] = []
     tasks: list[asyncio.Task[None]] = []
     clients: list[client_.KubeClient] = []
@@ -145,7 +148,7 @@ async def _kcover(cluster: Cluster, nodes: list[str], report_dir: Path, tmp_path
             states = controller.supervisor.health()
             return controller.is_leader() and controller.cache.synced and states.get("preflight") == "running"
         await _until(ready, "the controller to lead with its preflight detector running")
-        yield
+        yield controller
     finally:
         for stop in stops:
             stop.set()
