@@ -8,7 +8,7 @@ twice `lease.lease_duration_seconds`, since a leader that died before acting lea
 would act on; the ledger's cooldowns make replaying what the old leader did handle harmless. A batch a
 leader could not finish (its Lease lost before or during it) is held again the same way.
 `reconfigure()` applies new tunables live; fields marked `restart_required` are the reloader's
-business. Readiness: caches synced and no detector failed.
+business. Readiness: caches synced, no detector failed, and (the default engine's) the leader's ledger served.
 
 It decides nothing about faults (detectors, `kcover.recovery`) and does not read files or the
 environment (`cli.py`). How it fails: a component that raises out of its own retry loop ends the
@@ -129,6 +129,10 @@ class Controller:
             self._replay.set()  # no term starts (or one started before this controller was built): resume at once
         health.add_readiness("cache", self._cache_ready)
         health.add_readiness("detectors", self.supervisor.readiness)
+        for name in ("ledger", "records"):  # the default engine's: its ledger and its Recovery resources
+            check: Callable[[], tuple[bool, str]] | None = getattr(self.engine, f"{name}_readiness", None)
+            if check is not None:
+                health.add_readiness(name, check)
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""

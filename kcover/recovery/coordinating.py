@@ -215,6 +215,7 @@ class Coordinator:
                                                breaker_state=breaker, load=None)
         if refused is not None:
             return st.Refused(step, refused.code, refused.text)
+        await self._ledger.confirm_served()  # the node is written before its entry: not without a ledger
         ours = cordoning.taints(rs.taint_key, step.cause.reason, no_execute=rs.taint_no_execute,
                                 now=clock_.rfc3339(now))
         fault = f"{step.cause.reason} from {step.cause.detector}: {step.reason}"

@@ -106,6 +106,8 @@ class RecoveryEngine:
         self._retries: dict[str, _Retry] = {}
         """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._unavailable_said = False
+        self.ledger_problem = ""
+        """Why the ledger cannot be used now ("" while it can): what /readyz says of it."""
         self.counts: collections.Counter[str] = collections.Counter()
 
     @property
@@ -142,16 +144,15 @@ class RecoveryEngine:
             log.warning("recovery_ledger_unreadable", error=str(exc)[:300])
             return False
         except errors.LedgerUnavailable as exc:
-            self.engine_metrics.ledger_available.set(0)
-            if not self._unavailable_said:
-                self._unavailable_said = True
-                log.error("recovery_ledger_unavailable", error=str(exc))
-                await self._say(st.Emit(self._controls_ref(), "KcoverLedgerUnavailable", "Refuse",
-                                        f"kcover acts on nothing while its ledger cannot be read: {exc}"))
+            await self._unavailable(exc)
             return False
         if self._unavailable_said:
             log.info("recovery_ledger_available")
             self._unavailable_said = False
+            await self.say(st.Emit(self.controls_ref(), "KcoverLedgerAvailable", "Resume",
+                                    "kcover's ledger (LedgerEntry objects) is served again: recovery resumes, the "
+                                    "faults kept meanwhile first", warning=False))
+        self.ledger_problem = ""
         self.engine_metrics.ledger_available.set(1)
         dra = [e for e in batch if e.fault.dra is not None and not e.cleared]
         if self._recovery().device_taints.enabled and dra and await self._devices.served_version() is None:
@@ -159,19 +160,29 @@ class RecoveryEngine:
             if not self._devices.unserved_said:
                 self._devices.unserved_said = True
                 node = dra[0].target.node or dra[0].target.name
-                await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
+                await self.say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
                                         "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
                                         f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
                                         "later device faults are answered at node level"))
         return True
 
-    async def _say(self, emit: st.Emit) -> None:
+    async def _unavailable(self, exc: errors.LedgerUnavailable) -> None:
+        """The ledger's kind is not served: said once (log, Event, `kcover_ledger_available` 0, readiness)."""
+        self.ledger_problem = str(exc)
+        self.engine_metrics.ledger_available.set(0)
+        if not self._unavailable_said:
+            self._unavailable_said = True
+            log.error("recovery_ledger_unavailable", error=str(exc))
+            await self.say(st.Emit(self.controls_ref(), "KcoverLedgerUnavailable", "Refuse",
+                                    f"kcover acts on nothing while its ledger cannot be read: {exc}"))
+
+    async def say(self, emit: st.Emit) -> None:
         try:
             await self.coordinator.run([emit])
         except errors.KubeError as exc:
             log.warning("recovery_event_failed", reason=emit.reason, error=str(exc))
 
-    def _controls_ref(self) -> st.ObjectRef:
+    def controls_ref(self) -> st.ObjectRef:
         rs = self._recovery()
         return st.ObjectRef("ConfigMap", "v1", rs.controls_name, rs.ledger_namespace)
 
@@ -230,8 +241,9 @@ class RecoveryEngine:
             outcomes = await self.coordinator.run(planned)
         except errors.NotLeaderError:
             raise
-        except errors.LedgerUnavailable as exc:
+        except errors.LedgerUnavailable as exc:  # its CRD went away under a running controller
             self._keep(event, str(exc))
+            await self._unavailable(exc)
         except Exception as exc:  # task boundary: one bad event must not end recovery
             self.counts["errors"] += 1
             log.exception("recovery_event_crashed", cause=event.id)
@@ -296,7 +308,7 @@ class RecoveryEngine:
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
                 if "past recovery.hold_seconds" in dropped:
-                    await self._say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
+                    await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))
                 continue
@@ -325,7 +337,7 @@ class RecoveryEngine:
         try:
             cause = model.CollectorEvent.model_validate_json(held.cause)
         except ValueError:
-            return self._controls_ref()
+            return self.controls_ref()
         t = cause.target
         return st.ObjectRef("Pod" if t.kind is model.TargetKind.POD else "Node", "v1", t.name or t.node,
                             t.namespace, t.uid)
@@ -347,7 +359,7 @@ class RecoveryEngine:
                 log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
                 about = planning.about_event(retry.event, self._snapshot)
                 if about is not None:
-                    await self._say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
+                    await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
                                             f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
                                             f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
                                             f"first write kept failing ({retry.error})"))

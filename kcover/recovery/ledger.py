@@ -482,6 +482,16 @@ class Ledger:
         self._reindex()
         self._loaded = True
 
+    async def confirm_served(self) -> None:
+        """`errors.LedgerUnavailable` (and loaded no more) when LedgerEntries are no longer served: checked
+        before an action whose ledger write comes after it (a cordon), so none is taken without the ledger."""
+        await self.ensure_loaded()
+        if not await self._gw.ledger_served(self.namespace):
+            self._loaded = False
+            raise errors.LedgerUnavailable(
+                f"LedgerEntries (kcover.io/v1alpha1) are no longer served in namespace {self.namespace}: was the "
+                "LedgerEntry CRD deleted? kcover does not act without its ledger")
+
     async def ensure_loaded(self) -> None:
         async with self._load_lock:
             if not self._loaded:
