@@ -341,6 +341,7 @@ class LeaseSettings(_Group):
     lease_duration_seconds: float = Field(15.0, gt=0, description="Seconds a Lease is valid without renewal: client-go's default.")
     renew_deadline_seconds: float = Field(10.0, gt=0, description="Seconds the leader keeps trying to renew before it steps down: client-go's default.")
     retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default. Must be below `renew_deadline_seconds`, which must be below `lease_duration_seconds`, so a leader renews before its Lease can expire.")
+    replay_margin_seconds: float = Field(60.0, ge=0, description="Seconds added to twice `lease_duration_seconds` when a replica that becomes leader picks which faults it saw while following to act on: those seen up to this long (and twice the Lease duration) before the last renewal of the previous leader. That leader may have seen a fault late or not at all before it died (an overloaded process, a watch being re-established); replaying one it did act on costs a refusal (its pod replaced, its node cordoned or in cooldown), never a second action. A minute covers a watch tens of seconds behind.")
 
     def relations(self) -> list[Relation]:
         out = []

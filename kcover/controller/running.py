@@ -205,14 +205,18 @@ class Controller:
         """Held events young enough that the old leader may have died before acting on them.
 
         A dead leader keeps the Lease for up to `lease_duration_seconds` before a follower takes it, so
-        twice that before the last time a leader was seen renewing is kept; older events were the old
-        leader's to act on. The engine's ledger (cooldowns,
-        reloaded per epoch) and its preconditions make replaying what the old leader did act on harmless."""
+        twice that, and `lease.replay_margin_seconds` more, before the last time another leader was seen
+        renewing is kept; older events were the old leader's to act on. The margin is for the old leader's
+        own view: its cache may have shown it a fault later than this replica's did (an overloaded process,
+        a watch re-established), or not before it died, while it still renewed. The engine's ledger
+        (cooldowns, reloaded per epoch) and its preconditions make replaying what the old leader did act on
+        harmless: a replayed fault it acted on is refused (its pod replaced, its node cordoned)."""
         now = self.clock.monotonic()
         alive = self.elector.leader_seen_before_term if self.elector is not None else now
         # counted from the last time a leader was seen alive, not from now: while the API server was down,
         # or this replica's own term ended mid-batch, no leader acted on what was held meanwhile
-        horizon = min(now, alive) - 2 * self.settings.lease.lease_duration_seconds
+        lease = self.settings.lease
+        horizon = min(now, alive) - 2 * lease.lease_duration_seconds - lease.replay_margin_seconds
         events = [ev for at, ev in self._held if at >= horizon]
         self._held.clear()
         return events
