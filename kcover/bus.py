@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kcover import model
+from kcover.aio import waiting
 
 log = structlog.get_logger()
 
@@ -134,15 +135,30 @@ class Subscription:
             self._space.set()
         return items
 
-    async def get_batch(self) -> list[model.CollectorEvent]:
-        """Wait for at least one event and take all that are queued; [] once the bus closed and drained."""
+    @property
+    def drained(self) -> bool:
+        """The bus closed and nothing is left here: `get_batch` returns [] from now on."""
+        return self._closed and not self._queue
+
+    async def get_batch(self, *, stop: asyncio.Event | None = None,
+                        timeout: float | None = None) -> list[model.CollectorEvent]:
+        """Wait for at least one event and take all that are queued. [] when the bus closed and this queue
+        drained (`drained`), when `stop` is set first, or when `timeout` seconds pass first. Events are
+        taken only by a call that returns them: a wait that is cancelled, stopped or timed out loses none."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         while not self._queue:
-            if self._closed:
+            if self._closed or (stop is not None and stop.is_set()):
                 return []
-            loop = asyncio.get_running_loop()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return []
             waiter = self._waiter = loop.create_future()
             try:
-                await waiter
+                if stop is None and left is None:
+                    await waiter
+                else:
+                    await waiting.or_stop(waiter, stop or asyncio.Event(), timeout=left)
             finally:
                 self._waiter = None
         return self.get_nowait()

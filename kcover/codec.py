@@ -66,7 +66,9 @@ from dataclasses import dataclass, field
 from kcover import model
 
 PREFIX = "kcover.io/"
+"""Every kcover annotation and label starts so; the cache keeps only such annotations."""
 NEED_RECOVERY = "kcover.io/need-recovery"
+"""`true` on an Event: it asks for recovery of its involved object (the event watcher judges it)."""
 RECOMMENDED_ACTION = "kcover.io/recommended-action"
 FAULT_CLEARED = "kcover.io/fault-cleared"
 XID = "kcover.io/xid"
@@ -82,6 +84,7 @@ OCCURRENCES = "kcover.io/occurrences"
 WINDOW_SECONDS = "kcover.io/window-seconds"
 DETECTOR = "kcover.io/detector"
 DEVICE_HEALTHY = "kcover.io/device-healthy"
+"""`true` on an Event: the agent's word that a DRA device is healthy again; kept and judged like a request."""
 
 VALUE_MAX_BYTES = 1024
 """UTF-8 bytes of one annotation value (other than `pods`): the longest model text (253 characters)

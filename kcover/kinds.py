@@ -99,6 +99,72 @@ _FIELDS = {
 
 
 @dataclass(frozen=True)
+class ExitRule:
+    """A batch/v1 Job `podFailurePolicy` rule with action `FailJob` on exit codes."""
+
+    container: str
+    """The container it applies to ("" any)."""
+    operator: str
+    """`In` or `NotIn`."""
+    values: tuple[int, ...]
+
+    def matches(self, container: str, exit_code: int) -> bool:
+        if self.container and self.container != container:
+            return False
+        return (exit_code in self.values) is (self.operator == "In")
+
+
+@dataclass(frozen=True)
+class OwnPolicy:
+    """What a workload's own failure policy does about a pod failure, as far as kcover must know it."""
+
+    restarts_left: int = 0
+    """A JobSet's `failurePolicy.maxRestarts` less its `status.restarts`: it restarts itself when a child
+    Job fails, this many times more."""
+    child_backoff: int | None = None
+    """The smallest `backoffLimit` of a JobSet's child Job templates (None: unset, the Job default of 6)."""
+    fail_job: tuple[ExitRule, ...] = ()
+    """A Job's `podFailurePolicy` rules failing the Job on exit codes."""
+
+
+NO_POLICY = OwnPolicy()
+
+
+def _own_policy(fam: Family, spec: Mapping[str, Any], status: Mapping[str, Any]) -> OwnPolicy:
+    if fam is Family.JOBSET:
+        most = _int(_d(spec.get("failurePolicy")).get("maxRestarts")) or 0
+        done = _int(status.get("restarts")) or 0
+        limits = [_int(_d(_d(_d(r).get("template")).get("spec")).get("backoffLimit"))
+                  for r in spec.get("replicatedJobs") or () if isinstance(r, dict)]
+        known = [x for x in limits if x is not None]
+        return OwnPolicy(restarts_left=max(0, most - done), child_backoff=min(known) if known else None)
+    if fam is Family.BATCH_JOB:
+        rules = []
+        for rule in map(_d, _d(spec.get("podFailurePolicy")).get("rules") or ()):
+            codes = _d(rule.get("onExitCodes"))
+            values = tuple(v for v in codes.get("values") or () if isinstance(v, int) and not isinstance(v, bool))
+            if rule.get("action") == "FailJob" and codes.get("operator") in ("In", "NotIn") and values:
+                rules.append(ExitRule(_str(codes.get("containerName")), _str(codes.get("operator")), values))
+        return OwnPolicy(fail_job=tuple(rules)) if rules else NO_POLICY
+    return NO_POLICY
+
+
+def own_policy_restarts(policy: OwnPolicy, *, pod_failed: bool, exits: Sequence[tuple[str, int]]) -> str:
+    """Why the workload's own failure policy already answers this pod failure (a second restart by kcover
+    would cost it a retry, or undo its decision to fail), or "". `pod_failed`: the faulting pod is Failed;
+    `exits`: (container, exit code) of its containers that terminated with an error."""
+    for container, code in exits:
+        for rule in policy.fail_job:
+            if rule.matches(container, code):
+                return (f"its podFailurePolicy fails the Job on exit code {code} of container {container}: the "
+                        "Job's own decision, which a restart would undo")
+    if pod_failed and policy.restarts_left > 0 and policy.child_backoff == 0:
+        return (f"its failurePolicy restarts the JobSet when a child Job fails ({policy.restarts_left} restarts left) "
+                "and the failed pod's Job has backoffLimit 0: the JobSet restarts itself for this failure")
+    return ""
+
+
+@dataclass(frozen=True)
 class WorkloadKind:
     """One restartable kind. See the module docstring for what each field decides."""
 
@@ -136,6 +202,10 @@ class WorkloadKind:
     def restart_fields(self, spec: Mapping[str, Any]) -> tuple[Pairs, int | None]:
         """(replica or template name, restartPolicy) pairs and the kind's own restart limit, from its spec."""
         return _FIELDS[self.family](spec)
+
+    def own_policy(self, spec: Mapping[str, Any], status: Mapping[str, Any]) -> OwnPolicy:
+        """What its own failure policy does about a pod failure (`own_policy_restarts`)."""
+        return _own_policy(self.family, spec, status)
 
     def forbidden(self, *, restart_policies: Sequence[str], max_restarts: int | None, finished: bool) -> str:
         """Why the workload's own spec or state forbids a restart, or ''."""
@@ -218,6 +288,20 @@ SELECTOR_LABELS: frozenset[str] = frozenset(
 """Every pod label a restart selector may use: the cache keeps these on its pods."""
 INDEXED_LABELS: frozenset[str] = frozenset(MEMBERSHIP_LABELS) | UID_LABELS
 """Pod labels the cache indexes (namespace, key, value): those a restart selector starts with."""
+RANK_LABELS: tuple[str, ...] = (
+    "jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index",
+    "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index",
+    "volcano.sh/task-spec", "volcano.sh/task-index",
+    "leaderworkerset.sigs.k8s.io/worker-index",
+    "batch.kubernetes.io/job-completion-index",
+)
+"""Pod labels the operators set to say which member a pod is (its replica, index or rank): the same rank
+failing wherever it runs is the workload's, different ranks failing on one node the node's."""
+
+
+def rank_of(labels: Mapping[str, str]) -> str:
+    """Which member of its workload a pod is, from `RANK_LABELS` ("" when it carries none)."""
+    return ",".join(f"{k.rpartition('/')[2]}={labels[k]}" for k in RANK_LABELS if labels.get(k))
 
 
 def by_key(key: str) -> WorkloadKind:

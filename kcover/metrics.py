@@ -48,11 +48,13 @@ CONTROLLER = "controller"
 AGENT = "agent"
 ROLES = (CONTROLLER, AGENT)
 
-ACTIONS = ("restart_workload", "cordon_node", "uncordon_node", "taint_device", "untaint_device", "report")
-"""`kcover_actions_total{action}` values (`recovery.actions.action_name`)."""
-ACTION_RESULTS = ("done", "dry_run", "failed")
-"""`kcover_actions_total{result}` values every action can end in, pre-initialised; refusals add their own
-(the refusal's code) when they first happen."""
+ACTIONS = ("restart_workload", "cordon_node", "uncordon_node", "taint_device", "untaint_device", "report",
+           "request_validation", "judge_node", "drain", "remediation")
+"""`kcover_actions_total{action}` values pre-initialised (`recovery.steps.name_of`; tests keep them among its
+values)."""
+ACTION_RESULTS = ("done", "record_only", "failed")
+"""`kcover_actions_total{result}` values every action can end in, pre-initialised (`recovery.steps.result_of`);
+refusals and holds add their own (the code) when they first happen."""
 POLL_RESULTS = ("ok", "failed")
 DCGM_MODES = ("diag", "health", "exporter")
 DROP_REASONS = ("rate_limited", "queue_full", "closed")

@@ -62,6 +62,20 @@ class Action(enum.StrEnum):
     """Take the node out of scheduling and restart the opted-in workloads that have pods on it."""
 
 
+class Blame(enum.StrEnum):
+    """What a fault is attributed to (`recovery.judging.attribute`): the thing a fix should move."""
+
+    DEVICE = "device"
+    """One GPU or DRA device: isolate it (or its node where devices cannot be isolated) and restart its holders."""
+    NODE = "node"
+    """The node: cordon it and restart what ran there."""
+    WORKLOAD = "workload"
+    """The workload itself (a container exit, an application XID): restart it; a node moves only on
+    differential evidence (different workloads failing there), through a validation."""
+    UNKNOWN = "unknown"
+    """Nothing says which: the rules decide alone."""
+
+
 class DraDevice(BaseModel):
     """One device allocated through DRA, as `allocatedResourcesStatus` and ResourceSlices name it."""
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import structlog
 
 from kcover import errors, metrics, settings
+from kcover.aio import waiting
 
 log = structlog.get_logger()
 
@@ -147,12 +148,7 @@ class Reloader:
                   field_errors=exc.errors, edited_files=sorted(edited), kept="previous configuration")
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval_seconds)
-                return
-            except TimeoutError:
-                pass
+        while not await waiting.sleep_or_stop(stop, self.interval_seconds):
             try:
                 await self.check_once()
             except OSError as exc:

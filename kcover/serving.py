@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kcover import metrics as metrics_
+from kcover.aio import waiting
 
 log = structlog.get_logger()
 
@@ -139,9 +140,7 @@ class Health:
         try:
             while not stop.is_set():
                 self.beat()
-                try:
-                    await asyncio.wait_for(stop.wait(), self.interval)
-                except TimeoutError:
+                if not await waiting.sleep_or_stop(stop, self.interval):
                     self.woke()
         finally:
             done.set()

@@ -30,7 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcover import errors, kinds
+from kcover import codec, errors, kinds
 
 DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 """Where the chart mounts the ConfigMap."""
@@ -183,7 +183,7 @@ class KubeSettings(_Group):
     backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
     request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
     retry_deadline_seconds: float = Field(10.0, ge=0, description="Seconds a request keeps being retried after a 429, a 5xx or a connection error, waits included; 0 turns retries off. 10 s rides out an API server restart or a burst of priority-and-fairness throttling without holding a recovery past a typical cooldown. A leader's writes are further bounded by its term (see docs/architecture.md, Fencing).")
-    retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (full jitter, doubling) when the server gave no Retry-After.")
+    retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (equal jitter: drawn from the upper half of a doubling ceiling) when the server gave no Retry-After.")
     retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
         default_factory=lambda: list(kinds.DEFAULT_KEYS),
@@ -236,11 +236,16 @@ class VerifySettings(_Group):
 
 
 class EscalationSettings(_Group):
-    repeat_count: int = Field(3, ge=0, description="Restarts of one workload for faults on the same node within `repeat_window_seconds` after which kcover cordons that node before the next restart, so the job restarts elsewhere; 0 turns this step off. Three: once is bad luck, three times on one node is the node.")
-    repeat_window_seconds: float = Field(3600.0, gt=0, description="Seconds over which faults of one workload on one node are counted (one hour, the restart budget's window).")
     drain_mode: DrainMode = Field(DrainMode.NONE, description="After kcover cordoned a node: `none`, `opted-in` (evict the pods of opted-in workloads) or `all` (every pod but DaemonSet and mirror pods), through the Eviction API, which honours PodDisruptionBudgets.")
     drain_timeout_seconds: float = Field(300.0, gt=0, description="Seconds a drain keeps retrying evictions a PodDisruptionBudget refuses (HTTP 429) before it gives up and says so.")
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
+
+    removed: ClassVar[Mapping[str, str]] = {
+        "repeat_count": "a workload's repeated faults on one node no longer cordon it: which node a fault moves is "
+                        "recovery.judgement's (different workloads failing on one node make it suspect, and only a "
+                        "failed validation cordons it). Delete the line; see recovery.judgement.same_workload_restarts.",
+        "repeat_window_seconds": "replaced by recovery.judgement.window_seconds. Delete the line.",
+    }
 
 
 class RecordsSettings(_Group):
@@ -273,10 +278,47 @@ class DeviceTaintSettings(_Group):
     effect: DeviceTaintEffect = Field(DeviceTaintEffect.NO_SCHEDULE, description="Effect of kcover's device taints. `NoSchedule` keeps new claims off the device and leaves eviction to kcover's own restart of the holders (which honours cooldowns and budgets); `NoExecute` also lets Kubernetes evict every pod using the device, opted in or not.")
     key: str = Field("kcover.io/unhealthy", description="Key of kcover's device taints (a label name), the one pods tolerate to use a device kcover isolated.")
     discovery_interval_seconds: float = Field(300.0, gt=0, description="Seconds between checks of whether the API server serves DeviceTaintRules (discovery of `resource.k8s.io`); an upgrade or a changed runtime-config is noticed within this.")
-    max_per_node: int = Field(8, ge=1, description="Devices of one node kcover holds tainted at most, those in flight counted; a taint past it is refused (`BreakerOpen`) and the holders are still restarted. Eight is a whole HGX/DGX board: more faulty devices than that on one node at once is the node's fault or a flood of reports, not separate GPUs failing.")
-    max_per_window: int = Field(32, ge=1, description="Device taints kcover makes across the cluster within `window_seconds`, those in flight counted; past it the breaker opens for device taints (`BreakerOpen`). Four boards' worth of GPUs an hour is far above independent device failures and stops a storm of correlated (or forged) reports.")
+    max_per_node: int = Field(8, ge=1, description="Devices of one node kcover holds tainted at most, those in flight counted; a taint past it is refused (`DeviceTaintLimit`, a cap, not a trip of the breaker) and the holders are still restarted. Eight is a whole HGX/DGX board: more faulty devices than that on one node at once is the node's fault or a flood of reports, not separate GPUs failing.")
+    max_per_window: int = Field(32, ge=1, description="Device taints kcover makes across the cluster within `window_seconds`, those in flight counted; past it the breaker trips (`BreakerOpen`, latched with `recovery.breaker_latch`). Four boards' worth of GPUs an hour is far above independent device failures and stops a storm of correlated (or forged) reports.")
     window_seconds: float = Field(3600.0, gt=0, description="Seconds: the window of `max_per_window` (one hour, as the restart budget's).")
     max_hold_seconds: float = Field(86400.0, gt=0, description="Seconds kcover keeps one of its device taints without word that the device is healthy again; then it removes the taint and says so (a `KcoverUntaintedDevice` Event). A day leaves time to reset or replace the GPU, and no taint outlives a healthy word that was lost (an agent gone, a node rebuilt).")
+
+
+class JudgementMode(enum.StrEnum):
+    """How one attribution rule of `recovery.judgement` takes part."""
+
+    ACT = "act"
+    """The rule decides and kcover acts on its decision."""
+    RECORD = "record"
+    """The rule decides and says so (an Event with a reason of its own, `KcoverRecordOnly...`, and the
+    Recovery), and kcover acts as it would without the rule: a way to watch a rule before trusting it."""
+    OFF = "off"
+    """The rule is not applied."""
+
+
+class RecordOnly(enum.StrEnum):
+    """Classes of action that `recovery.record_only` can hold back: decided, recorded, not carried out."""
+
+    RESTART = "restart"
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    DEVICE_TAINT = "device-taint"
+    VALIDATION = "validation"
+    DRAIN = "drain"
+    REMEDIATION = "remediation"
+
+
+class JudgementSettings(_Group):
+    workload_blame: JudgementMode = Field(JudgementMode.ACT, description="Application signals (container exits, application-class XIDs) blame the workload: they restart it and never move a node by themselves, whatever a rule or the fault's source recommends. `off` lets the rules and recommendations move nodes for them as well (an earlier version's behaviour).")
+    suspect_node: JudgementMode = Field(JudgementMode.ACT, description="Differential evidence against a node: `node_workloads` different workloads restarted for faults on it within `window_seconds`, or one workload restarted `same_workload_restarts` times for faults only there, from different pods, while it runs on other nodes too. The node becomes suspect and kcover asks its agent to validate it; only a failed validation cordons it.")
+    suspect_device: JudgementMode = Field(JudgementMode.ACT, description="Differential evidence against one GPU: `device_workloads` different workloads restarted for faults on it within `window_seconds`; its node becomes suspect and is validated.")
+    window_seconds: float = Field(21600.0, gt=0, description="Seconds over which restarts count as evidence against a node or a GPU. Six hours: NVIDIA's own correlation rules look hours back (a repeated XID 48 within a day), while a node's tenants change often enough that three different jobs failing on it in six hours is rare by chance.")
+    node_workloads: int = Field(3, ge=2, description="Different workloads restarted for faults on one node within the window that make it suspect. Three: two can be coincidence on a busy node; three different jobs failing on the same node is the lemon-node signature (Meta's reliability study of its research clusters finds bad nodes by the different jobs that keep failing on them).")
+    device_workloads: int = Field(2, ge=2, description="Different workloads restarted for faults on one GPU within the window that make its node suspect: a GPU is held by one job at a time, so a second job failing on the same GPU already points at the GPU.")
+    same_workload_restarts: int = Field(3, ge=2, description="Restarts of one workload for faults all on one node (from at least two different pods of it, while it also runs elsewhere) within the window that make that node suspect. One pod crashing every time is the workload's bug (the same rank fails wherever it runs); different pods failing only where they land on one node is the node.")
+    validation_level: int = Field(1, ge=1, le=4, description="The `dcgmi diag -r` level a suspect node's agent runs: level 1 takes seconds and is safe beside the jobs still running there.")
+    validation_timeout_seconds: float = Field(900.0, gt=0, description="Seconds kcover waits for a suspect node's answer; without one it is treated as a validation that could not run (the node is cordoned only if it also shows a hardware signal).")
+    hardware_conditions: list[str] = Field(default_factory=lambda: ["KcoverGPUHealthy"], description="Node conditions whose `False` status is a hardware signal: a suspect node whose validation cannot run (no answer, or `DiagError`) is cordoned only while one of these says so. `KcoverGPUHealthy` is the agent's own; `Unknown` (an agent that sees no GPU) is no signal either way.")
 
 
 class NodeJudgement(enum.StrEnum):
@@ -296,8 +338,13 @@ class RecoverySettings(_Group):
     max_restarts_per_window: int = Field(5, ge=1, description="Restarts of one workload allowed per window before kcover stops and says why.")
     restart_window_seconds: float = Field(3600.0, gt=0, description="Seconds: the budget window (one hour).")
     node_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds between two cordons of the same node.")
-    max_cordoned_fraction: float = Field(0.10, ge=0, le=1, description="Fraction of GPU nodes kcover may hold cordoned; past it the breaker opens.")
-    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the plan to the last pod taken away; cordons and other actions not counted); a restart planned past it is held with `BreakerOpen`. A change applies to the next restart planned.")
+    max_cordoned_fraction: float = Field(0.05, ge=0, le=1, description="Fraction of GPU nodes kcover may hold cordoned at once (its own cordons, those in flight counted); past it the breaker trips. Five percent: a healthy fleet has a node or two in a hundred out for repair; more cordoned by kcover at once means a shared cause (a driver rollout, a fabric fault) that cordoning does not fix.")
+    max_cordoned_nodes: int = Field(50, ge=0, description="Nodes kcover may hold cordoned at once, whatever the fleet's size (the smaller of this and `max_cordoned_fraction` wins); past it the breaker trips. 50 is 2.5% of a 2,000-node fleet: capacity a person should look at before kcover takes more.")
+    breaker_window_seconds: float = Field(3600.0, gt=0, description="Seconds over which `max_cordons_per_window` and `max_restarted_workloads_per_window` count: one hour.")
+    max_cordons_per_window: int = Field(10, ge=0, description="Nodes kcover may cordon within `breaker_window_seconds` (the smaller of this and `max_cordons_per_window_fraction` of the GPU nodes wins, at least one); past it the breaker trips. Llama 3's 54 days on 2,048 eight-GPU nodes saw 419 unexpected interruptions, about 8 a day, 78% of them hardware: a fleet of that size loses about one node in three hours, so ten in one hour is a storm.")
+    max_cordons_per_window_fraction: float = Field(0.01, ge=0, le=1, description="Fraction of the GPU nodes kcover may cordon within `breaker_window_seconds` (at least one node); the smaller of this and `max_cordons_per_window` wins, so a small cluster is not emptied by ten cordons.")
+    max_restarted_workloads_per_window: int = Field(40, ge=1, description="Different restart units kcover may restart within `breaker_window_seconds`, cluster-wide; past it the breaker trips. Each unit counts once however often it restarts (its own budget bounds a crash loop), so this counts breadth: forty different jobs failing within an hour on a 2,000-node fleet is a shared cause (storage, network, a bad image) that restarting every job does not fix.")
+    max_concurrent_restarts: int = Field(10, ge=1, description="Workload restarts in flight at once (from the plan to the last pod taken away; cordons and other actions not counted); a restart planned past it is held (`Throttled`) and runs when one finishes. A bound on the API server's load, not a breaker: it never latches. A change applies to the next restart planned.")
     taint_key: str = Field("kcover.io/unhealthy", description="Key of the taint kcover puts on nodes it cordons.")
     taint_no_execute: bool = Field(False, description="Also add a NoExecute taint (evicts pods that do not tolerate it).")
     uncordon_enabled: bool = Field(False, description="Un-cordon a node kcover cordoned itself (never one an admin cordoned) when the fault's source reports it cleared: the node-condition detector does once the condition has stayed good for its `recovered_hold_seconds`. Off by default: returning a node to service is left to a person until the hold is trusted.")
@@ -309,17 +356,25 @@ class RecoverySettings(_Group):
     hold_seconds: float = Field(1800.0, gt=0, description="Seconds after its fault a restart refused for a blocker that lifts (a pause, a cooldown, the budget window, the breaker) stays held and is planned again when the blocker lifts, unless the workload recovered by itself; past it the hold is given up with a `KcoverRecoveryFailed` Event. A budget that frees only later is not held: a job that used its budget within half an hour is a crash loop, left to a person (`BudgetExhausted`). Half an hour covers a short maintenance pause and a breaker reset.")
     rules: list[dict[str, Any]] = Field(default_factory=list, description="Extra event-to-action rules (detector, reason, severity -> action), checked before the built-in ones.")
     node_judgement: NodeJudgement = Field(NodeJudgement.CEILING, description="How the action a fault's source recommends (the agent's XID policy, a plugin's configured action) combines with the matching rule: `ceiling` takes the recommendation up to the rule's action, `source` takes it outright, `rules` ignores it. `ceiling` lets the node judge a fault milder (an application XID restarts the job instead of cordoning) while the operator's rules bound how far it may go.")
+    judgement: JudgementSettings = Field(default_factory=JudgementSettings, description="Blame before action: what a fault is attributed to (a device, a node, the workload or unknown) and the differential evidence that makes a node or GPU suspect.")
+    record_only: list[RecordOnly] = Field(default_factory=list, description="Classes of action kcover decides and records (the Event, with a reason of its own, `KcoverRecordOnly...`, and the Recovery) without carrying them out: `restart`, `cordon`, `uncordon`, `device-taint`, `validation`, `drain`, `remediation`. A way to roll kcover out one class at a time; empty acts on everything.")
     save_logs: SaveLogsSettings = Field(default_factory=SaveLogsSettings, description="Saving the pods' logs before a restart deletes them.")
     delete_concurrency: int = Field(16, ge=1, description="Pod removals (evictions or uid-preconditioned deletes, as the workload kind says) of one restart in flight at once: a 1,000-pod job is taken away in about 60 round trips deep, without a burst the API server's priority and fairness would throttle.")
     verify: VerifySettings = Field(default_factory=VerifySettings, description="Verification after every restart: following the workload until it runs again, MTTR, Stalled recoveries.")
     escalation: EscalationSettings = Field(default_factory=EscalationSettings, description="The escalation ladder: a fault that keeps coming back on one node, and what follows a cordon (drain, remediation request, a person).")
     return_validation: ReturnValidationSettings = Field(default_factory=ReturnValidationSettings, description="The health check a node kcover cordoned must pass before kcover returns it to service.")
-    breaker_latch: bool = Field(False, description="Once the circuit breaker refuses an action, keep it open (refusing every restart and cordon) until a person resets it with `kcover breaker reset` or the annotation `kcover.io/breaker-reset=true` on the controls ConfigMap. Off by default: the breaker closes on its own as restarts finish and nodes return.")
+    breaker_latch: bool = Field(True, description="Once the breaker trips (a cordon or restart past `max_cordoned_fraction`, `max_cordoned_nodes`, `max_cordons_per_window` or `max_restarted_workloads_per_window`, a device taint past `device_taints.max_per_window`), keep it open, refusing every restart and cordon (restarts are held), until a person resets it with `kcover breaker reset` or the annotation `kcover.io/breaker-reset=true` on the controls ConfigMap. On by default: a storm is a person's to understand, and a breaker that closes by itself lets the storm's next wave through.")
     breaker_cooldown_seconds: float = Field(300.0, ge=0, description="Seconds after a latched breaker was reset during which kcover still refuses restarts and cordons (`BreakerCooldown`), so a storm that is not over does not trip it again at once.")
     controls_name: str = Field("kcover-controls", description="ConfigMap (in `ledger_namespace`) holding operator controls: the global pause (`kcover.io/paused=true`) and the latched breaker's state.", json_schema_extra=_RESTART)
     resume_interval_seconds: float = Field(2.0, gt=0, description="Seconds between the leader's passes over the ledger's pending restarts (recorded, not carried out: a failed delete, or a dead leader's): each pass retries those still within `workload_cooldown_seconds` and gives up the older ones with a KcoverRecoveryFailed Event. Short, since a pending restart is a job not yet recovered; a pass with nothing pending reads nothing.")
     records: RecordsSettings = Field(default_factory=RecordsSettings, description="The Recovery resources: one per action and audited refusal, with phase, timings and cause; their retention.")
     device_taints: DeviceTaintSettings = Field(default_factory=DeviceTaintSettings, description="Device-level isolation under DRA (KEP-5055 DeviceTaintRules): taint the faulty device, not the node.")
+
+    def memory_seconds(self) -> float:
+        """How long the ledger keeps what it recorded: as long as any check still reads it (the budget window,
+        the cooldowns, holds, the breaker's window, the judgement's evidence window)."""
+        return max(self.restart_window_seconds, self.workload_cooldown_seconds, self.node_cooldown_seconds,
+                   self.hold_seconds, self.breaker_window_seconds, self.judgement.window_seconds)
 
     removed: ClassVar[Mapping[str, str]] = {
         "ledger_layout": "the ledger is always one LedgerEntry object per restart unit, per node and for the breaker "
@@ -357,14 +412,14 @@ class LeaseSettings(_Group):
 
 
 class AgentValidationSettings(_Group):
-    enabled: bool = Field(False, description="Answer the controller's validation requests (`recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`.", json_schema_extra=_RESTART)
+    enabled: bool = Field(True, description="Answer the controller's validation requests (a suspect node's, `recovery.judgement`, and a node's before its return, `recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`. Without a `dcgmi` it answers `DiagError` at once, so the controller knows the node cannot be validated rather than waiting for its timeout.", json_schema_extra=_RESTART)
     dcgmi_path: str = Field("dcgmi", description="The dcgmi program (looked up on PATH): the agent image carries none, so this needs an image with DCGM.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Seconds one diagnostic may run before it is killed and the validation reported as not run (`DiagError`): level 4 runs for about an hour on eight GPUs.")
 
 
 class AgentSettings(_Group):
     node_name: str = Field("", description="The node this agent runs on; empty means $NODE_NAME (downward API).", json_schema_extra=_RESTART)
-    condition_type: str = Field("KcoverGPUHealthy", description="Node condition the agent sets.")
+    condition_type: str = Field(codec.AGENT_CONDITION_TYPE, min_length=1, description="Node condition the agent sets; the controller reads the same setting (its node-condition detector's default rule and the reading of the condition's bad status as the agent's cordon judgement, and `kcover_agent_condition_missing_nodes`), so agents and controllers must share it (the chart gives both one value).")
     condition_hold_seconds: float = Field(300.0, ge=0, description="Seconds a fault must stay cleared before the condition returns to True.")
     min_write_interval_seconds: float = Field(1.0, ge=0, description="Seconds between two writes of the node status (rate limit).")
     xid_policy_file: str = Field("", description="YAML XID policy overriding the shipped one; empty uses config/xid-policy.yaml as packaged.")

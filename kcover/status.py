@@ -184,7 +184,7 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
 async def _ledger(kube: kube_client.KubeClient, rs: settings.RecoverySettings) -> ledger.Ledger | None:
     """The recovery ledger as the cluster holds it (read only), or None where its kind is not served."""
     book = ledger.Ledger(gateway.Http(kube), namespace=rs.ledger_namespace, name=rs.ledger_name,
-                         retention_seconds=lambda: rs.restart_window_seconds)
+                         retention_seconds=rs.memory_seconds)
     try:
         await book.load()
     except errors.LedgerUnavailable:

@@ -7,8 +7,11 @@ A pytest plugin (loaded from tests/conftest.py). Owns:
   tests/controlplane/server.py, one per session) and ``k3s`` (a k3s container through testcontainers,
   one per session) and ``cluster`` (real components around the apiserver: scheduler,
   controller-manager, kwok, the Kubeflow training operator, with kcover installed by helm; one per
-  session, for tests/integration/cluster only, through its ``realcluster`` fixture). Unset: sim,
-  apiserver and cluster, plus k3s when a Docker engine answers.
+  session, for tests/integration/cluster only, through its ``realcluster`` fixture) and ``node`` (the
+  cluster's components plus a real kubelet with containerd, runc, a CNI bridge and kube-proxy, the
+  JobSet controller, and kcover's own images installed by `helm install` as the chart's pods; one per
+  session, for tests/integration/node only, through its ``realnode`` fixture; needs root). Unset: sim,
+  apiserver, cluster and node, plus k3s when a Docker engine answers.
 * ``cluster``: every test requesting it is parametrised over the selected backends (test ids
   ``[sim]``, ``[apiserver]``, ``[k3s]``). A test marked ``@pytest.mark.sim_only("why")`` runs on sim only.
   The `Cluster` gives ``backend``, ``client`` (a `kcover.kube.client.KubeClient`), ``kubeconfig_path``,
@@ -46,10 +49,10 @@ from kcover.kube import client as kubeclient
 
 TESTS = Path(__file__).resolve().parent
 CONTROLPLANE_DIR = TESTS / "controlplane"
-BACKENDS = ("sim", "apiserver", "k3s", "cluster")
+BACKENDS = ("sim", "apiserver", "k3s", "cluster", "node")
 GENERIC = ("sim", "apiserver", "k3s")  # backends the generic `cluster` fixture runs tests on
 K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
-PARAMS = ("cluster", "conformance_api", "realcluster", "kubectl_server")  # fixtures whose parameter is a backend name
+PARAMS = ("cluster", "conformance_api", "realcluster", "realnode", "kubectl_server")  # fixtures whose parameter is a backend name
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
 
@@ -79,7 +82,7 @@ def controlplane_binaries() -> Path | None:
 def selected_backends() -> list[str]:
     raw = os.environ.get("KCOVER_TEST_BACKENDS", "").strip()
     if not raw:
-        return ["sim", "apiserver", "cluster", *(["k3s"] if docker_answers() else [])]
+        return ["sim", "apiserver", "cluster", "node", *(["k3s"] if docker_answers() else [])]
     chosen = [b.strip() for b in raw.split(",") if b.strip()]
     unknown = sorted(set(chosen) - set(BACKENDS))
     if unknown:

@@ -3,12 +3,10 @@
 Owns what the agent writes to the API, and only that: the `KcoverGPUHealthy` condition on its own
 Node (strategic-merge PATCH of nodes/{name}/status, conditions merge by type) and core/v1 Events
 about the Node (reportingComponent `kcover.io/agent`, reportingInstance and source.host the node
-name, MicroTime eventTime) in `agent.event_namespace`, the release namespace, where the chart lets
-only the agent create Events: the controller acts on Node Events only from there and only when an
-agent pod runs on the node the Event names. The API server keeps Events about cluster-scoped objects
-in `default` or `kube-system` unless `involvedObject.namespace` names the Event's namespace, so
-elsewhere the Node reference carries the release namespace (kube-apiserver 1.36 answers 422
-otherwise). Events of faults whose source recommends a restart or a cordon
+name; the body is `kcover.kube.events`', which also gives the Node reference the release namespace
+where the API server requires it) in `agent.event_namespace`, the release namespace, where the chart
+lets only the agent create Events: the controller acts on Node Events only from there and only when an
+agent pod runs on the node the Event names. Events of faults whose source recommends a restart or a cordon
 carry `kcover.io/need-recovery: "true"` (`codec.needs_recovery`), so the controller's event watcher
 acts on them; cleared faults never do (the controller learns the end from the condition). A DRA
 device's faults end on their own clock (`devicehealth`, the same hold as the condition): when they
@@ -43,7 +41,6 @@ import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -53,6 +50,7 @@ from kcover.agent import devicehealth
 from kcover.aio import backoff, limiting
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
+from kcover.kube import events
 
 log = structlog.get_logger()
 
@@ -174,26 +172,16 @@ class Reporter:
 
     async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
         await self._load_current()
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                batch_task = asyncio.ensure_future(sub.get_batch())
-                done, _ = await asyncio.wait({batch_task, stopping}, timeout=self.tick_seconds,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if batch_task in done:
-                    batch = batch_task.result()
-                    await self.handle(batch)
-                    if not batch:  # the bus closed
-                        return
-                else:
-                    batch_task.cancel()
-                    await asyncio.gather(batch_task, return_exceptions=True)
-                    await self.sync_condition()
-                    await self.sync_devices()
-                    await self.retry_events()
-        finally:
-            stopping.cancel()
-            await asyncio.gather(stopping, return_exceptions=True)
+        while not stop.is_set():
+            batch = await sub.get_batch(stop=stop, timeout=self.tick_seconds)
+            if batch or sub.drained:
+                await self.handle(batch)
+                if not batch:  # the bus closed and everything queued was handled
+                    return
+            elif not stop.is_set():  # a tick: nothing came
+                await self.sync_condition()
+                await self.sync_devices()
+                await self.retry_events()
 
     async def handle(self, events: list[model.CollectorEvent]) -> None:
         if self.devices is not None:
@@ -286,11 +274,10 @@ class Reporter:
     async def _write_event(self, event: model.CollectorEvent, *, device_healthy: bool = False) -> bool:
         """POST the Event for `event`; False (logged) when the API server did not take it."""
         try:
-            namespace = self.config.event_namespace
-            await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events",
-                                      body=event_body(event, node=self.node_name, namespace=namespace,
-                                                      reporter=self.config.reporting_controller,
-                                                      when=self.clock.now(), device_healthy=device_healthy))
+            body = event_body(event, node=self.node_name, namespace=self.config.event_namespace,
+                              reporter=self.config.reporting_controller, when=self.clock.now(),
+                              device_healthy=device_healthy)
+            await self.client.request("POST", events.path_of(body), body=body)
         except errors.KubeError as exc:
             log.warning("agent_event_write_failed", node=self.node_name, reason=event.reason, error=str(exc),
                         device_healthy=device_healthy)
@@ -382,38 +369,21 @@ def _action_word(event: model.CollectorEvent) -> str:
     return "cleared" if event.cleared else (event.recommended or model.Action.REPORT).value
 
 
-CLUSTER_EVENT_NAMESPACES = frozenset({"default", "kube-system"})
-"""Where the API server accepts an Event about a cluster-scoped object whose reference has no namespace."""
-
-
-def node_reference(node: str, namespace: str) -> dict[str, str]:
-    """`involvedObject` of an Event about `node` that lives in `namespace` (see the module docstring)."""
-    ref = {"apiVersion": "v1", "kind": "Node", "name": node}
-    if namespace not in CLUSTER_EVENT_NAMESPACES:
-        ref["namespace"] = namespace
-    return ref
+NODE_KIND = "Node"
 
 
 def event_body(event: model.CollectorEvent, *, node: str, reporter: str, when: dt.datetime,
-               namespace: str = "kcover-system", device_healthy: bool = False) -> dict[str, Any]:
+               namespace: str = "kcover-system", device_healthy: bool = False) -> events.EventBody:
     """The core/v1 Event about this Node for one observation, its typed fields in the codec's
     annotations (pure; `device_healthy`: the word that the cleared event's DRA device is healthy again).
-    Values the codec cannot carry are left out and logged. Text is cut to the API server's limits in
-    UTF-8 bytes (`model.fit`)."""
+    Values the codec cannot carry are left out and logged. The body, its namespace rule and its limits
+    are `kcover.kube.events`'."""
     encoded = codec.encode_annotations(event, device_healthy=device_healthy)
     if encoded.dropped:
         log.warning("agent_event_fields_dropped", node=node, reason=event.reason,
                     dropped=[f"{key}: {why}" for key, why in encoded.dropped])
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{node}.kcover-", "namespace": namespace, "annotations": encoded.annotations},
-        "involvedObject": node_reference(node, namespace),
-        "reason": model.fit(event.reason, model.NAME_MAX, suffix=""),
-        "message": model.fit(event.message or event.reason, model.MESSAGE_MAX),
-        "type": "Normal" if event.severity is model.Severity.INFO else "Warning",
-        "action": model.fit(_action_word(event), model.NAME_MAX, suffix=""),
-        "eventTime": clock_.micro_time(when),
-        "reportingComponent": reporter,
-        "reportingInstance": model.fit(node, model.NAME_MAX, suffix=""),
-        "source": {"component": reporter, "host": node},
-    }
+    return events.body(events.About(NODE_KIND, "v1", node), namespace=namespace, reason=event.reason,
+                       action=_action_word(event), message=event.message or event.reason,
+                       warning=event.severity is not model.Severity.INFO, now=when, controller=reporter,
+                       instance=node, annotations=encoded.annotations, generate_name=f"{node}.kcover-",
+                       source_host=node)

@@ -2,8 +2,8 @@
 
 Owns wiring one agent process (and, with `agent.validation.enabled`, the validator that answers the
 controller's return-to-service checks, `validating`): loads the XID policy (`agent.xid_policy_file` over the shipped one),
-builds the detector context (NVML backend, Kubernetes client, pod lookup; the DCGM detector runs its
-tools as subprocesses), runs the supervisor, the reporter and the watch of its node's DRA
+builds the detector context (NVML backend, Kubernetes client, pod lookup, XID policy, the node's capacity;
+the DCGM detector and the plugins run their tools as subprocesses, `kcover.aio.commands`), runs the supervisor, the reporter and the watch of its node's DRA
 ResourceSlices (`dradevices`: a fault on a GPU published through DRA is reported as that device's)
 until `stop` is set, then closes the bus
 so the reporter drains what was queued. `reconfigure()` applies a reload; a changed XID policy (a new
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import structlog
 
@@ -28,11 +28,11 @@ from kcover import bus as bus_
 from kcover import errors, metrics, serving, settings
 from kcover.agent import dradevices, podresources, reporting, validating
 from kcover.aio import clock as clock_
-from kcover.detectors import contract, dcgm, registry, supervising
+from kcover.aio import commands
+from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
-from kcover.kube import decoding, retrying
-from kcover.nvml import xid_policy
-from kcover.recovery import auditing, steps
+from kcover.kube import decoding, events, retrying
+from kcover.nvml import backend, xid_policy
 
 log = structlog.get_logger()
 
@@ -45,7 +45,7 @@ def node_name(config: settings.Settings, environ: Mapping[str, str]) -> str:
 
 
 async def node_capacity(client: client_.KubeClient, node: str) -> dict[str, str]:
-    """The node's `status.capacity`, for plugins that run only on some hardware (`extras["node_capacity"]`)."""
+    """The node's `status.capacity`, for plugins that run only on some hardware (`context.node_capacity`)."""
     try:
         obj = await client.request("GET", f"/api/v1/nodes/{node}")
     except errors.KubeError as exc:
@@ -70,14 +70,24 @@ def _many(pods: podresources.PodLookup) -> dradevices.PodsForDevices:
     return each
 
 
+@dataclass(frozen=True)
+class _PodsByDevices:
+    """The agent's pod lookup as detectors ask it (`contract.PodLookup`): several device ids at once."""
+
+    many: dradevices.PodsForDevices
+
+    async def pods_for_devices(self, device_ids: Sequence[str]) -> list[str]:
+        return await self.many(device_ids)
+
+
 class Agent:
     """One node agent. Build it, `await run(stop)`, and call `reconfigure()` on a config reload."""
 
     def __init__(self, config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
-                 health: serving.Health | None, node: str, nvml: Any = None,
+                 health: serving.Health | None, node: str, nvml: backend.Nvml | None = None,
                  clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
                  reporter_tick_seconds: float = 0.5, pod_lookup: podresources.PodLookup | None = None,
-                 dcgmi: dcgm.CommandRunner | None = None) -> None:
+                 dcgmi: commands.CommandRunner | None = None) -> None:
         """`dcgmi`: how the validator runs `dcgmi diag` (subprocesses by default; the simulated cluster's nodes
         answer with recorded output)."""
         self.config = config
@@ -87,11 +97,10 @@ class Agent:
         self.clock = clock or clock_.SystemClock()
         self.policy = xid_policy.load(config.agent.xid_policy_file)
         pods = pod_lookup or podresources.PodResources(config.agent.pod_resources_socket)
+        pods_for_devices = _many(pods)
         self.context = contract.DetectorContext(
             role=contract.Role.AGENT, metrics=metrics, clock=self.clock, node_name=node, nvml=nvml,
-            gateway=client,
-            extras={"xid_policy": self.policy, "pods_for_device": pods.pods_for_device,
-                    "pods_for_devices": getattr(pods, "pods_for_devices", None)})
+            gateway=client, pod_lookup=_PodsByDevices(pods_for_devices), xid_policy=self.policy)
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds,
                             block_timeout_seconds=config.bus.block_timeout_seconds)
         metrics.registry.register(bus_.BusCollector(self.bus))  # kcover_bus_* on /metrics
@@ -102,7 +111,7 @@ class Agent:
                                                  config.detectors, metrics)
         self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
         self.supervisor.on_failure = self._detector_failed
-        self.devices = dradevices.DraDevices(client, node, pods_for_devices=_many(pods))
+        self.devices = dradevices.DraDevices(client, node, pods_for_devices=pods_for_devices)
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
                                            tick_seconds=reporter_tick_seconds, devices=self.devices.attach)
         self.validator = (validating.Validator(client, node, config.agent.validation, runner=dcgmi, clock=self.clock)
@@ -110,15 +119,14 @@ class Agent:
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on this agent's Node (no need-recovery annotation: nothing acts on it)."""
-        namespace = self.config.agent.event_namespace
-        body = auditing.event_body(steps.ObjectRef("Node", "v1", self.node), reason="KcoverDetectorFailed",
-                                   action="RunDetector", warning=True,
-                                   message=f"{'required' if required else 'optional'} detector {name} failed on "
-                                           f"node {self.node} ({detail}); restarting it with backoff",
-                                   now=self.clock.now(), controller=self.config.agent.reporting_controller,
-                                   instance=self.node)
-        body["metadata"]["namespace"] = namespace
-        await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+        body = events.body(events.About(reporting.NODE_KIND, "v1", self.node),
+                           namespace=self.config.agent.event_namespace, reason="KcoverDetectorFailed",
+                           action="RunDetector", warning=True,
+                           message=f"{'required' if required else 'optional'} detector {name} failed on "
+                                   f"node {self.node} ({detail}); restarting it with backoff",
+                           now=self.clock.now(), controller=self.config.agent.reporting_controller,
+                           instance=self.node, source_host=self.node)
+        await self.client.request("POST", events.path_of(body), body=body)
 
     async def reconfigure(self, new: settings.Settings, changed: set[str]) -> None:
         """Apply new tunables live: detector settings, bus tunables, reporter settings, XID policy.
@@ -130,7 +138,7 @@ class Agent:
         self.supervisor.wanted(new.detectors)  # validate before touching anything
         if policy is not None:
             self.policy = policy
-            self.context.extras["xid_policy"] = policy
+            self.context.xid_policy = policy
             log.info("xid_policy_reloaded", file=new.agent.xid_policy_file or "shipped")
         if policy is not None or any(p.startswith("detectors.") for p in changed):
             self.supervisor.reconfigure(new.detectors, restart=[n for n in new.detectors.entries
@@ -143,7 +151,7 @@ class Agent:
         self.config = new
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.context.extras["node_capacity"] = await node_capacity(self.client, self.node)
+        self.context.node_capacity = await node_capacity(self.client, self.node)
         if self.health is not None:
             self.health.add_readiness("detectors", self.supervisor.readiness)
         log.info("agent_starting", node=self.node, xid_policy=self.config.agent.xid_policy_file or "shipped")
@@ -167,7 +175,7 @@ class Agent:
 
 
 async def run(config: settings.Settings, *, client: client_.KubeClient, metrics: metrics.Metrics,
-              health: serving.Health | None, stop: asyncio.Event, nvml: Any = None,
+              health: serving.Health | None, stop: asyncio.Event, nvml: backend.Nvml | None = None,
               clock: clock_.Clock | None = None, detector_registry: registry.Registry | None = None,
               reporter_tick_seconds: float = 0.5, node: str = "") -> None:
     """Run one node agent until `stop` is set (node from `agent.node_name` unless given)."""

@@ -2,8 +2,9 @@
 
 Owns one loop per agent (`agent.validation.enabled`): a reflector watches the agent's own Node (field
 selector `metadata.name`, so one object), and each new request the codec reads from its annotations
-(`codec.decode_validation_request`: an id and a `dcgmi diag -r` level) is run once through the DCGM
-detector's command runner and parsers (`dcgm.CommandRunner`, `dcgm.parse_diag`). The verdict is written
+(`codec.decode_validation_request`: an id and a `dcgmi diag -r` level) is run once through a command
+runner (`kcover.aio.commands`) and read with the dcgmi parsers (`kcover.nvml.dcgmi.parse_diag`), the ones
+the DCGM detector reads its scheduled diagnostics with. The verdict is written
 as the Node condition `KcoverGPUValidated` (`codec.encode_validation_answer`, a strategic-merge patch
 of nodes/status, the one write the agent already makes):
 
@@ -28,10 +29,11 @@ import structlog
 
 from kcover import codec, errors, settings
 from kcover.aio import clock as clock_
-from kcover.detectors import dcgm
+from kcover.aio import commands, waiting
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 from kcover.kube import watching
+from kcover.nvml import dcgmi
 
 log = structlog.get_logger()
 _PASS = re.compile(r"\bpass\b", re.IGNORECASE)
@@ -42,7 +44,7 @@ def verdict(returncode: int, out: str, level: int) -> tuple[codec.ValidationOutc
     if not out.strip():
         return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} printed nothing (exit code {returncode})"
     try:
-        findings = dcgm.parse_diag(out)
+        findings = dcgmi.parse_diag(out)
     except ValueError as exc:
         return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level}: unreadable output ({exc})"
     if findings:
@@ -59,11 +61,11 @@ class Validator:
     """Runs the validations the controller asks of this node. `await run(stop)`."""
 
     def __init__(self, kube: client_.KubeClient, node: str, config: settings.AgentValidationSettings, *,
-                 runner: dcgm.CommandRunner | None = None, clock: clock_.Clock | None = None) -> None:
+                 runner: commands.CommandRunner | None = None, clock: clock_.Clock | None = None) -> None:
         self._kube = kube
         self.node = node
         self.config = config
-        self._runner = runner or dcgm.SubprocessRunner()
+        self._runner = runner or commands.SubprocessRunner()
         self._clock = clock or clock_.SystemClock()
         self._wake = asyncio.Event()
         self._latest: proj.Node | None = None
@@ -101,13 +103,7 @@ class Validator:
                     await self.validate(request)
                     continue
                 self._wake.clear()
-                waiter = asyncio.ensure_future(self._wake.wait())
-                stopper = asyncio.ensure_future(stop.wait())
-                try:
-                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                    stopper.cancel()
+                await waiting.first_of(stop, self._wake)
 
     async def validate(self, request: codec.ValidationRequest) -> codec.ValidationOutcome:
         """Run the diagnostic `request` asks for and write the answer; returns the outcome."""
@@ -115,11 +111,13 @@ class Validator:
         log.info("validation_started", node=self.node, request=request.id, level=request.level)
         try:
             result = await self._runner.run(argv, timeout_seconds=self.config.timeout_seconds)
-        except FileNotFoundError as exc:
+        except commands.CommandNotFoundError as exc:
             outcome, text = codec.ValidationOutcome.ERROR, f"{self.config.dcgmi_path} not found: {exc}"
-        except TimeoutError:
+        except commands.CommandTimeoutError:
             outcome, text = (codec.ValidationOutcome.ERROR,
                              f"dcgmi diag -r {request.level} ran past {self.config.timeout_seconds:g}s and was killed")
+        except commands.CommandError as exc:
+            outcome, text = codec.ValidationOutcome.ERROR, f"dcgmi diag -r {request.level} could not run: {exc}"
         else:
             outcome, text = verdict(result.returncode, result.stdout, request.level)
         self.answered[request.id] = outcome

@@ -1,4 +1,9 @@
-"""Exponential backoff with full jitter, as an object (no module state)."""
+"""Exponential backoff with equal jitter, as an object (no module state).
+
+Each delay is drawn uniformly from the upper half of the exponential ceiling ([ceiling/2, ceiling]):
+never less than half the ceiling, so retries stay spread out but never collapse to zero (AWS calls this
+"equal jitter"; "full jitter" would draw from [0, ceiling]). Pure: the caller passes the RNG for tests.
+"""
 
 from __future__ import annotations
 

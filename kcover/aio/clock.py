@@ -1,7 +1,10 @@
-"""Clocks: the `Clock` protocol, the system clock, and a loop-driven clock for virtual time.
+"""Clocks: the `Clock` protocol, the system clock, and `FakeClock`, the one clock tests use.
 
-Owns wall time (for timestamps written to the API) and monotonic time (for intervals).
-Tests pass a clock tied to the event loop so virtual time (looptime) moves both.
+Owns wall time (for timestamps written to the API), monotonic time (for intervals) and the formats
+Kubernetes writes times in. `SystemClock` reads monotonic time from the running loop, so virtual time
+(looptime) fast-forwards it. `FakeClock` moves only when a test says so, or with the loop's time; it is
+product code (like structlog's `testing`) so that no test writes its own. No I/O; the formatters raise
+`ValueError` for a naive datetime.
 """
 
 from __future__ import annotations
@@ -35,21 +38,68 @@ class SystemClock:
             return time.monotonic()
 
 
-class LoopClock:
-    """Wall time that moves with the running loop's clock: `start` when built, plus loop seconds since.
+EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+"""Where a `FakeClock` starts unless told otherwise: a fixed moment, so tests do not depend on today."""
 
-    Under virtual time (looptime) both `now()` and `monotonic()` fast-forward together, so timestamps
-    written to the API, cooldowns and durations agree with the waits. Build it inside the running loop."""
 
-    def __init__(self, start: dt.datetime | None = None) -> None:
-        self._start = start or dt.datetime.now(dt.UTC)
-        self._t0 = asyncio.get_running_loop().time()
+class FakeClock:
+    """A `Clock` for tests: wall and monotonic time that move together, only when the test says so
+    (`advance`), or also with the running loop's time when `follow_loop` (so looptime's virtual time, or
+    real time, moves them: timestamps written to the API, cooldowns and waits then agree). `set_now`
+    moves the wall clock alone, as an NTP step would; monotonic time never goes back."""
+
+    def __init__(self, start: dt.datetime = EPOCH, *, monotonic_start: float | None = None,
+                 follow_loop: bool = False) -> None:
+        if start.tzinfo is None:
+            raise ValueError("FakeClock needs a timezone-aware start")
+        self._start = start.astimezone(dt.UTC)
+        self._follow_loop = follow_loop
+        self._origin: float | None = None
+        if follow_loop:
+            try:
+                self._origin = asyncio.get_running_loop().time()  # from now; else from its first reading
+            except RuntimeError:
+                pass
+        self._monotonic_start = monotonic_start
+        """None: 0, or when following the loop its time when the clock started, so that `monotonic()` is
+        the loop's own time as `SystemClock`'s is (waits and intervals agree)."""
+        self._advanced = 0.0
+        self._wall_shift = dt.timedelta()
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds this clock has moved since it started (advanced, plus the loop's time when following it)."""
+        moved = self._advanced
+        if self._follow_loop:
+            now = asyncio.get_running_loop().time()
+            if self._origin is None:
+                self._origin = now
+            moved += now - self._origin
+        return moved
+
+    def _base(self) -> float:
+        if self._monotonic_start is not None:
+            return self._monotonic_start
+        return self._origin if self._follow_loop and self._origin is not None else 0.0
 
     def now(self) -> dt.datetime:
-        return self._start + dt.timedelta(seconds=asyncio.get_running_loop().time() - self._t0)
+        return self._start + self._wall_shift + dt.timedelta(seconds=self.elapsed)
 
     def monotonic(self) -> float:
-        return asyncio.get_running_loop().time()
+        elapsed = self.elapsed  # first: a loop-following clock may take its origin now
+        return self._base() + elapsed
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward by `seconds`."""
+        if seconds < 0:
+            raise ValueError("a clock does not go back; use set_now() for a wall-clock step")
+        self._advanced += seconds
+
+    def set_now(self, moment: dt.datetime) -> None:
+        """Set the wall clock to `moment` (forward or back); monotonic time does not move."""
+        if moment.tzinfo is None:
+            raise ValueError("set_now needs a timezone-aware datetime")
+        self._wall_shift += moment - self.now()
 
 
 def utcnow() -> dt.datetime:

@@ -21,10 +21,11 @@ import structlog
 
 from kcover import errors
 from kcover.aio import clock as clock_
+from kcover.aio import waiting
 from kcover.detectors import contract
 from kcover.kube import client as client_
-from kcover.kube import retrying
-from kcover.recovery import auditing, steps
+from kcover.kube import events, retrying
+from kcover.recovery import auditing
 
 log = structlog.get_logger()
 
@@ -57,28 +58,17 @@ class Answers:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Write queued answers until `stop` is set."""
-        while not stop.is_set():
-            getter = asyncio.ensure_future(self._queue.get())
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({getter, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (getter, stopping):
-                    task.cancel()
-                await asyncio.gather(getter, stopping, return_exceptions=True)
-            if not getter.cancelled() and getter.exception() is None:
-                await self.answer(getter.result())
+        while (refusal := await waiting.or_stop(self._queue.get(), stop)) is not None:
+            await self.answer(refusal)
 
     async def answer(self, refusal: contract.Refusal) -> None:
-        about = steps.ObjectRef(refusal.kind, refusal.api_version, refusal.name, refusal.namespace, refusal.uid)
-        body = auditing.event_body(about, reason=REASON, action="Refuse", message=refusal.text, warning=True,
-                                   now=self._clock.now(), controller=auditing.REPORTING_CONTROLLER,
-                                   instance=self._identity)
+        about = events.About(refusal.kind, refusal.api_version, refusal.name, refusal.namespace, refusal.uid)
+        body = events.body(about, reason=REASON, action="Refuse", message=refusal.text, warning=True,
+                           now=self._clock.now(), controller=auditing.REPORTING_CONTROLLER, instance=self._identity)
         if not self._is_leader():
             return
         try:
-            await self._kube.request("POST", f"/api/v1/namespaces/{refusal.namespace}/events", body=body,
-                                     fence=self.fence)
+            await self._kube.request("POST", events.path_of(body), body=body, fence=self.fence)
         except errors.NotLeaderError:
             return  # the term ended before the write (its fence): a follower answers nothing
         except errors.KubeError as exc:

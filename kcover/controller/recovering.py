@@ -216,9 +216,8 @@ class _Live:
         return self.recovery
 
     def retention_seconds(self) -> float:
-        """How long the ledger keeps an entry: as long as any check still reads it (budget window, cooldowns)."""
-        r = self.recovery
-        return max(r.restart_window_seconds, r.workload_cooldown_seconds, r.node_cooldown_seconds, r.hold_seconds)
+        """How long the ledger keeps an entry (`RecoverySettings.memory_seconds`)."""
+        return self.recovery.memory_seconds()
 
 
 def describe(leader: LeaderEngine) -> Mapping[str, Any]:

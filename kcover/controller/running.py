@@ -32,9 +32,9 @@ from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.controller import answering, fleet, recovering
 from kcover.detectors import contract, registry, supervising
-from kcover.kube import caching, leasing, podlogs, retrying
+from kcover.kube import caching, events, leasing, podlogs, retrying
 from kcover.kube import client as client_
-from kcover.recovery import auditing, steps
+from kcover.recovery import auditing
 
 log = structlog.get_logger()
 
@@ -91,9 +91,9 @@ class Controller:
         self.answers = answering.Answers(client, clock=self.clock, identity=self.identity, is_leader=self.is_leader)
         """Warning Events answering refused signals (a forged Event), written by the leader."""
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics, clock=self.clock,
-                                           cache=self.cache, gateway=client, namespace=cfg.recovery.ledger_namespace,
-                                           refusals=self.answers,
-                                           extras={"log_reader": podlogs.KubeLogReader(client)})
+                                           cluster=self.cache, gateway=client, namespace=cfg.recovery.ledger_namespace,
+                                           refusals=self.answers, log_reader=podlogs.KubeLogReader(client),
+                                           agent_condition_type=cfg.agent.condition_type)
         self.supervisor = supervising.Supervisor(detector_registry or registry.discover(), context, self.bus,
                                                  cfg.detectors, metrics)
         self.supervisor.wanted(cfg.detectors)  # fail fast on unknown detectors or bad detector configs
@@ -137,13 +137,12 @@ class Controller:
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
         lease = self.settings.lease
-        body = auditing.event_body(steps.ObjectRef("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
-                                   reason="KcoverDetectorFailed", action="RunDetector", warning=True,
-                                   message=f"{'required' if required else 'optional'} detector {name} failed on "
-                                           f"{self.identity} ({detail}); restarting it with backoff",
-                                   now=self.clock.now(), controller=auditing.REPORTING_CONTROLLER,
-                                   instance=self.identity)
-        await self.client.request("POST", f"/api/v1/namespaces/{lease.namespace}/events", body=body)
+        body = events.body(events.About("Lease", "coordination.k8s.io/v1", lease.name, lease.namespace),
+                           reason="KcoverDetectorFailed", action="RunDetector", warning=True,
+                           message=f"{'required' if required else 'optional'} detector {name} failed on "
+                                   f"{self.identity} ({detail}); restarting it with backoff",
+                           now=self.clock.now(), controller=auditing.REPORTING_CONTROLLER, instance=self.identity)
+        await self.client.request("POST", events.path_of(body), body=body)
 
     def _epoch(self) -> int:
         return self.elector.leadership_epoch if self.elector is not None else 1

@@ -7,8 +7,8 @@ resourceID `driver/pool/device`, `fault.container`); `Unknown` lasting longer th
 `cleared=True`, and so is the first `Healthy` any pod reports for a device last reported `Unhealthy` (by
 another pod: the faulty pod is usually gone by then; the device's health is the kubelet's per device, and
 the return to service of an isolated device is how kcover learns of it). Nothing repeats
-while a state holds, across re-lists and detector restarts (the state lives in
-`context.extras["detector_state"][name]`). State is dropped when the pod goes away.
+while a state holds, across re-lists and detector restarts (the state is the detector's
+`context.state`). State is dropped when the pod goes away.
 
 It never writes to the API. Without a cache it raises `DetectorUnavailableError`.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import structlog
@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from kcover import bus as bus_
 from kcover import model
 from kcover.detectors import contract, following
-from kcover.kube import caching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -95,47 +94,57 @@ def devices(pod: proj.Pod) -> dict[DeviceKey, proj.ResourceHealth]:
     return {(c.name, r.claim, r.resource_id): r for c in pod.containers for r in c.resources}
 
 
+@dataclass
+class Kept:
+    """What the detector remembers across restarts by the supervisor."""
+
+    tracks: dict[str, dict[DeviceKey, Track]] = field(default_factory=dict)
+    """Pod uid -> device -> state."""
+    unhealthy: dict[str, str] = field(default_factory=dict)
+    """resourceID -> node of every device reported Unhealthy and not yet seen Healthy again, by any pod."""
+
+
 class DraHealthDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = DraHealthConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, DraHealthConfig)
+    def __init__(self, name: str, config: DraHealthConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self._context = context
-        tracks = following.kept_state(context, name, dict, dict)
-        self.tracks: dict[str, dict[DeviceKey, Track]] = tracks
-        """Pod uid -> device -> state."""
-        unhealthy = following.kept_state(context, f"{name}/unhealthy-devices", dict, dict)
-        self.unhealthy: dict[str, str] = unhealthy
-        """resourceID -> node of every device reported Unhealthy and not yet seen Healthy again, by any pod."""
+        kept = context.state(name, Kept)
+        self.tracks = kept.tracks
+        self.unhealthy = kept.unhealthy
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = following.cache_of(self._context, self.name)
+        cluster = contract.cluster_of(self._context, self.name)
         self._bus = bus
-        await following.follow(cache, stop, self._on_change, tick_seconds=self.config.tick_seconds,
-                               on_tick=lambda: self._tick(cache))
+        await following.follow(cluster, stop, self._on_change, tick_seconds=self.config.tick_seconds,
+                               on_tick=lambda: self._tick(cluster))
 
-    def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
-        if kind is not caching.Kind.POD:
+    def _on_change(self, kind: contract.ChangeKind, old: contract.Record | None, new: contract.Record | None) -> None:
+        cluster = self._context.cluster
+        if cluster is None:
             return
         if new is None:
-            self.tracks.pop(old.uid, None)
+            if isinstance(old, proj.Pod):
+                self.tracks.pop(old.uid, None)
+            return
+        if not isinstance(new, proj.Pod):
             return
         if not any(c.resources for c in new.containers) and new.uid not in self.tracks:
             return
-        self._evaluate(self._context.cache, new)
+        self._evaluate(cluster, new)
 
-    def _tick(self, cache: caching.ClusterCache) -> None:
+    def _tick(self, cache: contract.ClusterView) -> None:
         for uid, tracks in list(self.tracks.items()):
             if any(t.health == UNKNOWN and not t.reported for t in tracks.values()):
                 pod = cache.pod(uid)
                 if pod is not None:
                     self._evaluate(cache, pod)
 
-    def _evaluate(self, cache: caching.ClusterCache, pod: proj.Pod) -> None:
+    def _evaluate(self, cache: contract.ClusterView, pod: proj.Pod) -> None:
         now = self._context.clock.monotonic()
         tracks = self.tracks.setdefault(pod.uid, {})
         current = devices(pod)
@@ -160,7 +169,7 @@ class DraHealthDetector:
         if not tracks:
             del self.tracks[pod.uid]
 
-    def _publish(self, cache: caching.ClusterCache, pod: proj.Pod, container: str, res: proj.ResourceHealth,
+    def _publish(self, cache: contract.ClusterView, pod: proj.Pod, container: str, res: proj.ResourceHealth,
                  emit: Emit) -> None:
         severity = {Emit.UNHEALTHY: model.Severity.ERROR, Emit.UNKNOWN: model.Severity.WARNING,
                     Emit.RECOVERED: model.Severity.INFO}[emit]
@@ -169,7 +178,7 @@ class DraHealthDetector:
             attributes["device_message"] = res.message
         workload = cache.workload_ref(pod)
         if workload is not None:
-            attributes["workload"] = workload
+            attributes["workload"] = dict(workload)
         text = f"device {res.resource_id or '?'} of {res.claim or '?'} is {res.health}"
         if res.message:
             text += f": {res.message}"

@@ -58,7 +58,6 @@ from kcover import codec, model
 from kcover.aio import clock as clock_
 from kcover.aio import limiting
 from kcover.detectors import contract, following
-from kcover.kube import caching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -262,15 +261,13 @@ class EventWatcherDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = EventWatcherConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, EventWatcherConfig)
+    def __init__(self, name: str, config: EventWatcherConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self._context = context
         for reason in REFUSALS:
             context.metrics.events_rejected.labels(reason=reason)
-        handled = following.kept_state(context, name, dict, dict)
-        self.handled: dict[str, tuple[int, int, str, str, str]] = handled
+        self.handled: dict[str, tuple[int, int, str, str, str]] = context.state(name, dict)
         """Event uid -> the revision last judged."""
         self._bus: bus_.Bus | None = None
         self._answer_bucket = limiting.TokenBucket(config.refusal_events_per_minute / 60.0,
@@ -278,27 +275,30 @@ class EventWatcherDetector:
         self._answered: dict[tuple[str, str], float] = {}
         """(namespace, reason) -> monotonic time of the last answer handed over."""
 
-    def lookups(self, cache: caching.ClusterCache) -> Lookups:
+    def lookups(self, cache: contract.ClusterView) -> Lookups:
         labels = dict(self.config.agent_pod_labels)
         return Lookups(pod=cache.pod_by_name, node=cache.node, namespace=self._context.namespace,
                        agent_on_node=lambda ns, node: agent_on_node(cache.pods_on_node, labels, ns, node))
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = following.cache_of(self._context, self.name)
+        cluster = contract.cluster_of(self._context, self.name)
         self._bus = bus
-        await following.follow(cache, stop, self._on_change)
+        await following.follow(cluster, stop, self._on_change)
 
-    def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
-        if kind is not caching.Kind.EVENT:
+    def _on_change(self, kind: contract.ChangeKind, old: contract.Record | None, new: contract.Record | None) -> None:
+        cache = self._context.cluster
+        if cache is None:
             return
         if new is None:
-            self.handled.pop(old.uid, None)
+            if isinstance(old, proj.KubeEvent):
+                self.handled.pop(old.uid, None)
+            return
+        if not isinstance(new, proj.KubeEvent):
             return
         rev = revision(new)
         if self.handled.get(new.uid) == rev:
             return
         self.handled[new.uid] = rev
-        cache: caching.ClusterCache = self._context.cache
         verdict = judge(new, now=self._context.clock.now(), config=self.config, lookups=self.lookups(cache))
         decoded = codec.decode_annotations(dict(new.annotations))
         if verdict.target is not None and isinstance(decoded, codec.Refused):
@@ -359,7 +359,7 @@ class EventWatcherDetector:
                                                   f"Repeats within {window:.0f}s are only counted "
                                                   f"(kcover_events_rejected)."))
 
-    def _publish(self, cache: caching.ClusterCache, ev: proj.KubeEvent, target: model.Target,
+    def _publish(self, cache: contract.ClusterView, ev: proj.KubeEvent, target: model.Target,
                  decoded: codec.Decoded) -> None:
         attributes: dict[str, Any] = {"event_namespace": ev.namespace, "event_name": ev.name, "event_uid": ev.uid,
                                       "event_reason": ev.reason, "event_type": ev.type, "reporter": reporter_of(ev),
@@ -370,7 +370,7 @@ class EventWatcherDetector:
             pod = cache.pod(target.uid)
             workload = cache.workload_ref(pod) if pod is not None else None
             if workload is not None:
-                attributes["workload"] = workload
+                attributes["workload"] = dict(workload)
         event = model.CollectorEvent(
             detector=self.name, severity=model.Severity.INFO if decoded.cleared else model.Severity.ERROR,
             reason=REASON, message=ev.message or f"Event {ev.reason} asks for recovery", target=target,

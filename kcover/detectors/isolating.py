@@ -7,8 +7,8 @@ never the process's loop, its Lease renewals or the other detectors. What it pub
 (`plugin_queue_capacity`) on the plugin's side, drained onto the real bus by the main loop in slices,
 so a plugin that floods costs the main loop a bounded amount of work; what is refused is counted per
 detector in `kcover_detector_dropped{detector,reason}`. A plugin that subscribes gets a subscription
-on a bus of its own loop, fed from the real bus. The coroutine methods of what the context's `extras`
-hold (the log reader) run on the main loop, whose connections they use (`on_main_loop`).
+on a bus of its own loop, fed from the real bus. The context's log reader and pod lookup run on the
+main loop, whose connections they use (`context_for`).
 
 It does not restart or judge detectors (`supervising` does). How it fails: what the detector raises is
 raised by `run()` in the main loop. A detector that does not return within `stop_grace_seconds` of
@@ -22,12 +22,11 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import Counter
@@ -126,28 +125,45 @@ class Bridge:
             self._queue.clear()
 
 
-class MainLoopProxy:
-    """`target` seen from another loop: its coroutine methods run on `loop` (where its connections live)."""
+T = TypeVar("T")
 
-    def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._target = target
-        self._loop = loop
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
-        loop = self._loop
+def _on_loop(work: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> Awaitable[T]:
+    """`work` run on `loop` (kcover's main loop), awaited from the plugin's own."""
+    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
-        async def on_main_loop(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(attr(*args, **kwargs), loop))
 
-        return on_main_loop
+@dataclass(frozen=True)
+class _LogReaderOnMainLoop:
+    """The context's log reader seen from a plugin's loop: each read runs on the main loop."""
+
+    reader: contract.LogReader
+    loop: asyncio.AbstractEventLoop
+
+    async def read_log(self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int,
+                       limit_bytes: int) -> str:
+        return await _on_loop(self.reader.read_log(namespace, pod, container, previous=previous,
+                                                   tail_lines=tail_lines, limit_bytes=limit_bytes), self.loop)
+
+
+@dataclass(frozen=True)
+class _PodLookupOnMainLoop:
+    """The context's pod lookup seen from a plugin's loop: each lookup runs on the main loop."""
+
+    lookup: contract.PodLookup
+    loop: asyncio.AbstractEventLoop
+
+    async def pods_for_devices(self, device_ids: Sequence[str]) -> list[str]:
+        return await _on_loop(self.lookup.pods_for_devices(list(device_ids)), self.loop)
 
 
 def context_for(context: contract.DetectorContext, loop: asyncio.AbstractEventLoop) -> contract.DetectorContext:
-    """The context an isolated detector gets: `extras` proxied onto the main loop."""
-    return dataclasses.replace(context, extras={k: MainLoopProxy(v, loop) for k, v in context.extras.items()})
+    """The context an isolated detector gets: the same, but for the log reader and the pod lookup, whose
+    connections belong to `loop` (the main loop), proxied onto it. The kept state is shared."""
+    return dataclasses.replace(
+        context,
+        log_reader=None if context.log_reader is None else _LogReaderOnMainLoop(context.log_reader, loop),
+        pod_lookup=None if context.pod_lookup is None else _PodLookupOnMainLoop(context.pod_lookup, loop))
 
 
 class PluginBus:

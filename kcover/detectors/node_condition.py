@@ -3,8 +3,10 @@
 Owns the decisions "this node's condition says its GPUs are bad" and "they are good again", read
 from the cluster cache. A rule names a condition type and its bad status. Defaults, each set by a
 component that watches GPUs:
-* `KcoverGPUHealthy=False` — kcover's own agent; the codec (`kcover.codec.condition_recommendation`)
-  reads it as the agent's judgement that the node must be cordoned (`recommended=cordon-node`);
+* `KcoverGPUHealthy=False` — kcover's own agent (the type is `agent.condition_type`, handed over as
+  `context.agent_condition_type`: the default rule follows it, and so does the codec's reading,
+  `kcover.codec.condition_recommendation`, of its bad status as the agent's judgement that the node
+  must be cordoned, `recommended=cordon-node`);
 * `AcceleratedHardwareReady=False` — the Amazon EKS node monitoring agent (NVIDIA XIDs, DCGM checks);
   it recommends nothing, so the controller's rules decide.
 node-problem-detector custom plugins set `<Problem>=True` conditions of the operator's choosing: add a
@@ -18,7 +20,7 @@ configured condition of the node is still bad, nothing is cleared. A controller
 that restarted has no memory of what it reported: a node carrying kcover's cordon annotation whose
 configured conditions (at least one present) are all good for the hold gets one cleared event too.
 Conditions still inside either duration are re-checked every `tick_seconds`. The detector's memory
-lives in `context.extras["detector_state"][name]` so a supervisor restart does not repeat it.
+is its `context.state` so a supervisor restart does not repeat it.
 
 It never writes to the API. Without a cache it raises `DetectorUnavailableError`.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,7 +39,6 @@ from kcover import bus as bus_
 from kcover import codec, model
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, following
-from kcover.kube import caching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -54,19 +55,23 @@ class ConditionRule(BaseModel):
     min_duration_seconds: float | None = Field(None, ge=0, description="Seconds; overrides the detector's `min_duration_seconds` for this rule.")
 
 
-def _default_rules() -> list[ConditionRule]:
-    return [ConditionRule(type="KcoverGPUHealthy", bad_status="False"),
-            ConditionRule(type="AcceleratedHardwareReady", bad_status="False")]
+EKS_CONDITION_TYPE = "AcceleratedHardwareReady"
+"""The condition the Amazon EKS node monitoring agent sets on GPU nodes."""
+
+
+def default_rules(agent_condition_type: str = codec.AGENT_CONDITION_TYPE) -> list[ConditionRule]:
+    """The rules used when `conditions` is not set: the agent's condition and EKS's, each bad when False."""
+    return [ConditionRule(type=agent_condition_type, bad_status="False"),
+            ConditionRule(type=EKS_CONDITION_TYPE, bad_status="False")]
 
 
 class NodeConditionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    conditions: list[ConditionRule] = Field(default_factory=_default_rules, description="Condition rules; see the module docstring for why each default.")
+    conditions: list[ConditionRule] = Field(default_factory=default_rules, description="Condition rules. Unset: kcover's agent's condition and `AcceleratedHardwareReady`, each bad when `False`; the agent's rule then follows `agent.condition_type` (`KcoverGPUHealthy` by default). See the module docstring for why each.")
     min_duration_seconds: float = Field(10.0, ge=0, description="Seconds a condition must stay bad before it is reported: rides out a flap without delaying recovery much.")
     recovered_hold_seconds: float = Field(600.0, ge=0, description="Seconds a reported condition must stay good before its end is published (and a node kcover cordoned may be un-cordoned): ten minutes rides out a GPU that recovers and fails again.")
     tick_seconds: float = Field(2.0, gt=0, description="Seconds between checks of conditions waiting out their minimum duration or recovery hold.")
-    agent_condition_type: str = Field(codec.AGENT_CONDITION_TYPE, min_length=1, description="The condition kcover's agent sets (`agent.condition_type`): its bad status carries the agent's judgement that the node must be cordoned.")
 
 
 class Finding(NamedTuple):
@@ -140,24 +145,25 @@ class NodeConditionDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = NodeConditionConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, NodeConditionConfig)
+    def __init__(self, name: str, config: NodeConditionConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self._context = context
-        nodes = following.kept_state(context, name, dict, dict)
-        self.nodes: dict[str, _NodeState] = nodes
+        self.nodes: dict[str, _NodeState] = context.state(name, dict)
         self._waiting: set[str] = set()
-        self._types = frozenset(r.type for r in config.conditions)
+        self.rules = (config.conditions if "conditions" in config.model_fields_set
+                      else default_rules(context.agent_condition_type))
+        """The configured rules, or the defaults for the agent's condition type."""
+        self._types = frozenset(r.type for r in self.rules)
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = following.cache_of(self._context, self.name)
+        cluster = contract.cluster_of(self._context, self.name)
         self._bus = bus
-        await following.follow(cache, stop, self._on_change, tick_seconds=self.config.tick_seconds,
-                               on_tick=lambda: self._recheck_waiting(cache))
+        await following.follow(cluster, stop, self._on_change, tick_seconds=self.config.tick_seconds,
+                               on_tick=lambda: self._recheck_waiting(cluster))
 
-    def _recheck_waiting(self, cache: caching.ClusterCache) -> None:
+    def _recheck_waiting(self, cache: contract.ClusterView) -> None:
         """Conditions still inside their minimum duration are looked at again on each tick."""
         for name in list(self._waiting):
             node = cache.node(name)
@@ -166,14 +172,15 @@ class NodeConditionDetector:
             else:
                 self._evaluate(node)
 
-    def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
-        if kind is not caching.Kind.NODE:
-            return
+    def _on_change(self, kind: contract.ChangeKind, old: contract.Record | None, new: contract.Record | None) -> None:
         if new is None:
-            self.nodes.pop(old.name, None)
-            self._waiting.discard(old.name)
+            if isinstance(old, proj.Node):
+                self.nodes.pop(old.name, None)
+                self._waiting.discard(old.name)
             return
-        if old is not None and old.conditions == new.conditions \
+        if not isinstance(new, proj.Node):
+            return
+        if isinstance(old, proj.Node) and old.conditions == new.conditions \
                 and old.cordoned_by_kcover == new.cordoned_by_kcover:
             return
         self._evaluate(new)
@@ -187,7 +194,7 @@ class NodeConditionDetector:
             state = self.nodes[node.name] = _NodeState()
         cfg = self.config
         now = self._context.clock.now()
-        by_type = {r.type: r for r in cfg.conditions}
+        by_type = {r.type: r for r in self.rules}
         bad_now = {c.type for c in node.conditions if c.type in by_type and c.status == by_type[c.type].bad_status}
         good_now = {c.type for c in node.conditions if c.type in by_type and is_good(c, by_type[c.type])}
         for t in bad_now:
@@ -196,7 +203,7 @@ class NodeConditionDetector:
             state.good_since.setdefault(t, now)
         state.first_seen = {t: v for t, v in state.first_seen.items() if t in bad_now}
         state.good_since = {t: v for t, v in state.good_since.items() if t in good_now}
-        found, waiting = bad_conditions(node, cfg.conditions, now=now, default_min=cfg.min_duration_seconds,
+        found, waiting = bad_conditions(node, self.rules, now=now, default_min=cfg.min_duration_seconds,
                                         first_seen=state.first_seen)
         for t, finding in found.items():
             if t not in state.reported:
@@ -205,7 +212,7 @@ class NodeConditionDetector:
         if state.reported and not bad_now:
             # every reported condition must be good for the hold before any end is published: a node
             # with one condition still bad is not well, and a cleared event may un-cordon it
-            held, still = held_good(node, cfg.conditions, state.reported, now=now,
+            held, still = held_good(node, self.rules, state.reported, now=now,
                                     hold=cfg.recovered_hold_seconds, good_since=state.good_since)
             waiting = waiting or still
             if held == state.reported:
@@ -219,7 +226,7 @@ class NodeConditionDetector:
             # kcover's cordon with no bad condition on record (a restarted controller): clear it once
             # every configured condition present has been good for the hold.
             present = {c.type for c in node.conditions if c.type in by_type}
-            held, still = held_good(node, cfg.conditions, None, now=now, hold=cfg.recovered_hold_seconds,
+            held, still = held_good(node, self.rules, None, now=now, hold=cfg.recovered_hold_seconds,
                                     good_since=state.good_since)
             if present and held == present:
                 state.cleared_cordon = True
@@ -237,7 +244,7 @@ class NodeConditionDetector:
         reason = BAD if bad else RECOVERED
         word = "reports a fault" if bad else f"recovered {self.config.recovered_hold_seconds:g}s ago or more"
         recommended = codec.condition_recommendation(cond.type, cond.status,
-                                                     agent_condition_type=self.config.agent_condition_type)
+                                                     agent_condition_type=self._context.agent_condition_type)
         self._send(node, model.CollectorEvent(
             detector=self.name, severity=model.Severity.ERROR if bad else model.Severity.INFO, reason=reason,
             target=model.Target(kind=model.TargetKind.NODE, name=node.name, node=node.name),

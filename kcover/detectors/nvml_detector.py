@@ -12,10 +12,9 @@ they appear and again with `cleared=True` when they go away, so the reporter can
 condition. It never writes to the API.
 
 Backend: `context.nvml` (a `kcover.nvml.backend.Nvml`), or the real pynvml adapter when None. The XID
-policy: `context.extras["xid_policy"]` (an `XidPolicy` the agent loaded from settings), else the
-shipped one. Pods on a GPU: `context.extras["pods_for_devices"]`, an async callable [ids] ->
-["namespace/name", ...] (or `pods_for_device`, one id), asked for the GPU's UUID and, on a MIG-enabled
-GPU, the UUIDs of its MIG instances (read once at start), when the agent can ask the kubelet.
+policy: `context.xid_policy` (the one the agent loaded from settings), else the shipped one. Pods on a
+GPU: `context.pod_lookup`, asked for the GPU's UUID and, on a MIG-enabled GPU, the UUIDs of its MIG
+instances (read once at start), when the agent can ask the kubelet.
 
 Fails: no driver or no GPU -> `errors.DetectorUnavailableError` (the supervisor marks it unavailable
 and the agent stays healthy); other NVML errors propagate and the supervisor restarts it with backoff.
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,12 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kcover import bus as bus_
 from kcover import errors, model
+from kcover.aio import waiting
 from kcover.detectors import contract
 from kcover.nvml import backend, real, xid_policy
 
 log = structlog.get_logger()
-
-PodsForDevice = Callable[[str], Awaitable[list[str]]]
 
 
 class NvmlConfig(BaseModel):
@@ -116,13 +113,11 @@ class NvmlDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
     config_model: ClassVar[type[BaseModel]] = NvmlConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, NvmlConfig)
+    def __init__(self, name: str, config: NvmlConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
-        policy = context.extras.get("xid_policy")
-        self.policy: xid_policy.XidPolicy = policy if isinstance(policy, xid_policy.XidPolicy) else xid_policy.load()
+        self.policy: contract.XidPolicy = context.xid_policy or xid_policy.load()
         self.nvml: backend.Nvml = context.nvml if context.nvml is not None else real.RealNvml()
         self._devices: list[backend.DeviceInfo] = []
         self._by_uuid: dict[str, backend.DeviceInfo] = {}
@@ -167,7 +162,7 @@ class NvmlDetector:
             except errors.NvmlError as exc:
                 log.warning("nvml_event_wait_failed", detector=self.name, error=str(exc), code=exc.code)
                 self._poll_now.set()
-                await _sleep_or_stop(stop, 1.0)
+                await waiting.sleep_or_stop(stop, 1.0)
                 continue
             for event in events:
                 if event.event_type & backend.EventType.XID_CRITICAL:
@@ -215,7 +210,7 @@ class NvmlDetector:
                 await self._reconcile(bus, device, faults)
             metrics.nvml_polls.labels(result="ok").inc()
             metrics.health_checks.succeeded(self.name)
-            await _first_of(stop, self._poll_now, self.config.health_interval_seconds)
+            await waiting.first_of(stop, self._poll_now, timeout=self.config.health_interval_seconds)
 
     async def _reconcile(self, bus: bus_.Bus, device: backend.DeviceInfo, faults: list[_Fault]) -> None:
         now_keys = {f.key for f in faults}
@@ -243,15 +238,8 @@ class NvmlDetector:
 
     async def _pods_holding(self, ids: tuple[str, ...]) -> list[str]:
         """The pods holding any of `ids` (a GPU and its MIG instances), through the agent's lookup."""
-        many = self.context.extras.get("pods_for_devices")
-        if many is not None:
-            return list(await many(list(ids)))
-        one = self.context.extras.get("pods_for_device")
-        out: list[str] = []
-        if one is not None:
-            for device_id in ids:
-                out += [p for p in await one(device_id) if p not in out]
-        return out
+        lookup = self.context.pod_lookup
+        return [] if lookup is None else list(await lookup.pods_for_devices(list(ids)))
 
     async def _publish(self, bus: bus_.Bus, device: backend.DeviceInfo | None, uuid: str, *, reason: str,
                        severity: model.Severity, message: str, attributes: dict[str, Any], dedupe_key: str,
@@ -287,21 +275,3 @@ def mig_uuids(nvml: backend.Nvml, index: int) -> tuple[str, ...]:
         if exc.code == backend.CODE_NOT_SUPPORTED:
             return ()
         raise
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
-
-
-async def _first_of(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
-    """Wait until `stop` or `wake` is set, or `seconds` pass."""
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)

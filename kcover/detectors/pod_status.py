@@ -4,13 +4,13 @@ Owns the decision "this container instance failed" for opted-in pods, read from 
 `state.terminated` and `lastState.terminated` (after an in-place restart), init containers too. One
 event per (pod uid, container, termination ordinal) — the ordinal is `restartCount` for the current
 state and `restartCount - 1` for the last state, so the same termination seen in both is reported once,
-and never again on resync, re-list or detector restart (the bounded seen-set lives in
-`context.extras["detector_state"][name]`, which outlives restarts by the supervisor).
+and never again on resync, re-list or detector restart (the bounded seen-set is the detector's
+`context.state`, which outlives restarts by the supervisor).
 The event names the container in `fault.container`; its `dedupe_key` names the termination, so a
 consumer (the logscan plugin) tells terminations apart without reading `attributes`.
 
-It skips pods kcover itself is deleting (`deletionTimestamp` set or annotation `kcover.io/restarting`)
-and terminations older than `max_age_seconds` (history a new controller should not replay). It never
+It skips pods being deleted (`deletionTimestamp` set: a restart kcover or anyone else started) and
+terminations older than `max_age_seconds` (history a new controller should not replay). It never
 writes to the API. Without a cache it raises `DetectorUnavailableError`.
 """
 
@@ -28,7 +28,6 @@ from kcover import bus as bus_
 from kcover import model
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, following
-from kcover.kube import caching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -78,7 +77,7 @@ def _age(finished_at: str, now: dt.datetime) -> float:
 
 def failures(pod: proj.Pod, config: PodStatusConfig, now: dt.datetime) -> list[Failure]:
     """The failed container instances of `pod` worth reporting (pure)."""
-    if pod.deletion_timestamp or proj.get(pod.annotations, proj.RESTARTING_ANNOTATION):
+    if pod.deletion_timestamp:
         return []
     out = []
     for c in pod.containers:
@@ -99,6 +98,9 @@ class SeenSet:
         self.capacity = capacity
         self._items: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
 
+    def __contains__(self, key: tuple[str, ...]) -> bool:
+        return key in self._items
+
     def add(self, key: tuple[str, ...]) -> bool:
         """Add `key`; False if it was there already."""
         if key in self._items:
@@ -116,32 +118,30 @@ class PodStatusDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = PodStatusConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, PodStatusConfig)
+    def __init__(self, name: str, config: PodStatusConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self._context = context
-        seen = following.kept_state(context, name, SeenSet, lambda: SeenSet(config.seen_capacity))
-        seen.capacity = config.seen_capacity
-        self.seen: SeenSet = seen
+        self.seen = context.state(name, lambda: SeenSet(config.seen_capacity))
+        self.seen.capacity = config.seen_capacity
         self._bus: bus_.Bus | None = None
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
-        cache = following.cache_of(self._context, self.name)
+        cluster = contract.cluster_of(self._context, self.name)
         self._bus = bus
-        await following.follow(cache, stop, self._on_change)
+        await following.follow(cluster, stop, self._on_change)
 
-    def _on_change(self, kind: caching.Kind, old: Any, new: Any) -> None:
-        if kind is not caching.Kind.POD or new is None:
+    def _on_change(self, kind: contract.ChangeKind, old: contract.Record | None, new: contract.Record | None) -> None:
+        cache = self._context.cluster
+        if not isinstance(new, proj.Pod) or cache is None:
             return
-        cache: caching.ClusterCache = self._context.cache
         found = failures(new, self.config, self._context.clock.now())
         if not found:
             return
         opted = None
         for f in found:
             key = (new.uid, f.container, str(f.ordinal))
-            if key in self.seen._items:
+            if key in self.seen:
                 continue
             if opted is None:
                 opted = not self.config.opt_in_only or cache.opted_in(new)
@@ -150,7 +150,7 @@ class PodStatusDetector:
             self.seen.add(key)
             self._publish(cache, new, f)
 
-    def _publish(self, cache: caching.ClusterCache, pod: proj.Pod, f: Failure) -> None:
+    def _publish(self, cache: contract.ClusterView, pod: proj.Pod, f: Failure) -> None:
         reason = "ContainerOOMKilled" if f.reason == "OOMKilled" else "ContainerError"
         kind_word = "init container" if f.init else "container"
         attributes: dict[str, Any] = {"init_container": f.init, "exit_code": f.exit_code,
@@ -158,7 +158,7 @@ class PodStatusDetector:
                                       "finished_at": f.finished_at}
         workload = cache.workload_ref(pod)
         if workload is not None:
-            attributes["workload"] = workload
+            attributes["workload"] = dict(workload)
         event = model.CollectorEvent(
             detector=self.name, severity=model.Severity.ERROR, reason=reason,
             target=model.Target(kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid,

@@ -36,7 +36,7 @@ class DetectorInfo:
     value: str
     distribution: str
     version: str
-    cls: type[contract.Detector] | None
+    cls: contract.DetectorClass | None
     error: str = ""
 
     @property
@@ -94,7 +94,7 @@ class Registry:
         info = self._infos[name] = _load(ep)
         return info
 
-    def load(self, name: str) -> type[contract.Detector]:
+    def load(self, name: str) -> contract.DetectorClass:
         info = self.get(name)
         if info.cls is None:
             raise errors.PluginError(f"detector {name!r} from {info.distribution} {info.version} cannot be loaded: "

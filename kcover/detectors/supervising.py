@@ -20,7 +20,6 @@ and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -29,7 +28,7 @@ from pydantic import BaseModel
 
 from kcover import bus as bus_
 from kcover import errors, metrics, settings
-from kcover.aio import backoff
+from kcover.aio import backoff, waiting
 from kcover.detectors import contract, isolating, registry
 
 log = structlog.get_logger()
@@ -172,8 +171,7 @@ class Supervisor:
                 up.set(0)
                 running.state = "stopped"
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(running.stop.wait(), delay)
+            await waiting.sleep_or_stop(running.stop, delay)
         running.state = "stopped"
         up.set(0)
 
@@ -186,7 +184,7 @@ class Supervisor:
         except (Exception, TimeoutError) as exc:  # reporting must not keep a detector from restarting
             log.warning("detector_failure_report_failed", error=repr(exc))
 
-    def _isolated(self, running: _Running, cls: type[contract.Detector]) -> isolating.Isolated:
+    def _isolated(self, running: _Running, cls: contract.DetectorClass) -> isolating.Isolated:
         s = self._settings
         limits = isolating.Limits(rate_per_second=s.plugin_rate_per_second, burst=s.plugin_burst,
                                   queue_capacity=s.plugin_queue_capacity, stop_grace_seconds=s.stop_grace_seconds)

@@ -30,6 +30,7 @@ import structlog
 
 from kcover import kinds, model
 from kcover import settings as settings_
+from kcover.aio import waiting
 from kcover.kube import client as client_
 from kcover.kube import decoding, gpus, ownership, watching
 from kcover.kube import projections as proj
@@ -260,13 +261,7 @@ class ClusterCache:
             if stop is None:
                 await reflector.listed.wait()
                 continue
-            waiter = asyncio.ensure_future(reflector.listed.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                stopper.cancel()
+            await waiting.first_of(reflector.listed, stop)
             if not reflector.listed.is_set():
                 return False
         return True

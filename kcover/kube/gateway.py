@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypedDict
 
 from kcover import errors
 from kcover.kube import client as client_
-from kcover.kube import retrying
+from kcover.kube import events, retrying
 
 
 class Meta(TypedDict, total=False):
@@ -77,28 +77,9 @@ class DataBody(TypedDict, total=False):
     data: dict[str, str]
 
 
-class ObjectRefBody(TypedDict, total=False):
-    kind: str
-    apiVersion: str
-    name: str
-    namespace: str
-    uid: str
-
-
-class EventBody(TypedDict, total=False):
-    """A core/v1 Event with `eventTime` (`kcover.recovery.auditing` builds them)."""
-
-    apiVersion: str
-    kind: str
-    metadata: Meta
-    involvedObject: ObjectRefBody
-    reason: str
-    action: str
-    message: str
-    type: str
-    eventTime: str
-    reportingComponent: str
-    reportingInstance: str
+ObjectRefBody = events.InvolvedObject
+EventBody = events.EventBody
+"""A core/v1 Event; `kcover.kube.events` owns its shape and builds every one."""
 
 
 class SpecBody(TypedDict, total=False):
@@ -227,9 +208,8 @@ class Http:
             return None
 
     async def post_event(self, body: EventBody) -> None:
-        namespace = body.get("metadata", {}).get("namespace") or "default"
         try:
-            await self._write("POST", f"/api/v1/namespaces/{namespace}/events", body)
+            await self._write("POST", events.path_of(body), body)
         except errors.ConflictError:
             pass  # AlreadyExists: an attempt whose answer was lost wrote it (the name is the same)
 

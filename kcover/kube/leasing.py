@@ -22,7 +22,6 @@ once and releases the Lease over connections of its own, bounded in time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 import socket
@@ -37,6 +36,7 @@ import structlog
 from kcover import errors, settings
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
+from kcover.aio import waiting
 from kcover.kube import client as client_
 from kcover.kube import decoding
 
@@ -219,9 +219,7 @@ class LeaderElector:
                     self._set_leading(True, reason="acquired")
                     return True
                 delay = self.settings.retry_period_seconds * self._rng.uniform(1.0, 1.0 + JITTER)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await _wait_any(stop, released)
+                await waiting.first_of(stop, released, timeout=delay)
             return False
         finally:
             await _cancel(watcher)
@@ -247,12 +245,12 @@ class LeaderElector:
                             released.set()
             except (errors.KubeError, aiohttp.ClientError, TimeoutError) as exc:
                 log.debug("lease_watch_failed", lease=self.settings.name, error=str(exc) or type(exc).__name__)
-            await _wait(stop, self.settings.retry_period_seconds)
+            await waiting.sleep_or_stop(stop, self.settings.retry_period_seconds)
 
     async def _renew(self, stop: asyncio.Event) -> None:
         """Renew every retry period until the deadline passes without success, or stop."""
         while True:
-            if await _wait(stop, self.settings.retry_period_seconds):
+            if await waiting.sleep_or_stop(stop, self.settings.retry_period_seconds):
                 return
             started = self._clock.monotonic()
             remaining = self._last_renew + self.settings.renew_deadline_seconds - started
@@ -399,11 +397,11 @@ class LeaderElector:
         `work` returning early is fine (it is not restarted within the epoch); raising propagates.
         """
         while not stop.is_set():
-            if not await _wait_any(stop, self.leading):
+            if await waiting.first_of(stop, self.leading) is stop:
                 return
             epoch = self.leadership_epoch
             task = asyncio.create_task(_as_coroutine(work), name=f"leader-work-{epoch}")
-            waiter = asyncio.create_task(_wait_any(stop, self.following), name=f"leader-watch-{epoch}")
+            waiter = asyncio.create_task(waiting.first_of(stop, self.following), name=f"leader-watch-{epoch}")
             try:
                 await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 if task.done():
@@ -417,31 +415,6 @@ class LeaderElector:
 
 async def _as_coroutine(work: Callable[[], Awaitable[None]]) -> None:
     await work()
-
-
-async def _wait(stop: asyncio.Event, delay: float) -> bool:
-    """Sleep `delay`, waking early when `stop` is set. Returns whether stop is set."""
-    if stop.is_set():
-        return True
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(delay):
-            await stop.wait()
-    return stop.is_set()
-
-
-async def _wait_any(stop: asyncio.Event, event: asyncio.Event) -> bool:
-    """Wait until `event` or `stop` is set. Returns False if stop won."""
-    if stop.is_set():
-        return False
-    if event.is_set():
-        return True
-    stopper = asyncio.create_task(stop.wait(), name="lease-wait-stop")
-    other = asyncio.create_task(event.wait(), name="lease-wait-event")
-    try:
-        await asyncio.wait({stopper, other}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        await _cancel(stopper, other)
-    return not stop.is_set()
 
 
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:

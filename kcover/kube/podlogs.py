@@ -1,7 +1,7 @@
 """Reading the tail of a container's log through the `pods/log` subresource.
 
-Owns `KubeLogReader`, the log reader the controller hands detector plugins as
-`context.extras["log_reader"]` (the contract the logscan plugin documents:
+Owns `KubeLogReader`, the log reader the controller hands detectors as `context.log_reader`
+(`kcover.detectors.contract.LogReader`:
 `async read_log(namespace, pod, container, *, previous, tail_lines, limit_bytes) -> str`). It does not
 decide which log to read or what the text means (detectors do). It raises what `KubeClient.text`
 raises: `errors.NotFoundError` for a pod or container that is gone, `errors.KubeError` (status 400)

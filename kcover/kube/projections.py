@@ -3,9 +3,12 @@
 Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events, DRA
 ResourceSlices) and the pure functions that build it. These records are kcover's one cluster model:
 the detectors, the recovery policy and its executors all read them (through `caching.ClusterCache`),
-and tests build them from raw API objects through the same functions. Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast to
-build, immutable); strings repeated across objects (namespaces, node names, label values, reasons,
-owner names) are interned, so 150,000 cached pods stay under a few hundred MiB.
+and tests build them from raw API objects through the same functions. Records are `NamedTuple`s
+(tuples with empty `__slots__`: small, fast to build, immutable); strings repeated across objects
+(namespaces, node names, label values, reasons, owner names) are interned, so 150,000 cached pods stay
+under a few hundred MiB. Each name it reads is defined once: the Event annotations and the `kcover.io/`
+prefix in `kcover.codec`, the workload labels in `kcover.kinds`, the opt-in label and the annotations
+kcover writes on the Nodes it cordons here.
 
 It does no I/O and never raises on odd input: a missing or mistyped field becomes its empty value.
 A projection returns None for an object kcover does not keep (an Event without the recovery
@@ -18,16 +21,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kcover import kinds
+from kcover import codec, kinds
 
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
-NEED_RECOVERY_ANNOTATION = "kcover.io/need-recovery"
-DEVICE_HEALTHY_ANNOTATION = "kcover.io/device-healthy"
-"""The agent's word that a DRA device is healthy again (`kcover.codec.DEVICE_HEALTHY`): kept like a request."""
-"""Events annotated `true` ask for recovery of their involved object."""
-RESTARTING_ANNOTATION = "kcover.io/restarting"
-"""Set by the recovery engine on pods it is deleting; detectors ignore such pods."""
 CORDONED_BY = "kcover.io/cordoned-by"
 """Node annotation `kcover` on nodes kcover cordoned (kcover only ever un-cordons those)."""
 CORDON_REASON = "kcover.io/cordon-reason"
@@ -36,14 +33,14 @@ CORDON_TAINTS = "kcover.io/cordon-taints"
 """The other scheduling taints (`key:effect,...`) a node had when kcover cordoned it (`recovery.cordoning`)."""
 KEEP_CORDONED = "kcover.io/keep-cordoned"
 """`true` on a Node kcover cordoned: a person keeps it cordoned; kcover never makes it schedulable again."""
-KCOVER_PREFIX = "kcover.io/"
 
 IDENTITY_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/component"})
 """Labels that tell kcover's own agent pods (the chart's) from others: the event watcher accepts an Event
 about a Node only when an agent pod runs on that node."""
 
-KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
-"""Pod labels the cache keeps: those restart selectors use (`kinds`), the identity labels and the opt-in label."""
+KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *kinds.RANK_LABELS, *IDENTITY_LABELS, OPT_IN_LABEL))
+"""Pod labels the cache keeps: those restart selectors use and those naming a pod's rank (`kinds`), the
+identity labels and the opt-in label."""
 
 _intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
@@ -122,8 +119,13 @@ class Pod(NamedTuple):
 
     @property
     def terminal(self) -> bool:
-        """Phase Succeeded or Failed: its controller has counted it; a restart leaves it alone."""
-        return self.phase in ("Succeeded", "Failed")
+        """Phase Succeeded or Failed, or about to be: under `restartPolicy: Never` every regular container has
+        terminated (the kubelet starts none again; the phase follows a moment later). Its controller counts
+        it; a restart leaves it alone (an eviction would mark it `DisruptionTarget` and hide its failure)."""
+        if self.phase in ("Succeeded", "Failed"):
+            return True
+        regular = [c for c in self.containers if not c.init]
+        return self.restart_policy == "Never" and bool(regular) and all(c.terminated is not None for c in regular)
 
 
 class Taint(NamedTuple):
@@ -178,6 +180,8 @@ class Workload(NamedTuple):
     """JobSet failurePolicy.maxRestarts, Job backoffLimit, Volcano maxRetry, LWS none."""
     finished: bool
     """A terminal condition (Succeeded, Failed, Complete, Completed) is True."""
+    own: kinds.OwnPolicy = kinds.NO_POLICY
+    """What its own failure policy does about a pod failure (a JobSet's restarts, a Job's FailJob rules)."""
 
     @property
     def group(self) -> str:
@@ -355,7 +359,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         node=_intern(_s(spec.get("nodeName"))),
         phase=_intern(_s(status.get("phase"))),
         labels=_kept(meta.get("labels"), KEPT_POD_LABELS),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         deletion_timestamp=_s(meta.get("deletionTimestamp")),
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
@@ -417,7 +421,7 @@ def node(raw: Mapping[str, Any]) -> Node:
                                    _intern(_s(c.get("reason"))), _s(c.get("message")),
                                    _s(c.get("lastTransitionTime")))
                          for c in map(_d, _l(status.get("conditions")))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         extended_resources=_extended(capacity),
         addresses=tuple(_s(a.get("address")) for a in map(_d, _l(status.get("addresses")))
                         if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")),
@@ -444,26 +448,27 @@ def workload(raw: Mapping[str, Any]) -> Workload:
         namespace=_intern(_s(meta.get("namespace"))),
         name=_intern(_s(meta.get("name"))),
         labels=_kept(meta.get("labels"), frozenset((OPT_IN_LABEL,))),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
         owner=controller_of(meta),
         restart_policies=policies,
         max_restarts=max_restarts,
         finished=finished,
+        own=table.own_policy(_d(raw.get("spec")), _d(raw.get("status"))) if table is not None else kinds.NO_POLICY,
     )
 
 
 def namespace(raw: Mapping[str, Any]) -> Namespace:
     meta = _d(raw.get("metadata"))
     return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
-                     labels=_kept(meta.get("labels"), prefix=KCOVER_PREFIX),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     labels=_kept(meta.get("labels"), prefix=codec.PREFIX),
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def config_map(raw: Mapping[str, Any]) -> ConfigMap:
     meta = _d(raw.get("metadata"))
     return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
                      namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
-                     annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX))
+                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
 
 
 def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
@@ -486,8 +491,8 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
     `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
     meta = _d(raw.get("metadata"))
     annotations = _d(meta.get("annotations"))
-    if _s(annotations.get(NEED_RECOVERY_ANNOTATION)).lower() != "true" \
-            and _s(annotations.get(DEVICE_HEALTHY_ANNOTATION)).lower() != "true":
+    if _s(annotations.get(codec.NEED_RECOVERY)).lower() != "true" \
+            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true":
         return None
     involved = _d(raw.get("involvedObject"))
     series = _d(raw.get("series"))
@@ -511,5 +516,5 @@ def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
         first_timestamp=_s(raw.get("firstTimestamp")),
         reporting_instance=_s(raw.get("reportingInstance")),
         source_host=_s(_d(raw.get("source")).get("host")),
-        annotations=_kept(meta.get("annotations"), prefix=KCOVER_PREFIX),
+        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
     )

@@ -27,7 +27,6 @@ not installed) is logged once and retried slowly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -37,6 +36,7 @@ import structlog
 
 from kcover import errors
 from kcover.aio import backoff as backoff_
+from kcover.aio import waiting
 from kcover.kube import client as client_
 from kcover.kube import decoding
 
@@ -177,8 +177,7 @@ class Reflector(Generic[T]):
                 log.exception("reflector_failed", reflector=self.name, retry_in=round(delay, 3))
                 self._failed(exc)
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await waiting.sleep_or_stop(stop, delay)
 
     def _working(self) -> None:
         """A list finished or a watch opened: the reflector is in step again."""

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -76,6 +76,20 @@ class Decision:
     @property
     def reason(self) -> str:
         return f"XID{self.xid}"
+
+
+class Judge(Protocol):
+    """What judging an XID needs of a policy: `XidPolicy` in kcover; the detector contract hands it to
+    detectors as `DetectorContext.xid_policy`."""
+
+    @property
+    def longest_window_seconds(self) -> float:
+        """Seconds of history any entry counts occurrences over (0 when none does)."""
+        ...
+
+    def decide(self, xid: int, history: Sequence[float], now: float) -> Decision:
+        """Judge one XID given the monotonic times of its earlier occurrences on the same GPU."""
+        ...
 
 
 def _count_within(history: Sequence[float], now: float, window: float) -> int:

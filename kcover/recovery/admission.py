@@ -2,9 +2,11 @@
 
 Owns the checks that read what kcover did (the ledger) and what it is doing (actions in flight): a
 replayed signal (`ALREADY_ACTED`), a pod a restart already removed (`ALREADY_RESTARTED`), the unit's
-cooldown and restart budget, the node's cooldown, and the breaker (`BREAKER_LATCHED`, `BREAKER_COOLDOWN`,
-`BREAKER_OPEN`: restarts in flight, cordons held and in flight against their caps, device taints held
-and in flight against theirs). `planning.plan`
+cooldown and restart budget, the node's cooldown, the bound on restarts in flight (`THROTTLED`: held, never
+a trip), and the breaker (`BREAKER_LATCHED`, `BREAKER_COOLDOWN`, and `BREAKER_OPEN`: a trip, which latches
+it by default): cordons held at once (a fraction of the GPU nodes and an absolute cap), cordons per window
+(a count and a fraction, the smaller wins) and different units restarted per window, those in flight
+counted; device taints held and in flight against their own caps (per node, per window). `planning.plan`
 calls these with the ledger as the cache-time view, and the executors call the same functions again
 inside the fenced ledger write, on the entry as the API server holds it then: so a second replica that
 believes it leads is refused by the very rule the first one passed, and no refusal has two homes.
@@ -39,6 +41,12 @@ class Load:
     cordoned: int = 0
     """Nodes the cache shows cordoned by kcover."""
     gpu_nodes: int = 0
+    cordons_in_window: int = 0
+    """Nodes kcover cordoned within `recovery.breaker_window_seconds`, those in flight included."""
+    units_in_window: int = 0
+    """Different restart units restarted within the window, those in flight included (this one not)."""
+    unit_in_window: bool = False
+    """This unit itself restarted within the window (so it adds nothing to `units_in_window`)."""
 
 
 def _when(at: float) -> str:
@@ -90,9 +98,15 @@ def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySetting
         return Refusal(Code.BUDGET_EXHAUSTED, f"restart budget exhausted: {what} was restarted {len(times)} times in "
                        f"the last {rs.restart_window_seconds:.0f}s (max {rs.max_restarts_per_window}); kcover will "
                        f"not restart it again before {_when(until)}")
-    if load is not None and load.restarts_in_flight >= rs.max_concurrent_restarts:
-        return Refusal(Code.BREAKER_OPEN, f"breaker open: {load.restarts_in_flight} restarts already in flight "
-                       f"(max {rs.max_concurrent_restarts})")
+    if load is None:
+        return None
+    if not load.unit_in_window and load.units_in_window >= rs.max_restarted_workloads_per_window:
+        return Refusal(Code.BREAKER_OPEN, f"breaker tripped: {load.units_in_window} different workloads restarted "
+                       f"within {rs.breaker_window_seconds:g}s (recovery.max_restarted_workloads_per_window "
+                       f"{rs.max_restarted_workloads_per_window}): a shared cause, not {what}'s own fault")
+    if load.restarts_in_flight >= rs.max_concurrent_restarts:
+        return Refusal(Code.THROTTLED, f"{load.restarts_in_flight} restarts already in flight "
+                       f"(recovery.max_concurrent_restarts {rs.max_concurrent_restarts}): {what} waits for one to end")
     return None
 
 
@@ -110,11 +124,27 @@ def cordon(node: ledger.Node | None, name: str, *, rs: settings.RecoverySettings
     if load is None:
         return None
     held = load.cordoned + load.cordons_in_flight
-    if load.gpu_nodes <= 0 or held / load.gpu_nodes >= rs.max_cordoned_fraction:
-        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover holds {load.cordoned} of {load.gpu_nodes} GPU nodes "
-                       f"cordoned and {load.cordons_in_flight} cordons in flight (max fraction "
-                       f"{rs.max_cordoned_fraction:g}); Node {name} is not cordoned")
+    if load.gpu_nodes <= 0:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover counts no GPU nodes (kube.gpu_resources), so no "
+                       f"fraction of them may be cordoned; Node {name} is not cordoned")
+    if held >= rs.max_cordoned_nodes or held >= rs.max_cordoned_fraction * load.gpu_nodes:
+        return Refusal(Code.BREAKER_OPEN, f"breaker tripped: kcover holds {load.cordoned} of {load.gpu_nodes} GPU "
+                       f"nodes cordoned and {load.cordons_in_flight} cordons in flight (recovery.max_cordoned_fraction "
+                       f"{rs.max_cordoned_fraction:g}, recovery.max_cordoned_nodes {rs.max_cordoned_nodes}); Node "
+                       f"{name} is not cordoned")
+    per_window = window_cordon_limit(rs, load.gpu_nodes)
+    if load.cordons_in_window >= per_window:
+        return Refusal(Code.BREAKER_OPEN, f"breaker tripped: kcover cordoned {load.cordons_in_window} nodes within "
+                       f"{rs.breaker_window_seconds:g}s (limit {per_window}: the smaller of "
+                       f"recovery.max_cordons_per_window {rs.max_cordons_per_window} and "
+                       f"recovery.max_cordons_per_window_fraction {rs.max_cordons_per_window_fraction:g} of "
+                       f"{load.gpu_nodes} GPU nodes); Node {name} is not cordoned")
     return None
+
+
+def window_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
+    """Cordons allowed per breaker window: the count or the fraction of the GPU nodes (at least one), the smaller."""
+    return min(rs.max_cordons_per_window, max(1, int(rs.max_cordons_per_window_fraction * gpu_nodes)))
 
 
 def until_budget_frees(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
@@ -141,7 +171,8 @@ class DeviceLoad:
 def device_taint(node: ledger.Node | None, device: str, name: str, *, rs: settings.RecoverySettings, now: float,
                  breaker_state: ledger.Breaker, recent: int, load: DeviceLoad) -> Refusal | None:
     """May `device` (a resourceID) of Node `name` be tainted now? The latched breaker, and the device taints'
-    own caps (`recovery.device_taints.max_per_node`, `max_per_window`), in-flight taints counted. `recent`:
+    own caps, in-flight taints counted: `recovery.device_taints.max_per_node` (`DEVICE_TAINT_LIMIT`, a cap)
+    and `max_per_window` (`BREAKER_OPEN`, a trip: that many devices failing at once is a fleet's). `recent`:
     device taints the ledger holds made within the window. A device the ledger already holds tainted needs
     no admission (its rule is written again, idempotently, and counted once)."""
     latched = breaker(breaker_state, rs, now)
@@ -153,8 +184,8 @@ def device_taint(node: ledger.Node | None, device: str, name: str, *, rs: settin
     opts = rs.device_taints
     on_node = len(held) + load.on_node
     if on_node >= opts.max_per_node:
-        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover holds {len(held)} devices of Node {name} tainted "
-                       f"and {load.on_node} taints of it in flight (max {opts.max_per_node}, "
+        return Refusal(Code.DEVICE_TAINT_LIMIT, f"kcover holds {len(held)} devices of Node {name} tainted and "
+                       f"{load.on_node} taints of it in flight (max {opts.max_per_node}, "
                        f"recovery.device_taints.max_per_node); device {device} is not tainted")
     if recent + load.total >= opts.max_per_window:
         return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover made {recent} device taints in the last "

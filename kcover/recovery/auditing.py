@@ -1,9 +1,9 @@
 """The audit: the Kubernetes Event kcover leaves on every object it acted on or refused to act on.
 
 Owns `Audit`, a coordinator hook that turns an outcome into the `Emit` step of its Event (reason a person
-can grep, a message saying what was done and why), and `event_body`, the core/v1 Event with `eventTime`
-(MicroTime, six fractional digits), the reporting component and instance, and the API server's length
-limits (reason and action 128, message 1,024). Routine refusals (`steps.ROUTINE`) and no-op outcomes
+can grep, a message saying what was done and why), and `event_body`, which has `kcover.kube.events` (the
+one module that builds Event bodies: MicroTime, the namespace rule, the API server's limits) build the
+Event on the step's object. Routine refusals (`steps.ROUTINE`) and no-op outcomes
 write nothing, so a 1,000-pod job failing at once writes one Event, not 1,000. The Events of a dry run are
 rewritten by its gateway (`dryrun`). Pure: the coordinator writes what this returns.
 """
@@ -11,35 +11,23 @@ rewritten by its gateway (`dryrun`). Pure: the coordinator writes what this retu
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Callable
 
 from kcover import kinds, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import gateway
+from kcover.kube import events
 from kcover.recovery import steps as st
 
 REPORTING_CONTROLLER = "kcover.io/controller"
 
 
 def event_body(about: st.ObjectRef, *, reason: str, action: str, message: str, warning: bool,
-               now: dt.datetime, controller: str, instance: str) -> gateway.EventBody:
-    """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects)."""
-    namespace = about.namespace or "default"
-    involved: gateway.ObjectRefBody = {"kind": about.kind, "apiVersion": about.api_version, "name": about.name,
-                                       "uid": about.uid}
-    if about.namespace:
-        involved["namespace"] = about.namespace
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{about.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": model.fit(reason, model.NAME_MAX, suffix=""), "action": model.fit(action, model.NAME_MAX, suffix=""),
-        "message": model.fit(message, model.MESSAGE_MAX),
-        "type": "Warning" if warning else "Normal",
-        "eventTime": clock_.micro_time(now),
-        "reportingComponent": controller, "reportingInstance": model.fit(instance, model.NAME_MAX, suffix=""),
-    }
+               now: dt.datetime, controller: str, instance: str) -> events.EventBody:
+    """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects): the body, its
+    namespace rule and its limits are `kcover.kube.events`', the one module that builds Events."""
+    return events.body(events.About(about.kind, about.api_version, about.name, about.namespace, about.uid),
+                       reason=reason, action=action, message=message, warning=warning, now=now,
+                       controller=controller, instance=instance)
 
 
 def _fault(cause: model.CollectorEvent | None) -> str:
@@ -58,6 +46,27 @@ def _verb(step: st.Restart) -> str:
     return "evicted" if step.removal is kinds.Removal.EVICT else "deleted"
 
 
+def _blamed(blame: model.Blame) -> str:
+    return "" if blame is model.Blame.UNKNOWN else f"; blamed on the {blame.value}"
+
+
+RECORD_ONLY_PREFIX = "record only, nothing was changed"
+
+
+def record_only_reason(reason: str) -> str:
+    """`KcoverCordonedNode` -> `KcoverRecordOnlyCordonedNode`: a reason no real action uses."""
+    return model.fit(f"KcoverRecordOnly{reason.removeprefix('Kcover')}", model.NAME_MAX, suffix="")
+
+
+_VERDICTS = {
+    "healthy": ("KcoverSuspectValidated", False, "passed its validation: it stays schedulable, and the evidence "
+                                                 "before it no longer counts against it"),
+    "faulty": ("KcoverSuspectFailed", True, "failed its validation: kcover cordons it"),
+    "unvalidated": ("KcoverSuspectUnvalidated", True, "could not be validated and shows no hardware signal: kcover "
+                                                     "leaves it schedulable"),
+}
+
+
 def about_of(step: st.Step) -> st.ObjectRef | None:
     """The object a step's Event goes on."""
     if isinstance(step, st.Restart | st.Hold):
@@ -65,8 +74,10 @@ def about_of(step: st.Step) -> st.ObjectRef | None:
     if isinstance(step, st.Resume):
         return step.restart.workload if step.restart is not None else None
     if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice | st.Drain | st.RequestRemediation
-                  | st.RequestValidation):
+                  | st.RequestValidation | st.Judge):
         return st.node_ref(step.node)
+    if isinstance(step, st.RecordOnly):
+        return about_of(step.step)
     if isinstance(step, st.Refuse | st.Report):
         return step.about
     if isinstance(step, st.CallPerson):
@@ -120,10 +131,19 @@ class Audit:
     def _done(self, step: st.Step, outcome: st.Done) -> st.Emit | None:
         rs = self._recovery()
         saved = f"; {outcome.detail}" if outcome.detail else ""
+        if isinstance(step, st.RecordOnly):
+            inner = step.step
+            removed = len(inner.members) if isinstance(inner, st.Restart) else 0
+            would = self._done(inner, st.Done(inner, removed=removed))
+            if would is None:
+                return None
+            return st.Emit(would.about, record_only_reason(would.reason),
+                           model.fit(f"RecordOnly{would.action}", model.NAME_MAX, suffix=""),
+                           f"{RECORD_ONLY_PREFIX} ({step.why}): {would.message}", warning=would.warning)
         if isinstance(step, st.Restart):
             return st.Emit(step.workload, "KcoverRestartedWorkload", "RestartWorkload",
                            f"restarted {step.what}: {_verb(step)} {outcome.removed} pods "
-                           f"({step.selector.render()}) {_why(step.cause)}{saved}")
+                           f"({step.selector.render()}) {_why(step.cause)}{_blamed(step.blame)}{saved}")
         if isinstance(step, st.Resume) and step.restart is not None:
             r = step.restart
             recorded = clock_.rfc3339(dt.datetime.fromtimestamp(step.intent.at, dt.UTC))
@@ -133,7 +153,8 @@ class Audit:
                            f"{step.intent.message}{saved}")
         if isinstance(step, st.Cordon):
             return st.Emit(st.node_ref(step.node), "KcoverCordonedNode", "CordonNode",
-                           f"cordoned Node {step.node} (taint {rs.taint_key}) {_why(step.cause)}")
+                           f"cordoned Node {step.node} (taint {rs.taint_key}): {step.reason}{_blamed(step.blame)}; "
+                           f"{_why(step.cause)}")
         if isinstance(step, st.Uncordon):
             if outcome.detail:
                 return st.Emit(st.node_ref(step.node), "KcoverCordonHandedOver", "HandOver",
@@ -166,9 +187,18 @@ class Audit:
         if isinstance(step, st.CallPerson):
             return st.Emit(step.about, "KcoverEscalated", "Person", step.message)
         if isinstance(step, st.RequestValidation):
+            if step.purpose is st.Purpose.SUSPECT:
+                return st.Emit(st.node_ref(step.node), "KcoverNodeSuspect", "RequestValidation",
+                               f"Node {step.node} is suspect: {step.evidence}. kcover asked its agent to run "
+                               f"{outcome.detail or 'a validation'}; the node stays schedulable unless it fails "
+                               f"{_why(step.cause)}")
             return st.Emit(st.node_ref(step.node), "KcoverValidation", "RequestValidation",
                            f"before returning Node {step.node} to service kcover asked its agent to run "
                            f"{outcome.detail}")
+        if isinstance(step, st.Judge):
+            reason, warning, said = _VERDICTS[step.verdict.value]
+            return st.Emit(st.node_ref(step.node), reason, "Judge", f"Node {step.node} {said}: {step.text}",
+                           warning=warning)
         if isinstance(step, st.LatchBreaker):
             return st.Emit(self._controls(), "KcoverBreakerLatched", "Latch",
                            f"the breaker latched open: {step.reason}. kcover refuses restarts and cordons until a "

@@ -6,6 +6,10 @@ out with its executor (a restart by `restarting.Restarter`, a cordon here, ...),
 ones: the audit's Events, the node ladder after a cordon, the breaker's latch after a breaker refusal,
 the records and verification. Nothing re-enters `run`; no outcome is parsed from a string.
 
+A step whose class `recovery.record_only` names (`RECORD_CLASSES`), or that the plan made `RecordOnly`,
+is not carried out: its outcome is `Done` of the `RecordOnly` step, which the audit writes as a
+`KcoverRecordOnly...` Event and the records as a `RecordOnly` Recovery.
+
 Executors are idempotent and write only through the gateway, whose fence is the leadership gate: a
 replica that lost the Lease gets `errors.NotLeaderError` from its next write, which ends the run and
 propagates (the controller cancels the run on a loss anyway). An API error in a step is its `Failed`
@@ -42,6 +46,13 @@ log = structlog.get_logger()
 
 NODE_WRITE_ATTEMPTS = 5
 ALREADY_HELD = "the ledger holds this device tainted already"
+RO = settings.RecordOnly
+RECORD_CLASSES: dict[type, settings.RecordOnly] = {
+    st.Restart: RO.RESTART, st.Cordon: RO.CORDON, st.Uncordon: RO.UNCORDON, st.TaintDevice: RO.DEVICE_TAINT,
+    st.UntaintDevice: RO.DEVICE_TAINT, st.RequestValidation: RO.VALIDATION, st.Drain: RO.DRAIN,
+    st.RequestRemediation: RO.REMEDIATION,
+}
+"""The step of each `recovery.record_only` class (a Resume finishes a restart already recorded: never held back)."""
 
 
 class Hook(Protocol):
@@ -126,6 +137,9 @@ class Coordinator:
         return out
 
     async def _carry_out(self, step: st.Step) -> st.Outcome:
+        held_back = RECORD_CLASSES.get(type(step))
+        if held_back is not None and held_back in self._recovery().record_only:
+            step = st.RecordOnly(step, f"recovery.record_only: {held_back.value}")
         try:
             return await self._execute(step)
         except errors.NotLeaderError:
@@ -135,6 +149,9 @@ class Coordinator:
             return st.Failed(step, str(exc)[:300])
 
     async def _execute(self, step: st.Step) -> st.Outcome:
+        if isinstance(step, st.RecordOnly):
+            log.info("recovery_recorded_only", step=st.name_of(step), why=step.why)
+            return st.Done(step, detail=step.why)
         if isinstance(step, st.Restart):
             return await self.restarter.restart(step)
         if isinstance(step, st.Resume):
@@ -163,7 +180,9 @@ class Coordinator:
         if isinstance(step, st.CallPerson):
             return st.Done(step)
         if isinstance(step, st.RequestValidation):
-            return await self.validations.ask(step)
+            return await self.validate(step)
+        if isinstance(step, st.Judge):
+            return await self.judge(step)
         if isinstance(step, st.LatchBreaker):
             return await self.latch(step)
         if isinstance(step, st.ResetBreaker):
@@ -364,6 +383,38 @@ class Coordinator:
         return st.Done(step, detail=f"draining Node {step.node} ({esc.drain_mode.value}) through the Eviction API: "
                                     f"{drain.evicted} of {len(step.pods)} pods evicted, {len(drain.waiting)} waiting "
                                     f"(PodDisruptionBudgets; retried for {esc.drain_timeout_seconds:g}s)")
+
+    # ------------------------------------------------------------------------------------ suspects
+
+    async def validate(self, step: st.RequestValidation) -> st.Outcome:
+        """A validation; for a suspect, its ledger entry first (so a successor does not ask again at once)."""
+        if step.purpose is st.Purpose.SUSPECT:
+            now = self._clock.now().timestamp()
+            timeout = self._recovery().judgement.validation_timeout_seconds
+
+            def suspect(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+                assert isinstance(entry, ledger.Node)
+                if entry.pending_suspicion() and entry.suspect_at is not None and now - entry.suspect_at < timeout:
+                    return "already suspect, its validation not answered yet"
+                entry.suspect_at, entry.suspicion = now, step.evidence[:500]
+                return None
+
+            already = await self._ledger.update(f"n.{step.node}", suspect, now=now)
+            if already is not None:
+                return st.Done(step, detail=already, noop=True)
+        return await self.validations.ask(step)
+
+    async def judge(self, step: st.Judge) -> st.Outcome:
+        now = self._clock.now().timestamp()
+
+        def settle(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Node)
+            entry.judged_at, entry.verdict = now, step.verdict
+            return None
+
+        await self._ledger.update(f"n.{step.node}", settle, now=now)
+        log.info("node_judged", node=step.node, verdict=step.verdict.value, why=step.text)
+        return st.Done(step)
 
     # ------------------------------------------------------------------------------------ the breaker
 

@@ -14,7 +14,7 @@ superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecov
 `kcover_faults_given_up_total`. Nothing is lost silently.
 
 `tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
-the pending intents (`restarting.resume_steps`), the held restarts (`planning.replan_held`), the
+the pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the
 verifications' Events, the validations' answers, the drains, the device taints held past
 `recovery.device_taints.max_hold_seconds` (removed, with an Event), and the retried faults. The engine is
 called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
@@ -42,6 +42,7 @@ from kcover.recovery import (
     coordinating,
     devicetainting,
     escalating,
+    holding,
     ledger,
     planning,
     restarting,
@@ -287,7 +288,7 @@ class RecoveryEngine:
         await self._held(now, rs)
         if self._verifier is not None:
             await self.coordinator.run(self._verifier.flush(now.timestamp()))
-        await self.coordinator.run(await self.coordinator.validations.tick(now.timestamp()))
+        await self._validations(now, rs)
         for drain in await self.coordinator.drainer.tick(now.timestamp()):
             about = st.node_ref(drain.node)
             message = (f"drain of Node {drain.node} gave up after {rs.escalation.drain_timeout_seconds:g}s: "
@@ -299,11 +300,28 @@ class RecoveryEngine:
         self._metrics.breaker_open.set(1 if self.ledger.breaker().latched else 0)
         self.engine_metrics.held.set(len(self.ledger.held()))
 
+    async def _validations(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
+        """The validations that ended: a return's steps, or a suspect's verdict (`planning.verdict`)."""
+        validations = self.coordinator.validations
+        for ended in await validations.tick(now.timestamp()):
+            if ended.open.purpose is not st.Purpose.SUSPECT:
+                await self.coordinator.run(validations.after_return(ended))
+                continue
+            text = f"suspect ({ended.open.evidence}); {ended.describe()}"
+            planned = planning.verdict(ended.open.node, ended.answer.outcome if ended.answer else None, text,
+                                       ended.open.cause, self._snapshot, self._history(), rs, now)
+            self._reserve(planned)
+            outcomes: list[st.Outcome] = []
+            try:
+                outcomes = await self.coordinator.run(planned)
+            finally:
+                self._release(planned, outcomes)
+
     async def _held(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
         for key, held in sorted(self.ledger.held().items(), key=lambda kv: kv[1].at):
             if self._restarting.get(key):
                 continue
-            planned, dropped = planning.replan_held(key, held, self._snapshot, self._history(), rs, now,
+            planned, dropped = holding.replan_held(key, held, self._snapshot, self._history(), rs, now,
                                                     rules_=self._rules)
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
@@ -312,7 +330,7 @@ class RecoveryEngine:
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))
                 continue
-            restarts = [s for s in planned if isinstance(s, st.Restart)]
+            restarts = [s for s in planned if isinstance(s.step if isinstance(s, st.RecordOnly) else s, st.Restart)]
             if not restarts:
                 continue  # still held (the Hold step refreshes the record when it changed)
             self._reserve(planned)
@@ -321,6 +339,8 @@ class RecoveryEngine:
                 outcomes = await self.coordinator.run(planned)
             finally:
                 self._release(planned, outcomes)
+            if any(isinstance(o.step, st.RecordOnly) and isinstance(o.step.step, st.Restart) for o in outcomes):
+                await self.coordinator.drop_hold(key, "its restart is record only")
 
     async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
         """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed."""

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import copy
+import enum
 import hashlib
 import re
 from collections.abc import Callable, Mapping
@@ -165,27 +167,44 @@ class Unit:
     places: list[str] = field(default_factory=list)
     """Where each restart's fault was, as `<node>` or `<node>/<device>` ("" unknown), parallel to `restarts`:
     the evidence that tells a node's fault from a workload's (different workloads failing on one node)."""
+    ranks: list[str] = field(default_factory=list)
+    """Which pod of the unit faulted, per restart (its index labels, else its name; "" unknown): one pod
+    failing wherever it runs is the workload's bug, different pods failing on one node the node's."""
     note: str = ""
     intent: Intent | None = None
     held: HeldRestart | None = None
 
-    def record(self, at: float, place: str) -> None:
+    def record(self, at: float, place: str, rank: str = "") -> None:
         self.places = [*self.placed(), place]
+        self.ranks = [*self.ranked(), rank]
         self.restarts.append(at)
 
     def trim(self, before: float) -> None:
         """Drop restarts older than `before` (the longest window any check reads)."""
-        pairs = [(t, p) for t, p in zip(self.restarts, self.placed(), strict=True) if t >= before]
-        self.restarts, self.places = [t for t, _ in pairs], [p for _, p in pairs]
+        rows = [r for r in zip(self.restarts, self.placed(), self.ranked(), strict=True) if r[0] >= before]
+        self.restarts, self.places, self.ranks = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+
+    def drop(self, at: float) -> None:
+        """Take the restart recorded at `at` off (a refund)."""
+        if at in self.restarts:
+            i = self.restarts.index(at)
+            places, ranks = self.placed(), self.ranked()
+            del self.restarts[i], places[i], ranks[i]
+            self.places, self.ranks = places, ranks
 
     def placed(self) -> list[str]:
         """`places`, one per restart ("" where an older entry recorded none)."""
         return (self.places + [""] * len(self.restarts))[:len(self.restarts)]
 
+    def ranked(self) -> list[str]:
+        return (self.ranks + [""] * len(self.restarts))[:len(self.restarts)]
+
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": [round(t, 3) for t in self.restarts], "d": self.note}
         if any(self.places):
             out["w"] = self.placed()
+        if any(self.ranks):
+            out["r"] = self.ranked()
         if self.intent is not None:
             out["p"] = self.intent.encode()
         if self.held is not None:
@@ -195,9 +214,12 @@ class Unit:
     @classmethod
     def decode(cls, raw: Mapping[str, Any], key: str) -> Unit:
         times = [float(t) if _number(t) else None for t in raw.get("t") or ()]
-        places = [str(p) for p in raw.get("w") or ()] if isinstance(raw.get("w"), list) else []
-        pairs = sorted((t, places[i] if i < len(places) else "") for i, t in enumerate(times) if t is not None)
-        unit = cls(restarts=[t for t, _ in pairs], places=[p for _, p in pairs], note=str(raw.get("d", "")))
+        places = [str(p)[:600] for p in raw.get("w") or ()] if isinstance(raw.get("w"), list) else []
+        ranks = [str(r)[:300] for r in raw.get("r") or ()] if isinstance(raw.get("r"), list) else []
+        rows = sorted((t, places[i] if i < len(places) else "", ranks[i] if i < len(ranks) else "")
+                      for i, t in enumerate(times) if t is not None)
+        unit = cls(restarts=[r[0] for r in rows], places=[r[1] for r in rows], ranks=[r[2] for r in rows],
+                   note=str(raw.get("d", "")))
         if "p" in raw:
             unit.intent = Intent.decode(raw["p"])
             if unit.intent is None:
@@ -231,32 +253,67 @@ class TaintedDevice:
             return None
 
 
+class Verdict(enum.StrEnum):
+    """What a suspect node's validation found."""
+
+    HEALTHY = "healthy"
+    """It passed: the evidence before it no longer counts against the node."""
+    FAULTY = "faulty"
+    """It failed: the node was cordoned (or would have been, past the breaker)."""
+    UNVALIDATED = "unvalidated"
+    """It could not run or was not answered, and the node showed no hardware signal: left schedulable."""
+
+
 @dataclass
 class Node:
-    """A node's entry: its cordon, and its devices kcover holds tainted (resourceID -> the taint)."""
+    """A node's entry: kcover's last cordon of it, its last suspicion and what its validation found, and its
+    devices kcover holds tainted (resourceID -> the taint)."""
 
     cordoned_at: float | None = None
     reason: str = ""
+    suspect_at: float | None = None
+    """When differential evidence last made the node suspect (a validation was asked)."""
+    suspicion: str = ""
+    """The evidence, for people."""
+    judged_at: float | None = None
+    """When that suspicion was settled; restarts before it no longer count against the node."""
+    verdict: Verdict | None = None
     devices: dict[str, TaintedDevice] = field(default_factory=dict)
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"r": self.reason}
         if self.cordoned_at is not None:
             out["c"] = round(self.cordoned_at, 3)
+        if self.suspect_at is not None:
+            out["s"], out["e"] = round(self.suspect_at, 3), self.suspicion
+        if self.judged_at is not None and self.verdict is not None:
+            out["j"], out["v"] = round(self.judged_at, 3), self.verdict.value
         if self.devices:
-            out["v"] = [t.encode() for _, t in sorted(self.devices.items())]
+            out["d"] = [t.encode() for _, t in sorted(self.devices.items())]
         return out
 
     @classmethod
     def decode(cls, raw: Mapping[str, Any]) -> Node:
-        at = raw.get("c")
-        devices = [TaintedDevice.decode(t) for t in raw.get("v") or ()] if isinstance(raw.get("v"), list) else []
+        at, suspect, judged = raw.get("c"), raw.get("s"), raw.get("j")
+        try:
+            verdict: Verdict | None = Verdict(str(raw.get("v")))
+        except ValueError:
+            verdict = None
+        devices = [TaintedDevice.decode(t) for t in raw.get("d") or ()] if isinstance(raw.get("d"), list) else []
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
+                   suspect_at=float(suspect) if _number(suspect) else None, suspicion=str(raw.get("e", ""))[:600],
+                   judged_at=float(judged) if _number(judged) and verdict is not None else None,
+                   verdict=verdict if _number(judged) else None,
                    devices={t.device.resource_id: t for t in devices if t is not None})
 
     def newest(self) -> float:
-        times = [*((self.cordoned_at,) if self.cordoned_at is not None else ()), *(t.at for t in self.devices.values())]
+        times = [t for t in (self.cordoned_at, self.suspect_at, self.judged_at) if t is not None]
+        times += [t.at for t in self.devices.values()]
         return max(times, default=float("-inf"))
+
+    def pending_suspicion(self) -> bool:
+        """Suspect, and not settled since."""
+        return self.suspect_at is not None and (self.judged_at is None or self.judged_at < self.suspect_at)
 
 
 @dataclass
@@ -353,6 +410,28 @@ def _parse(item: gateway.DataBody) -> tuple[str, _Held] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Failure:
+    """One restart recorded for a fault at a node: the evidence a node's blame reads."""
+
+    at: float
+    key: str
+    """The restart unit."""
+    device: str
+    """The GPU or DRA device, "" when the fault named none."""
+    rank: str
+    """Which pod of the unit faulted ("" unknown)."""
+
+
+def _sorted_put(values: list[float], value: float, add: bool) -> None:
+    if add:
+        bisect.insort(values, value)
+        return
+    i = bisect.bisect_left(values, value)
+    if i < len(values) and values[i] == value:
+        del values[i]
+
+
 # ------------------------------------------------------------------------------------------ the ledger
 
 class Ledger:
@@ -375,6 +454,10 @@ class Ledger:
         self._cordon_times: list[float] = []
         self._device_times: list[float] = []
         """When each device taint the ledger holds was made, sorted (the device taints' window)."""
+        self._latest: list[float] = []
+        """Each unit's latest restart, sorted: how many different units restarted within a window."""
+        self._at_node: collections.defaultdict[str, dict[str, list[Failure]]] = collections.defaultdict(dict)
+        """Node -> unit key -> the unit's restarts for faults there: the evidence against a node."""
         self._doomed: list[str] = []
         self.writes = 0
         self.conflicts = 0
@@ -428,6 +511,7 @@ class Ledger:
         return len(self._restart_times) - bisect.bisect_left(self._restart_times, since)
 
     def cordons_since(self, since: float) -> int:
+        """Nodes kcover cordoned at or after `since` (each node's latest cordon)."""
         return len(self._cordon_times) - bisect.bisect_left(self._cordon_times, since)
 
     def device_taints_since(self, since: float) -> int:
@@ -439,6 +523,22 @@ class Ledger:
         out = [(key[2:], t) for key, h in self._entries.items() if isinstance(h.entry, Node)
                for t in h.entry.devices.values()]
         return sorted(out, key=lambda pair: (pair[1].at, pair[1].device.resource_id))
+
+    def units_restarted_since(self, since: float) -> int:
+        """Restart units whose latest restart is at or after `since`: each unit once."""
+        return len(self._latest) - bisect.bisect_left(self._latest, since)
+
+    def failures_at(self, node: str, since: float) -> list[Failure]:
+        """The restarts recorded for faults on `node` at or after `since`, oldest first."""
+        rows = [f for per_unit in self._at_node.get(node, {}).values() for f in per_unit if f.at >= since]
+        return sorted(rows, key=lambda f: (f.at, f.key))
+
+    def nodes_of(self, key: str, since: float) -> set[str]:
+        """The nodes a unit's restarts at or after `since` were for."""
+        unit = self.unit(key)
+        if unit is None:
+            return set()
+        return {p.partition("/")[0] for t, p in zip(unit.restarts, unit.placed(), strict=True) if t >= since}
 
     def pending(self) -> dict[str, Intent]:
         """Intents held as pending, less those completed here (unit key -> intent)."""
@@ -502,37 +602,44 @@ class Ledger:
         self._loaded = False
 
     def _reindex(self) -> None:
-        self._restart_times = sorted(t for h in self._entries.values() if isinstance(h.entry, Unit)
-                                     for t in h.entry.restarts)
-        self._cordon_times = sorted(h.entry.cordoned_at for h in self._entries.values()
-                                    if isinstance(h.entry, Node) and h.entry.cordoned_at is not None)
-        self._device_times = sorted(t.at for h in self._entries.values() if isinstance(h.entry, Node)
-                                    for t in h.entry.devices.values())
+        self._restart_times, self._cordon_times, self._latest, self._device_times = [], [], [], []
+        self._at_node = collections.defaultdict(dict)
+        for key, held in self._entries.items():
+            self._index(key, held.entry, add=True)
+
+    def _index(self, key: str, entry: Entry, *, add: bool) -> None:
+        """Add `entry` to (or take it off) the cluster-wide counts and the per-node evidence."""
+        if isinstance(entry, Unit):
+            for t in entry.restarts:
+                _sorted_put(self._restart_times, t, add)
+            if entry.restarts:
+                _sorted_put(self._latest, max(entry.restarts), add)
+            for t, place, rank in zip(entry.restarts, entry.placed(), entry.ranked(), strict=True):
+                node, _, device = place.partition("/")
+                if not node:
+                    continue
+                rows = self._at_node[node].setdefault(key, [])
+                if add:
+                    rows.append(Failure(t, key, device, rank))
+                else:
+                    rows[:] = [f for f in rows if f.at != t]
+                    if not rows:
+                        del self._at_node[node][key]
+                        if not self._at_node[node]:
+                            del self._at_node[node]
+        elif isinstance(entry, Node):
+            if entry.cordoned_at is not None:
+                _sorted_put(self._cordon_times, entry.cordoned_at, add)
+            for taint in entry.devices.values():
+                _sorted_put(self._device_times, taint.at, add)
 
     def _replace(self, key: str, new: _Held | None) -> None:
-        old = self._entries.get(key)
+        old = self._entries.pop(key, None)
         if old is not None:
-            if isinstance(old.entry, Unit):
-                for t in old.entry.restarts:
-                    i = bisect.bisect_left(self._restart_times, t)
-                    if i < len(self._restart_times) and self._restart_times[i] == t:
-                        del self._restart_times[i]
-            elif isinstance(old.entry, Node):
-                if old.entry.cordoned_at is not None:
-                    _remove(self._cordon_times, old.entry.cordoned_at)
-                for taint in old.entry.devices.values():
-                    _remove(self._device_times, taint.at)
-            del self._entries[key]
+            self._index(key, old.entry, add=False)
         if new is not None:
             self._entries[key] = new
-            if isinstance(new.entry, Unit):
-                for t in new.entry.restarts:
-                    bisect.insort(self._restart_times, t)
-            elif isinstance(new.entry, Node):
-                if new.entry.cordoned_at is not None:
-                    bisect.insort(self._cordon_times, new.entry.cordoned_at)
-                for taint in new.entry.devices.values():
-                    bisect.insort(self._device_times, taint.at)
+            self._index(key, new.entry, add=True)
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -634,12 +741,6 @@ class _Offline:
 
     def __getattr__(self, name: str) -> Any:
         raise errors.KcoverError(f"an offline ledger cannot {name}")
-
-
-def _remove(times: list[float], at: float) -> None:
-    i = bisect.bisect_left(times, at)
-    if i < len(times) and times[i] == at:
-        del times[i]
 
 
 def _expired(entry: Entry, before: float) -> bool:

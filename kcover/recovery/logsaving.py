@@ -134,6 +134,7 @@ def from_cache(pod: proj.Pod) -> dict[str, Any]:
     projection, so a save costs no GET per pod. Only containers with a status can have a log."""
     def statuses(init: bool) -> list[dict[str, Any]]:
         return [{"name": c.name, "restartCount": c.restart_count,
+                 "state": {"terminated": {}} if c.terminated is not None else {},
                  "lastState": {"terminated": {}} if c.last_terminated is not None else {}}
                 for c in pod.containers if c.init is init]
     return {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
@@ -145,11 +146,15 @@ def from_cache(pod: proj.Pod) -> dict[str, Any]:
 
 def has_previous(pod: Mapping[str, Any], container: str) -> bool:
     """Whether the container may have a previous (terminated) instance to read: False only when its status
-    says it never restarted (`restartCount` 0, no `lastState.terminated`), where the kubelet answers 400."""
+    says it never restarted and is not stopped now (`restartCount` 0, no `lastState.terminated`, no
+    `state.terminated`), where the kubelet answers 400. A container stopped now may be restarted by its
+    kubelet before its log is read (a fraction of a second under `OnFailure`): the instance that failed is
+    then the previous one, so both are read (a 400 for the previous is skipped)."""
     status = pod.get("status") or {}
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         if cs.get("name") == container:
-            return bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None
+            return (bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None
+                    or (cs.get("state") or {}).get("terminated") is not None)
     return True
 
 

@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kcover import kinds, model, settings
+from kcover import codec, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, controls, cordoning, ledger, rules
+from kcover.recovery import admission, controls, cordoning, judging, ledger, rules
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -59,6 +59,12 @@ class LedgerView(Protocol):
 
     def acted_on(self, signal: str, key: str) -> float | None: ...
 
+    def cordons_since(self, since: float) -> int: ...
+
+    def units_restarted_since(self, since: float) -> int: ...
+
+    def failures_at(self, node: str, since: float) -> list[ledger.Failure]: ...
+
     def device_taints_since(self, since: float) -> int: ...
 
 
@@ -74,6 +80,15 @@ class _Empty:
 
     def acted_on(self, signal: str, key: str) -> float | None:
         return None
+
+    def cordons_since(self, since: float) -> int:
+        return 0
+
+    def units_restarted_since(self, since: float) -> int:
+        return 0
+
+    def failures_at(self, node: str, since: float) -> list[ledger.Failure]:
+        return []
 
     def device_taints_since(self, since: float) -> int:
         return 0
@@ -173,8 +188,8 @@ def _created(pod: proj.Pod) -> float | None:
         return None
 
 
-HOLDABLE = frozenset({Code.PAUSED, Code.COOLDOWN, Code.BUDGET_EXHAUSTED, Code.BREAKER_OPEN, Code.BREAKER_LATCHED,
-                      Code.BREAKER_COOLDOWN})
+HOLDABLE = frozenset({Code.PAUSED, Code.COOLDOWN, Code.BUDGET_EXHAUSTED, Code.THROTTLED, Code.BREAKER_OPEN,
+                      Code.BREAKER_LATCHED, Code.BREAKER_COOLDOWN})
 """Refusals whose blocker lifts by itself or by a person: the restart is held and planned again."""
 
 
@@ -185,18 +200,29 @@ class _Planner:
     history: History
     rs: settings.RecoverySettings
     now: float
+    blame: model.Blame = model.Blame.UNKNOWN
     planned_keys: set[str] = field(default_factory=set)
     planned_cordons: set[str] = field(default_factory=set)
 
     def refuse(self, code: Code, text: str, about: st.ObjectRef | None) -> st.Refuse:
         return st.Refuse(code, text, self.event, about=about)
 
-    def _load(self, *, exclude_node: str = "") -> admission.Load:
+    def _load(self, *, exclude_node: str = "", key: str = "") -> admission.Load:
+        """What the breaker counts: held and in flight now, and within `recovery.breaker_window_seconds`."""
+        led = self.history.ledger
+        since = self.now - self.rs.breaker_window_seconds
         cordoned = [n for n in self.snapshot.cordoned_by_kcover() if n != exclude_node]
         in_flight = (self.history.cordons_in_flight | self.planned_cordons) - set(cordoned) - {exclude_node}
+        in_window = led.cordons_since(since) + sum(1 for n in in_flight if not _cordoned_since(led.node(n), since))
+        if exclude_node and _cordoned_since(led.node(exclude_node), since):
+            in_window -= 1  # its earlier cordon: cordoning it again counts the node once
+        keys = set(self.history.restarts_in_flight) | self.planned_keys
+        units = led.units_restarted_since(since) + sum(1 for k in keys if not _restarted_since(led.unit(k), since))
         return admission.Load(restarts_in_flight=self.history.in_flight + len(self.planned_keys),
                               cordons_in_flight=len(in_flight), cordoned=len(cordoned),
-                              gpu_nodes=self.snapshot.gpu_node_count())
+                              gpu_nodes=self.snapshot.gpu_node_count(), cordons_in_window=in_window,
+                              units_in_window=units,
+                              unit_in_window=bool(key) and (key in keys or _restarted_since(led.unit(key), since)))
 
     # ------------------------------------------------------------------------------------ restarts
 
@@ -228,10 +254,16 @@ class _Planner:
                                     max_restarts=w.max_restarts, finished=w.finished)
         if forbidden:
             return [self.refuse(Code.RESTART_POLICY, f"{what} is not restarted: {forbidden}", wref)]
+        exits = [(c.name, c.terminated.exit_code) for c in pod.containers
+                 if c.terminated is not None and c.terminated.exit_code != 0]
+        own = kinds.own_policy_restarts(w.own, pod_failed=pod.phase == "Failed", exits=exits)
+        if own:
+            return [] if sweep else [self.refuse(Code.OWN_POLICY, f"{what} is left to its own failure policy: {own}",
+                                                 wref)]
         restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
                              members=members(self.snapshot, w, unit.selector), removal=table.removal,
                              pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
-                             node=node or pod.node)
+                             node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)))
         replay = admission.replayed(self.history.ledger.acted_on(self.event.signal, unit.key), self.event.signal, what)
         if replay is not None:
             return [self.refuse(replay.code, replay.text, wref)]
@@ -242,7 +274,7 @@ class _Planner:
             return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]
         entry = self.history.ledger.unit(unit.key)
         refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
-                                    breaker_state=self.history.ledger.breaker(), load=self._load(),
+                                    breaker_state=self.history.ledger.breaker(), load=self._load(key=unit.key),
                                     pod_created=_created(pod) if not sweep else None, pod_terminating=pod.deleting)
         if refused is not None:
             if refused.code in HOLDABLE:
@@ -309,7 +341,7 @@ class _Planner:
     def _reason(self) -> str:
         return f"{self.event.reason}: {self.event.message}" if self.event.message else self.event.reason
 
-    def cordon(self, name: str) -> list[st.Step]:
+    def cordon(self, name: str, *, reason: str = "") -> list[st.Step]:
         node = self.snapshot.node(name)
         if node is None:
             return [self.refuse(Code.TARGET_UNKNOWN, f"Node {name} is not in the cache", st.node_ref(name))]
@@ -335,7 +367,7 @@ class _Planner:
         if refusal is not None:
             return [self.refuse(refusal.code, refusal.text, about)]
         self.planned_cordons.add(name)
-        return [st.Cordon(node=name, reason=self._reason(), cause=self.event)]
+        return [st.Cordon(node=name, reason=reason or self._reason(), cause=self.event, blame=self.blame)]
 
     def isolate_device(self, dra: model.DraDevice, node: str, kind: model.Action, pod: proj.Pod | None) -> list[st.Step]:
         """Device-level isolation under DRA: taint the device (not the node) and restart what holds it; where
@@ -391,21 +423,6 @@ class _Planner:
         return [st.Uncordon(node=name, cause=self.event)]
 
 
-def _failed_since(pod: proj.Pod, at: float) -> bool:
-    """A container of the pod ended with an error at or after `at` (whole seconds), or the pod failed."""
-    if pod.phase == "Failed":
-        return True
-    for c in pod.containers:
-        for term in (c.terminated, c.last_terminated):
-            if term is not None and term.exit_code != 0:
-                try:
-                    if clock_.parse_time(term.finished_at).timestamp() + 1.0 >= at:
-                        return True
-                except ValueError:
-                    return True
-    return False
-
-
 def _failing(pod: proj.Pod) -> bool:
     """A container of the pod ended with an error (now or in its last instance), or the pod failed."""
     if pod.phase == "Failed":
@@ -413,22 +430,68 @@ def _failing(pod: proj.Pod) -> bool:
     return any((c.terminated is not None and c.terminated.exit_code != 0) for c in pod.containers)
 
 
+def _cordoned_since(node: ledger.Node | None, since: float) -> bool:
+    return node is not None and node.cordoned_at is not None and node.cordoned_at >= since
+
+
+def _restarted_since(unit: ledger.Unit | None, since: float) -> bool:
+    return unit is not None and any(t >= since for t in unit.restarts)
+
+
 def plan(event: model.CollectorEvent, snapshot: Snapshot, history: History, rs: settings.RecoverySettings,
          now: dt.datetime, *, rules_: Sequence[rules.Rule] | None = None) -> list[st.Step]:
-    """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`."""
-    p = _Planner(event, snapshot, history, rs, now.timestamp())
-    target = event.target
+    """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`.
+
+    The fault is attributed first (`judging.attribute`): a fault blamed on the workload moves no node
+    (`recovery.judgement.workload_blame`), and its restart may make the node suspect (`judging.suspects`). A
+    matching rule in `record` mode turns the actions into `RecordOnly` steps."""
+    configured = rules.parse_rules(rs.rules) if rules_ is None else rules_
+    blame = judging.attribute(event)
+    p = _Planner(event, snapshot, history, rs, now.timestamp(), blame=blame)
+    if event.cleared:
+        return _returns(p)
+    kind = rules.decide(event, configured, rs.node_judgement)
+    mode = rs.judgement.workload_blame
+    spared = judging.spared(kind, blame) if mode is not settings.JudgementMode.OFF else kind
+    steps = _actions(p, spared if mode is settings.JudgementMode.ACT else kind)
+    if spared is not kind and mode is settings.JudgementMode.RECORD:
+        about = about_event(event, snapshot)
+        if about is not None:
+            steps.append(st.RecordOnly(st.Report(f"{p._reason()}: blamed on the workload; the judgement would "
+                                                 f"{spared.value} where the rules say {kind.value}", event,
+                                                 about=about),
+                                       "recovery.judgement.workload_blame: record"))
+    steps += judging.suspects(steps, snapshot, history.ledger, rs, p.now)
+    rule = rules.matching(event, configured)
+    if rule is not None and rule.mode is rules.Mode.RECORD:
+        steps = [st.RecordOnly(s, f"{rule.describe()} mode: record") if _acts(s) else s for s in steps]
+    return steps
+
+
+def _acts(step: st.Step) -> bool:
+    """A step that changes a workload, a node or a device (what a rule in `record` mode holds back)."""
+    return isinstance(step, st.Restart | st.Hold | st.Cordon | st.TaintDevice | st.RequestValidation)
+
+
+def _returns(p: _Planner) -> list[st.Step]:
+    """A cleared fault: kcover's own device taint goes (the executor checks it is kcover's); a device's health
+    says nothing of its node, so a node kcover cordoned stays cordoned; a node's fault cleared returns the
+    node (`recovery.uncordon_enabled`)."""
+    event, rs, target = p.event, p.rs, p.event.target
+    node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    if event.fault.dra is not None:
+        dra = event.fault.dra if rs.device_taints.enabled else None
+        return [st.UntaintDevice(device=dra, node=node_name, cause=event)] if dra is not None else []
+    if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
+        return p.give_back(node_name)
+    return []
+
+
+def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
+    """The steps of `kind` for the planner's event."""
+    event, snapshot, rs, target = p.event, p.snapshot, p.rs, p.event.target
     node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
     dra = event.fault.dra if rs.device_taints.enabled else None
-    if event.cleared:
-        if event.fault.dra is not None:
-            # the device is healthy again: kcover's own rule goes (the executor checks it is kcover's); a
-            # device's health says nothing of its node, so a node kcover cordoned stays cordoned
-            return [st.UntaintDevice(device=dra, node=node_name, cause=event)] if dra is not None else []
-        if rs.uncordon_enabled and node_name and target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
-            return p.give_back(node_name)
-        return []
-    kind = rules.decide(event, rules.parse_rules(rs.rules) if rules_ is None else rules_, rs.node_judgement)
     if kind is AK.IGNORE:
         return []
     if kind is AK.REPORT:
@@ -465,43 +528,24 @@ def plan(event: model.CollectorEvent, snapshot: Snapshot, history: History, rs: 
     return out
 
 
-def replan_held(key: str, held: ledger.HeldRestart, snapshot: Snapshot, history: History,
-                rs: settings.RecoverySettings, now: dt.datetime,
-                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], str]:
-    """Plan a held restart again: (steps, why it was dropped). Dropped (no steps) when it expired, when its
-    cause cannot be read, or when the workload recovered by itself meanwhile: its faulting pod was replaced
-    (by its operator) and no pod of it failed since, or, for a node's fault, none of its pods is left on
-    that node. A container restarted in place by its kubelet is no recovery of the job: the pod is still
-    there, and the restart of the unit still runs."""
-    if now.timestamp() >= held.until:
-        return [], "it was held past recovery.hold_seconds"
-    try:
-        cause = model.CollectorEvent.model_validate_json(held.cause)
-    except ValueError:
-        return [], "its cause could not be read"
-    workload_uid = key[2:].split(".g")[0]
-    if cause.target.kind is model.TargetKind.POD:
-        pod = snapshot.pod(cause.target.uid)
-        if pod is None or pod.deleting:  # replaced meanwhile: planned again only on a pod failing since
-            failing = sorted((p for p in snapshot.pods_of_workload(workload_uid)
-                              if not p.deleting and _failed_since(p, held.at)), key=lambda p: (p.namespace, p.name))
-            if not failing:
-                return [], "it recovered by itself: its faulting pod was replaced and none failed since"
-            pod = failing[0]
-            cause = cause.model_copy(update={"target": model.Target(
-                kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node)})
-    steps = plan(cause, snapshot, history, rs, now, rules_=rules_)
-    mine = [s for s in steps if isinstance(s, st.Restart | st.Hold) and _key_of(s) == key]
-    if not mine:
-        return [], "the fault no longer calls for a restart of it"
-    step = mine[0]
-    restart = step.restart if isinstance(step, st.Hold) else step
-    if cause.target.kind is not model.TargetKind.POD and restart.node and not any(
-            p.node == restart.node for p in snapshot.pods_of_workload(workload_uid) if not p.deleting):
-        return [], f"none of its pods runs on Node {restart.node} any more"
-    if isinstance(step, st.Hold):
-        return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], ""
-    return [step], ""
+def verdict(node: str, outcome: codec.ValidationOutcome | None, text: str, cause: model.CollectorEvent,
+            snapshot: Snapshot, history: History, rs: settings.RecoverySettings, now: dt.datetime) -> list[st.Step]:
+    """What follows a suspect node's validation: passed, it stays schedulable (the evidence before it no longer
+    counts); failed, it is cordoned through the breaker; not run or not answered, it is cordoned only while
+    it shows a hardware signal (`recovery.judgement.hardware_conditions`), else left schedulable."""
+    p = _Planner(cause, snapshot, history, rs, now.timestamp(), blame=model.Blame.NODE)
+    if outcome is codec.ValidationOutcome.PASSED:
+        return [st.Judge(node, ledger.Verdict.HEALTHY, text, cause)]
+    if outcome is codec.ValidationOutcome.FAILED:
+        return [st.Judge(node, ledger.Verdict.FAULTY, text, cause),
+                *p.cordon(node, reason=f"suspect, and failed validation: {text}")]
+    found = snapshot.node(node)
+    signal = judging.hardware_signal([(c.type, c.status) for c in found.conditions] if found else [], rs.judgement)
+    if signal:
+        why = f"{text}; its condition {signal} is False"
+        return [st.Judge(node, ledger.Verdict.FAULTY, why, cause),
+                *p.cordon(node, reason=f"suspect, not validated, and a hardware signal: {why}")]
+    return [st.Judge(node, ledger.Verdict.UNVALIDATED, text, cause)]
 
 
 def about_event(event: model.CollectorEvent, snapshot: Snapshot) -> st.ObjectRef | None:
@@ -511,7 +555,3 @@ def about_event(event: model.CollectorEvent, snapshot: Snapshot) -> st.ObjectRef
         w = snapshot.workload(event.target.uid)
         about = workload_ref(w) if w is not None else None
     return about
-
-
-def _key_of(step: st.Restart | st.Hold) -> str:
-    return step.restart.unit_key if isinstance(step, st.Hold) else step.unit_key

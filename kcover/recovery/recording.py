@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kcover import errors, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
+from kcover.recovery import ledger
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -76,6 +77,10 @@ class Phase(enum.StrEnum):
     """kcover decided not to act; `cause` is the refusal code."""
     HELD = "Held"
     """Pending: refused for a blocker that lifts (`cause`), planned again once it does, until `message`'s time."""
+    VALIDATING = "Validating"
+    """A suspect node's validation is asked and not answered yet."""
+    RECORDED = "RecordOnly"
+    """Decided and recorded, not carried out (`recovery.record_only`, a rule in `record` mode)."""
 
 
 def collection(namespace: str) -> str:
@@ -143,6 +148,10 @@ class Target:
 
 def target_of(step: st.Step) -> Target | None:
     """What a step is about, or None for steps that leave no record (a report without an object)."""
+    if isinstance(step, st.RecordOnly):
+        return target_of(step.step)
+    if isinstance(step, st.RequestValidation | st.Judge):
+        return Target("Node", step.node)
     restart = step.restart if isinstance(step, st.Hold | st.Resume) else step
     if isinstance(restart, st.Restart):
         w = restart.workload
@@ -156,6 +165,10 @@ def target_of(step: st.Step) -> Target | None:
 
 
 def decision(step: st.Step) -> str:
+    if isinstance(step, st.RecordOnly):
+        return decision(step.step)
+    if isinstance(step, st.RequestValidation | st.Judge):
+        return "ValidateNode"
     if isinstance(step, st.Restart | st.Resume | st.Hold):
         return "RestartWorkload"
     if isinstance(step, st.Cordon):
@@ -183,6 +196,10 @@ def identity_of(step: st.Step) -> tuple[str, ...]:
     """What makes two notes the same Recovery: the unit or node, the cause, the decision."""
     cause = st.cause_of(step)
     cause_id = cause.id if cause is not None else ""
+    if isinstance(step, st.RecordOnly):
+        return (*identity_of(step.step), "record-only")
+    if isinstance(step, st.RequestValidation | st.Judge):
+        return ("ValidateNode", step.node, cause_id)
     if isinstance(step, st.Resume):
         return ("restart", step.key, step.intent.fault or step.intent.id)
     if isinstance(step, st.Restart | st.Hold):
@@ -263,6 +280,13 @@ class Recorder:
                                 "decision": {"action": decision(step), "leader": self.identity}}
         if rs.dry_run:
             spec["decision"]["dryRun"] = True
+        if isinstance(step, st.RecordOnly):
+            spec["decision"]["recordOnly"] = model.fit(step.why, 256)
+            step = step.step
+        if isinstance(step, st.Restart | st.Cordon):
+            spec["decision"]["blame"] = step.blame.value
+        if isinstance(step, st.RequestValidation):
+            spec["decision"]["text"] = model.fit(step.evidence, 512)
         if isinstance(step, st.Refuse):
             spec["decision"]["code"] = step.code.value
             spec["decision"]["text"] = model.fit(step.text, 512)
@@ -477,6 +501,13 @@ def _kind_unserved(exc: errors.NotFoundError) -> bool:
     return str(details.get("kind") or "") not in ("namespaces",)
 
 
+_JUDGED = {ledger.Verdict.HEALTHY: (Phase.RECOVERED, "ValidatedHealthy"),
+           ledger.Verdict.FAULTY: (Phase.RECOVERED, "ValidationFailed"),
+           ledger.Verdict.UNVALIDATED: (Phase.REFUSED, "NotValidated")}
+"""A suspect node's Recovery after its verdict: validated healthy (left schedulable), failed (the cordon has a
+Recovery of its own), or not validated (left schedulable)."""
+
+
 class Records:
     """The coordinator hook noting every outcome's Recovery (`Recorder.note`)."""
 
@@ -486,8 +517,19 @@ class Records:
 
     def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
         note = self.recorder.note
+        if isinstance(step, st.RecordOnly) and target_of(step) is not None:
+            note(step, Phase.RECORDED, cause="RecordOnly", message=step.why, acted=False)
+            return []
+        if isinstance(step, st.RequestValidation) and step.purpose is st.Purpose.SUSPECT \
+                and isinstance(outcome, st.Done) and not outcome.noop:
+            note(step, Phase.VALIDATING, message=f"suspect: {step.evidence}; {outcome.detail}", acted=False)
+            return []
+        if isinstance(step, st.Judge):
+            phase, cause = _JUDGED[step.verdict]
+            note(step, phase, cause=cause, message=step.text)
+            return []
         if isinstance(step, st.Emit | st.CallPerson | st.Drain | st.RequestRemediation | st.LatchBreaker
-                      | st.ResetBreaker | st.RequestValidation | st.Report):
+                      | st.ResetBreaker | st.RequestValidation | st.Report | st.RecordOnly):
             return []
         if isinstance(outcome, st.Held):
             until = clock_.rfc3339(dt.datetime.fromtimestamp(outcome.until, dt.UTC))

@@ -33,7 +33,7 @@ from kcover import errors, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, ledger, planning
+from kcover.recovery import admission, judging, ledger, planning
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -48,10 +48,7 @@ SaveLogs = Callable[[st.WorkloadRef, Sequence[proj.Pod]], Awaitable[str | None]]
 
 def place_of(step: st.Restart) -> str:
     """Where the restart's fault was, as the ledger records it (`<node>` or `<node>/<device>`)."""
-    fault = step.cause.fault
-    device = fault.dra.resource_id if fault.dra is not None else fault.gpu_uuid or (
-        f"gpu{fault.gpu_index}" if fault.gpu_index is not None else "")
-    return f"{step.node}/{device}" if step.node and device else step.node
+    return judging.place_of(step.node, step.cause.fault)
 
 
 def _intent(step: st.Restart, *, identity: str, epoch: int, now: float) -> ledger.Intent:
@@ -164,7 +161,7 @@ class Restarter:
         intent = _intent(step, identity=self.identity, epoch=self._epoch(), now=now)
         signal, key, place = step.cause.signal, step.unit_key, place_of(step)
         breaker = self._ledger.breaker()
-        retention = max(rs.restart_window_seconds, rs.workload_cooldown_seconds)
+        retention = rs.memory_seconds()
 
         def record(entry: ledger.Entry, signals: dict[str, float]) -> admission.Refusal | None:
             assert isinstance(entry, ledger.Unit)
@@ -176,7 +173,7 @@ class Restarter:
             if refused is not None:
                 return refused
             entry.trim(now - retention)
-            entry.record(now, place)
+            entry.record(now, place, step.rank)
             entry.note = model.fit(step.what, 120)
             entry.intent = intent
             entry.held = None
@@ -256,12 +253,7 @@ class Restarter:
             if entry.intent is None or entry.intent.id != intent.id:
                 return "another replica handled it"
             entry.intent = None
-            if intent.at in entry.restarts:
-                i = entry.restarts.index(intent.at)
-                places = entry.placed()
-                del entry.restarts[i]
-                del places[i]
-                entry.places = places
+            entry.drop(intent.at)
             return None
 
         return await self._ledger.update(key, refund, now=self._clock.now().timestamp()) is None

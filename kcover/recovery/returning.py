@@ -1,15 +1,19 @@
-"""Validations the leader asked of a node's agent: before returning a node to service (`recovery.return_validation`).
+"""Validations the leader asked of a node's agent: before returning a node to service (`recovery.return_validation`)
+and of a suspect node (`recovery.judgement`).
 
 Owns the requests the leader has open. `ask()` carries out a `RequestValidation` step: it writes the
 request on the Node (`codec.encode_validation_request`: `kcover.io/validate-request` and
 `kcover.io/validate-level`, a merge patch). The node's agent runs `dcgmi diag -r <level>` and answers with
 the Node condition `KcoverGPUValidated`, which the cache brings back; `tick()` (the leader's periodic
 pass) reads it with `codec.decode_validation_answer`, counting only an answer naming this request's id,
-takes the request back, and returns the steps that follow:
+takes the request back, and returns the validations that ended (`Ended`). For a return, `after_return`
+gives the steps that follow:
 
 * `Passed`: the un-cordon (`Uncordon`, which still checks the node is kcover's);
 * `Failed`: the node stays cordoned; the ladder's remediation request (when enabled) and a person;
 * `DiagError`, or no answer within `timeout_seconds`: the node stays cordoned, with an Event.
+
+For a suspect node the plan decides (`planning.verdict`).
 
 Every end is a `KcoverValidation` Event on the Node. Open requests live in the leader's memory: after a
 leader change the node-condition detector reports the node cleared again and the new leader asks anew (a
@@ -44,6 +48,23 @@ class Open:
     asked_at: float
     deadline: float
     cause: model.CollectorEvent
+    purpose: st.Purpose = st.Purpose.RETURN
+    evidence: str = ""
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A validation answered (`answer`) or past its deadline (`answer` None)."""
+
+    open: Open
+    answer: codec.ValidationAnswer | None
+
+    def describe(self) -> str:
+        rid = self.open.request.id
+        if self.answer is None:
+            return (f"no answer to validation {rid} within {self.open.deadline - self.open.asked_at:g}s (is "
+                    "agent.validation.enabled on, with dcgmi in the agent's image?)")
+        return f"validation {rid} {self.answer.outcome.value}: {self.answer.message}"
 
 
 class Validations:
@@ -62,14 +83,18 @@ class Validations:
         """Ask the node's agent for a validation (once per node at a time)."""
         if step.node in self.open:
             return st.Done(step, detail=f"validation {self.open[step.node].request.id} is already asked for", noop=True)
-        cfg = self._recovery().return_validation
-        request = codec.ValidationRequest(uuid.uuid4().hex[:12], cfg.diag_level)
+        rs = self._recovery()
+        level, timeout = ((rs.judgement.validation_level, rs.judgement.validation_timeout_seconds)
+                          if step.purpose is st.Purpose.SUSPECT
+                          else (rs.return_validation.diag_level, rs.return_validation.timeout_seconds))
+        request = codec.ValidationRequest(uuid.uuid4().hex[:12], level)
         await self._gw.patch_node_annotations(step.node, codec.encode_validation_request(request))
         now = self._clock.now().timestamp()
-        self.open[step.node] = Open(step.node, request, now, now + cfg.timeout_seconds, step.cause)
-        log.info("validation_requested", node=step.node, request=request.id, level=request.level)
+        self.open[step.node] = Open(step.node, request, now, now + timeout, step.cause, step.purpose, step.evidence)
+        log.info("validation_requested", node=step.node, request=request.id, level=request.level,
+                 purpose=step.purpose.value)
         return st.Done(step, detail=f"dcgmi diag -r {request.level} (request {request.id}, answer awaited "
-                                    f"{cfg.timeout_seconds:g}s)")
+                                    f"{timeout:g}s)")
 
     def _answer(self, pending: Open) -> codec.ValidationAnswer | None:
         node = self._snapshot.node(pending.node)
@@ -79,19 +104,21 @@ class Validations:
                 return answer
         return None
 
-    async def tick(self, now: float) -> list[st.Step]:
-        """Take back the requests answered or past their deadline; the steps that follow."""
-        out: list[st.Step] = []
+    async def tick(self, now: float) -> list[Ended]:
+        """Take back the requests answered or past their deadline; the validations that ended."""
+        out: list[Ended] = []
         for name, pending in list(self.open.items()):
             answer = self._answer(pending)
             if answer is None and now < pending.deadline:
                 continue
             del self.open[name]
             await self._gw.patch_node_annotations(name, codec.encode_validation_request(None))
-            out += self._ended(pending, answer)
+            out.append(Ended(pending, answer))
         return out
 
-    def _ended(self, pending: Open, answer: codec.ValidationAnswer | None) -> list[st.Step]:
+    def after_return(self, ended: Ended) -> list[st.Step]:
+        """The steps that follow a validation before a return (see the module docstring)."""
+        pending, answer = ended.open, ended.answer
         name, rid = pending.node, pending.request.id
         about = st.node_ref(name)
         if answer is None:

@@ -1,6 +1,7 @@
 """Rules: which action a fault calls for, from the operator's `recovery.rules` and the built-in defaults.
 
-Owns the rule vocabulary (detector, reason glob, severity, target kind -> action), the built-in rules,
+Owns the rule vocabulary (detector, reason glob, severity, target kind -> action, and `mode`: `act`, or
+`record` to decide and record without acting), the built-in rules,
 their validation (`parse_rules`, which raises `errors.ConfigError` listing every bad entry; `kcover config
 check` and reloads use it), and `decide`: the first matching rule combined with the source's own
 recommendation as `recovery.node_judgement` says. Pure.
@@ -8,6 +9,7 @@ recommendation as `recovery.node_judgement` says. Pure.
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,14 @@ from kcover import errors, model, settings
 AK = model.Action
 
 
+class Mode(enum.StrEnum):
+    """What a matching rule's decision leads to."""
+
+    ACT = "act"
+    RECORD = "record"
+    """Decided and recorded (Event `KcoverRecordOnly...`, Recovery), not carried out: a rule tried before trusted."""
+
+
 @dataclass(frozen=True)
 class Rule:
     action: model.Action
@@ -25,6 +35,12 @@ class Rule:
     reason: str = "*"
     severity: model.Severity | None = None
     target: model.TargetKind | None = None
+    mode: Mode = Mode.ACT
+    index: int = -1
+    """Position in `recovery.rules` (-1: a built-in rule)."""
+
+    def describe(self) -> str:
+        return f"recovery.rules[{self.index}]" if self.index >= 0 else "a built-in rule"
 
     def matches(self, event: model.CollectorEvent) -> bool:
         return (fnmatch.fnmatchcase(event.detector, self.detector)
@@ -63,7 +79,7 @@ def parse_rules(raw: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
     out: list[Rule] = []
     problems: list[str] = []
     for i, entry in enumerate(raw):
-        unknown = set(entry) - {"detector", "reason", "severity", "target", "action"}
+        unknown = set(entry) - {"detector", "reason", "severity", "target", "action", "mode"}
         if unknown:
             problems.append(f"recovery.rules[{i}]: unknown keys {sorted(unknown)}")
             continue
@@ -73,7 +89,8 @@ def parse_rules(raw: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
                 detector=str(entry.get("detector", "*")),
                 reason=str(entry.get("reason", "*")),
                 severity=model.Severity(entry["severity"]) if entry.get("severity") else None,
-                target=model.TargetKind(entry["target"]) if entry.get("target") else None))
+                target=model.TargetKind(entry["target"]) if entry.get("target") else None,
+                mode=Mode(entry.get("mode") or Mode.ACT), index=i))
         except (KeyError, ValueError) as exc:
             problems.append(f"recovery.rules[{i}]: {type(exc).__name__}: {exc}")
     if problems:
@@ -81,15 +98,20 @@ def parse_rules(raw: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
     return tuple(out)
 
 
+def matching(event: model.CollectorEvent, rules: Sequence[Rule]) -> Rule | None:
+    """The first rule (configured, then built-in) matching `event`, or None."""
+    for rule in (*rules, *DEFAULT_RULES):
+        if rule.matches(event):
+            return rule
+    return None
+
+
 def decide(event: model.CollectorEvent, rules: Sequence[Rule],
            judgement: settings.NodeJudgement = settings.NodeJudgement.CEILING) -> model.Action:
     """The action for an event: the first matching rule (configured, then built-in) combined with the
     source's recommendation as `judgement` says."""
-    chosen = AK.IGNORE
-    for rule in (*rules, *DEFAULT_RULES):
-        if rule.matches(event):
-            chosen = rule.action
-            break
+    rule = matching(event, rules)
+    chosen = rule.action if rule is not None else AK.IGNORE
     wanted = event.recommended
     if wanted is None or judgement is settings.NodeJudgement.RULES:
         return chosen

@@ -2,7 +2,8 @@
 
 Owns the steps (`Restart` a workload's pods, `Cordon` / `Uncordon` a node, `TaintDevice` / `UntaintDevice`,
 `Report`, `Refuse` with a reason, `Hold` a restart for later, the node ladder's `Drain` /
-`RequestRemediation` / `CallPerson`, `RequestValidation`, `LatchBreaker` / `ResetBreaker`, and `Emit`, an
+`RequestRemediation` / `CallPerson`, `RequestValidation` and `Judge` (a suspect node's verdict),
+`RecordOnly` (a step decided and recorded, not carried out), `LatchBreaker` / `ResetBreaker`, and `Emit`, an
 Event to write), the references they carry, the refusal codes (`Code`) and the four outcomes (`Done`,
 `Refused`, `Failed`, `Held`). Steps are frozen values: `planning.plan` and the hooks make them, the
 `coordinating.Coordinator` runs them. It does no I/O and makes no decisions.
@@ -117,6 +118,15 @@ class Code(enum.StrEnum):
     device is answered at node level."""
     NOTHING_TO_REMOVE = "NothingToRemove"
     """`planning`: every pod of the unit is already terminal or terminating: its controller recreates them."""
+    DEVICE_TAINT_LIMIT = "DeviceTaintLimit"
+    """`admission.device_taint`: the node holds `recovery.device_taints.max_per_node` device taints (those in
+    flight counted); the device is not tainted, its holders still restarted; a cap, never a trip."""
+    THROTTLED = "Throttled"
+    """`admission.restart`: `recovery.max_concurrent_restarts` restarts are in flight; held, never latches."""
+    OWN_POLICY = "WorkloadPolicyRestarts"
+    """`kinds.own_policy_restarts`, through `planning`: the workload's own failure policy (a JobSet's
+    `failurePolicy`, a Job's `podFailurePolicy`) already answers this pod failure; a second restart by
+    kcover would cost it a retry."""
 
 
 ROUTINE = frozenset({Code.NAMESPACE_DENIED, Code.NOT_OPTED_IN, Code.COOLDOWN, Code.ALREADY_CORDONED,
@@ -147,6 +157,9 @@ class Restart:
     cause: model.CollectorEvent
     node: str = ""
     """Where the fault is (the faulting pod's node, or the faulting node)."""
+    blame: model.Blame = model.Blame.UNKNOWN
+    rank: str = ""
+    """Which pod of the unit faulted (`kinds.rank_of`), for the evidence against its node."""
 
     @property
     def what(self) -> str:
@@ -158,6 +171,7 @@ class Cordon:
     node: str
     reason: str
     cause: model.CollectorEvent
+    blame: model.Blame = model.Blame.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -270,12 +284,49 @@ class CallPerson:
     cause: model.CollectorEvent | None = None
 
 
+class Purpose(enum.StrEnum):
+    """Why kcover asks a node's agent for a validation."""
+
+    RETURN = "return"
+    """Before returning a node kcover cordoned to service (`recovery.return_validation`)."""
+    SUSPECT = "suspect"
+    """Differential evidence made a schedulable node suspect (`recovery.judgement`): only a failed
+    validation cordons it."""
+
+
 @dataclass(frozen=True)
 class RequestValidation:
-    """Ask the node's agent to validate it (`dcgmi diag`) before kcover returns it to service."""
+    """Ask the node's agent to validate it (`dcgmi diag`)."""
 
     node: str
     cause: model.CollectorEvent
+    purpose: Purpose = Purpose.RETURN
+    evidence: str = ""
+    """Why the node is suspect, for people (`Purpose.SUSPECT`)."""
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Settle a suspect node: what its validation found, in its ledger entry (the evidence before it no
+    longer counts) and its Recovery."""
+
+    node: str
+    verdict: ledger.Verdict
+    text: str
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
+class RecordOnly:
+    """A step decided and recorded, not carried out: its class is in `recovery.record_only`, its rule's
+    mode is `record`, or a `recovery.judgement` rule is in `record` mode."""
+
+    step: Step
+    why: str
+
+    @property
+    def cause(self) -> model.CollectorEvent | None:
+        return cause_of(self.step)
 
 
 @dataclass(frozen=True)
@@ -306,20 +357,23 @@ class Emit:
 
 
 Step = (Restart | Resume | Cordon | Uncordon | TaintDevice | UntaintDevice | Report | Refuse | Hold | Drain
-        | RequestRemediation | CallPerson | RequestValidation | LatchBreaker | ResetBreaker | Emit)
+        | RequestRemediation | CallPerson | RequestValidation | Judge | RecordOnly | LatchBreaker | ResetBreaker
+        | Emit)
 
 
 def name_of(step: Step) -> str:
-    """The metric label of a step."""
-    return _NAMES[type(step)]
+    """The metric label of a step (a record-only step's is its own step's)."""
+    return name_of(step.step) if isinstance(step, RecordOnly) else _NAMES[type(step)]
 
 
 _NAMES: dict[type, str] = {
     Restart: "restart_workload", Resume: "restart_workload", Cordon: "cordon_node", Uncordon: "uncordon_node", TaintDevice: "taint_device",
     UntaintDevice: "untaint_device", Report: "report", Refuse: "refuse", Hold: "hold", Drain: "drain",
     RequestRemediation: "remediation", CallPerson: "call_person", RequestValidation: "request_validation",
-    LatchBreaker: "latch_breaker", ResetBreaker: "reset_breaker", Emit: "event",
+    Judge: "judge_node", LatchBreaker: "latch_breaker", ResetBreaker: "reset_breaker", Emit: "event",
 }
+ACTION_NAMES: tuple[str, ...] = tuple(sorted(set(_NAMES.values())))
+"""Every `name_of` value: the `action` label values of `kcover_actions_total`."""
 
 
 def cause_of(step: Step) -> model.CollectorEvent | None:
@@ -370,10 +424,15 @@ class Held:
 Outcome = Done | Refused | Failed | Held
 
 
+RECORD_ONLY = "record_only"
+RESULT_NAMES: tuple[str, ...] = ("done", "failed", RECORD_ONLY, *(c.value for c in Code))
+"""Every `result_of` value: the `result` label values of `kcover_actions_total`."""
+
+
 def result_of(outcome: Outcome) -> str:
-    """The metric label of an outcome: `done`, `failed`, or the refusal/hold code."""
+    """The metric label of an outcome: `done`, `record_only`, `failed`, or the refusal/hold code."""
     if isinstance(outcome, Done):
-        return "done"
+        return RECORD_ONLY if isinstance(outcome.step, RecordOnly) else "done"
     if isinstance(outcome, Failed):
         return "failed"
     return outcome.code.value

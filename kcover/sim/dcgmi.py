@@ -1,6 +1,6 @@
 """A simulated node's `dcgmi`: answers `dcgmi diag -r N` with real recorded DCGM output.
 
-Owns one `dcgm.CommandRunner` per simulated node, handed to that node's agent, so the agent's own
+Owns one `kcover.aio.commands.CommandRunner` per simulated node, handed to that node's agent, so the agent's own
 validation loop (`kcover.agent.validating`) runs unchanged and parses what a real dcgmi printed. The
 answer follows the node's `FakeNvml`: while any GPU is lost (NVML cannot reach it, or NVML is down), the diagnostic
 prints the recorded failure (`GPU Memory | Fail - All`, CUDA cannot initialise) with a non-zero exit
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kcover import errors
 from kcover.aio import clock as clock_
-from kcover.detectors import dcgm
+from kcover.aio import commands
 from kcover.nvml import fake
 
 PASSED = "ramble-r3-pass-dcgm3.3.9-h200x8-table.txt"
@@ -48,7 +48,7 @@ class Call:
 
 @dataclass
 class FakeDcgmi:
-    """`dcgm.CommandRunner` for one simulated node; its verdict follows `nvml`'s GPUs."""
+    """`kcover.aio.commands.CommandRunner` for one simulated node; its verdict follows `nvml`'s GPUs."""
 
     nvml: fake.FakeNvml
     calls: list[Call] = field(default_factory=list)
@@ -62,13 +62,13 @@ class FakeDcgmi:
             return False
         return True
 
-    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> dcgm.CommandResult:
+    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> commands.CommandResult:
         args = list(argv[1:])
         level = args[args.index("-r") + 1] if "-r" in args[:-1] else ""
         at = clock_.utcnow()
         if not args or args[0] != "diag" or not level.isdigit():
             self.calls.append(Call(at, tuple(argv), 2, ""))
-            return dcgm.CommandResult(2, "", f"usage: dcgmi diag -r <level> [-j] (got {' '.join(args)})\n")
+            return commands.CommandResult(2, "", f"usage: dcgmi diag -r <level> [-j] (got {' '.join(args)})\n")
         name, code = (PASSED, 0) if self.healthy() else (FAILED, FAILED_EXIT_CODE)
         self.calls.append(Call(at, tuple(argv), code, name))
-        return dcgm.CommandResult(code, await asyncio.to_thread(recorded, name), "")
+        return commands.CommandResult(code, await asyncio.to_thread(recorded, name), "")

@@ -230,7 +230,7 @@ async def test_an_xid_policy_edited_in_place_applies_live_and_an_invalid_edit_is
         with structlog.testing.capture_logs() as logs:
             assert await reloader.check_once() is False
         assert agent.policy is in_force
-        assert agent.context.extras["xid_policy"] is in_force
+        assert agent.context.xid_policy is in_force
         assert m.registry.get_sample_value("kcover_config_reload_failures_total") == 1
         (refused,) = [e for e in logs if e["event"] == "config_reload_refused"]
         assert refused["edited_files"] == ["agent.xid_policy_file"]

@@ -20,6 +20,7 @@ import pytest
 
 from kcover import codec, model, settings
 from kcover.agent import devicehealth, reporting
+from kcover.aio import clock as clock_
 from kcover.kube import client
 
 simserver = pytest.importorskip("kcover.sim.server")
@@ -73,24 +74,10 @@ def test_only_faults_that_may_have_tainted_a_device_are_tracked() -> None:
 
 
 @dataclass
-class ManualClock:
-    moment: dt.datetime = T0
-
-    def now(self) -> dt.datetime:
-        return self.moment
-
-    def monotonic(self) -> float:
-        return (self.moment - T0).total_seconds()
-
-    def advance(self, seconds: float) -> None:
-        self.moment += dt.timedelta(seconds=seconds)
-
-
-@dataclass
 class World:
     srv: Any
     kube: client.KubeClient
-    clock: ManualClock
+    clock: clock_.FakeClock
 
     def reporter(self, **agent: Any) -> reporting.Reporter:
         config = settings.AgentSettings(node_name=NODE, event_namespace=NS, condition_hold_seconds=HOLD,
@@ -108,7 +95,7 @@ async def world() -> AsyncIterator[World]:
         srv.store.create("nodes", {"metadata": {"name": NODE}, "spec": {}, "status": {}})
         kube = client.from_configuration(srv.kube_configuration())
         try:
-            yield World(srv, kube, ManualClock())
+            yield World(srv, kube, clock_.FakeClock(T0))
         finally:
             await kube.close()
 

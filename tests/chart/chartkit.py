@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kcover"
 CONTROLPLANE = ROOT / "tests" / "controlplane"
 RELEASE = "kcover"
+REGISTRY = "registry.example.com/ml"
+"""The registry every render gives `image.registry` (it has no default) unless a test says otherwise."""
 
 
 def _target_kube_version() -> str:
@@ -40,9 +42,20 @@ def in_ci() -> bool:
     return os.environ.get("CI") == "true"
 
 
+def _registry_values() -> str:
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kcover-chart-registry-{os.getpid()}.json"
+    if not path.exists():
+        path.write_text(json.dumps({"image": {"registry": REGISTRY}}))
+    return str(path)
+
+
 def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None,
-             check: bool = True) -> subprocess.CompletedProcess[str]:
+             check: bool = True, registry: bool = True) -> subprocess.CompletedProcess[str]:
+    """helm with `values` on stdin; with `registry` (for commands that render), `image.registry` set first
+    (REGISTRY), so `values` can still override it."""
     cmd = [helm, *args]
+    if registry and args and args[0] in ("template", "lint", "install", "upgrade"):
+        cmd += ["--values", _registry_values()]
     if values is not None:
         cmd += ["--values", "-"]
     env = {**os.environ, "HELM_CACHE_HOME": "/tmp/kcover-helm-cache", "HELM_CONFIG_HOME": "/tmp/kcover-helm-config",

@@ -202,6 +202,7 @@ def allowed(cp: Api, user: str, verb: str, resource: str, *, group: str = "", na
 
 
 LEDGER = settings.RecoverySettings().ledger_name
+CONTROLS = settings.RecoverySettings().controls_name
 LEASE = settings.LeaseSettings().name
 
 # (verb, resource, group, namespace, name, subresource): every request the controller makes
@@ -209,8 +210,9 @@ CONTROLLER_REQUESTS = [
     ("list", "pods", "", "", "", ""), ("watch", "pods", "", "", "", ""),         # cache
     ("get", "pods", "", "team-a", "p", ""),                                       # log saving
     ("get", "pods", "", "team-a", "p", "log"),
-    ("deletecollection", "pods", "", "team-a", "", ""),                           # restart
     ("delete", "pods", "", "team-a", "p", ""),                                    # uid-preconditioned restart
+    ("create", "pods", "", "team-a", "p", "eviction"),                            # eviction restart, drain
+    ("list", "namespaces", "", "", "", ""), ("watch", "namespaces", "", "", "", ""),  # pauses (cache)
     ("list", "nodes", "", "", "", ""), ("watch", "nodes", "", "", "", ""),
     ("get", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", ""),  # cordon
     ("patch", "nodes", "", "", "gpu-1", "status"),  # the remediation request's condition
@@ -221,8 +223,8 @@ CONTROLLER_REQUESTS = [
     ("create", "devicetaintrules", "resource.k8s.io", "", "", ""),                # device isolation (DRA)
     ("get", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
     ("delete", "devicetaintrules", "resource.k8s.io", "", "kcover-device-0", ""),
-    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("update", "configmaps", "", NAMESPACE, LEDGER, ""),
-    ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, CONTROLS, ""), ("list", "configmaps", "", NAMESPACE, CONTROLS, ""),
+    ("watch", "configmaps", "", NAMESPACE, CONTROLS, ""),  # fieldSelector metadata.name
     ("get", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "leases", "coordination.k8s.io", NAMESPACE, "", ""),
@@ -242,6 +244,8 @@ CONTROLLER_REQUESTS = [
 CONTROLLER_DENIED = [
     ("get", "secrets", "", NAMESPACE, "", ""), ("list", "secrets", "", "", "", ""),
     ("get", "configmaps", "", "team-a", "", ""), ("get", "configmaps", "", NAMESPACE, "other", ""),
+    ("update", "configmaps", "", NAMESPACE, CONTROLS, ""), ("create", "configmaps", "", NAMESPACE, "", ""),
+    ("get", "configmaps", "", NAMESPACE, LEDGER, ""), ("deletecollection", "pods", "", "team-a", "", ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, "other", ""),
     ("create", "pods", "", "team-a", "", ""), ("create", "pods", "", "team-a", "p", "exec"),
     ("delete", "nodes", "", "", "gpu-1", ""), ("update", "nodes", "", "", "gpu-1", "status"),
@@ -372,6 +376,13 @@ def test_impersonated_agent_and_controller_requests(cluster: Api, rbac: dict[str
     assert status == 200, body
     assert as_user(cluster, controller, "GET",
                    f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases")[0] == 403
-    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")
+    status, body = as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+                           f"?fieldSelector=metadata.name%3D{CONTROLS}")
+    assert status == 200, body
+    assert as_user(cluster, controller, "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps")[0] == 403
+    assert as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods?labelSelector=job%3Dj1")[0] == 403
+    uid = cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[1]["metadata"]["uid"]
+    status, body = as_user(cluster, controller, "DELETE", "/api/v1/namespaces/team-a/pods/trainer-0",
+                           {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}})
     assert status == 200, body
     assert cluster.request("GET", "/api/v1/namespaces/team-a/pods/trainer-0")[0] == 404

@@ -1,5 +1,5 @@
 """The chart grants what the closed loop uses: the drain's evictions, the remediation request's label and
-Node condition, the namespace pause, and the controls ConfigMap by name (docs/runbook.md, "Operator controls"
+Node condition, the namespace pause (a watch), and the controls ConfigMap by name (a watch) (docs/runbook.md, "Operator controls"
 and "The escalation ladder")."""
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ def test_controller_may_evict_request_remediation_and_read_namespace_pauses(rend
     assert "create" in granted[("", "pods/eviction")]
     assert "patch" in granted[("", "nodes")]
     assert granted[("", "nodes/status")] == ("patch",)
-    assert granted[("", "namespaces")] == ("get",)
+    assert granted[("", "namespaces")] == ("get", "list", "watch")
 
 
-def test_controller_reads_and_writes_the_controls_configmap_by_name(render: Render) -> None:
+def test_controller_watches_the_controls_configmap_by_name_and_writes_no_configmap(render: Render) -> None:
     objs = render({"controller": {"controlsName": "my-controls"}})
-    named = [(verbs, names) for g, r, verbs, names in _rules(objs, "Role", "-controller") if r == "configmaps" and names]
-    assert any("my-controls" in names and {"get", "update"} <= set(verbs) for verbs, names in named), named
+    rules = [(verbs, names) for g, r, verbs, names in _rules(objs, "Role", "-controller") if r == "configmaps"]
+    assert rules == [(("get", "list", "watch"), ("my-controls",))], rules
     container = find(objs, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["KCOVER_RECOVERY__CONTROLS_NAME"] == "my-controls"
 
 
 def test_return_validation_lets_the_agent_watch_nodes_and_turns_both_sides_on(render: Render) -> None:
-    off = {(g, r): verbs for g, r, verbs, _ in _rules(render({}), "ClusterRole", "-agent")}
+    off = {(g, r): verbs for g, r, verbs, _ in _rules(render({"agentValidation": {"enabled": False}}),
+                                                       "ClusterRole", "-agent")}
     assert off[("", "nodes")] == ("get",)
     objs = render({"returnValidation": {"enabled": True, "diagLevel": 3}})
     on: dict[tuple[str, str], set[str]] = {}
@@ -43,4 +44,6 @@ def test_return_validation_lets_the_agent_watch_nodes_and_turns_both_sides_on(re
     assert on[("", "nodes/status")] == {"patch"}, "the answer goes through nodes/status: no write to nodes"
     config = yaml.safe_load(find(objs, "ConfigMap", "")["data"]["config.yaml"])  # type: ignore[index]
     assert config["recovery"]["return_validation"] == {"enabled": True, "diag_level": 3}
-    assert config["agent"]["validation"] == {"enabled": True}
+    assert "agent" not in config, "agents validate by default (agent.validation.enabled)"
+    off_config = yaml.safe_load(find(render({"agentValidation": {"enabled": False}}), "ConfigMap", "")["data"]["config.yaml"])  # type: ignore[index]
+    assert off_config["agent"]["validation"] == {"enabled": False}

@@ -183,7 +183,7 @@ class ClusterStack:
     def start(self) -> ClusterStack:
         t0 = time.monotonic()
         try:
-            self.cp = _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds())
+            self.cp = self._control_plane()
             self.cp.start()
             self.timings["etcd+apiserver+crds"] = time.monotonic() - t0
             self.kubeconfig_path = self.cp.kubeconfig_path
@@ -203,6 +203,10 @@ class ClusterStack:
             raise ClusterError(f"the cluster did not start: {exc}\n{tail}") from exc
         self.startup_seconds = time.monotonic() - t0
         return self
+
+    def _control_plane(self) -> Any:
+        """The control plane to start (the `node` backend's adds a node's credentials and addresses)."""
+        return _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds())
 
     def _crds(self) -> Path:
         """The operator's CRDs as server.py's `apply_crds` reads them (`metadata.name` first)."""
@@ -356,7 +360,8 @@ class ClusterStack:
             (WEBHOOK_CERT_DIR / key).write_bytes(base64.b64decode(value))
 
     # ------------------------------------------------------------------ nodes
-    def add_gpu_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    def add_gpu_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None,
+                     taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
         """A kwok-managed GPU node, registered as a kubelet registers itself (status in the create)."""
         resources = {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi", "pods": "110"}
         node = {"apiVersion": "v1", "kind": "Node",
@@ -364,6 +369,7 @@ class ClusterStack:
                                                       "kubernetes.io/os": "linux",
                                                       "nvidia.com/gpu.present": "true", **(labels or {})},
                              "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                "spec": {"taints": taints or []},
                 "status": {"capacity": resources, "allocatable": resources}}
         got: dict[str, Any] = self._admin("POST", "/api/v1/nodes", node, ok=(201,))
         return got

@@ -70,6 +70,13 @@ def find_binaries() -> Path:
     return Path(lines[-1].strip())
 
 
+def _overridden(argv: list[str], extra: list[str]) -> list[str]:
+    """`argv` with `extra` appended, less the `--flag=` entries of `argv` that `extra` sets again: list flags
+    (--authorization-mode, --disable-admission-plugins) accumulate rather than replace."""
+    names = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+    return [a for a in argv if a.split("=", 1)[0] not in names] + list(extra)
+
+
 class _Proc:
     """A child process whose combined output goes to a log file."""
 
@@ -296,7 +303,7 @@ class ControlPlane:
             # watches here get no BOOKMARKs (the cache makes those) and no streaming lists
             # (sendInitialEvents), and pod reads always go to etcd; a production server caches pods.
             argv.append("--watch-cache-sizes=configmaps#0,pods#0")
-            argv += self.extra_apiserver_args
+            argv = _overridden(argv, self.extra_apiserver_args)
             self._apiserver = _Proc("kube-apiserver", argv, d / f"kube-apiserver-{attempt}.log")
             status = self._wait_ready()
             if status == "ready":

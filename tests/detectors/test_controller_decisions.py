@@ -48,7 +48,8 @@ CODE42 = proj.Terminated("Whatever", 42, _ts(5))
     (_pod(_container("i", init=True, term=ERR)), {"init_containers": False}, []),
     (_pod(_container(term=OLD)), {}, []),
     (_pod(_container(term=ERR), deleting=True), {}, []),
-    (_pod(_container(term=ERR), annotations=(("kcover.io/restarting", "x"),)), {}, []),
+    # nothing writes kcover.io/restarting (a pod's owner could): it exempts no failure
+    (_pod(_container(term=ERR), annotations=(("kcover.io/restarting", "x"),)), {}, [("c", 0)]),
     (_pod(_container(term=proj.Terminated("Error", 1, ""))), {}, [("c", 0)]),
 ])
 def test_pod_status_failures(pod: proj.Pod, config: dict[str, object], expected: list[tuple[str, int]]) -> None:
@@ -191,7 +192,7 @@ def _node(*conds: proj.Condition) -> proj.Node:
     return proj.Node("nu", "1", "n1", False, (), conds, (), ())
 
 
-RULES = node_condition.NodeConditionConfig().conditions
+RULES = node_condition.default_rules()
 
 
 @pytest.mark.parametrize(("node", "expected", "waiting"), [

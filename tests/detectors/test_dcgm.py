@@ -1,4 +1,4 @@
-"""DCGM parsers on real dcgmi / dcgm-exporter output, and the detector over a scripted command runner."""
+"""The DCGM detector over a scripted command runner and a real HTTP exporter (the parsers: tests/nvml)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from kcover import bus as bus_
 from kcover import errors, metrics, model
+from kcover.aio import commands
 from kcover.detectors import contract, dcgm
 from kcover.nvml import xid_policy
 
@@ -23,80 +24,10 @@ def _read(*parts: str) -> str:
     return FIXTURES.joinpath(*parts).read_text()
 
 
-# (fixture, [(gpu_index, check, action)])
-DIAG_TABLES = [
-    ("dcgm-124-r2-pass-dcgm4.4.2-a10g-table.txt", []),
-    ("ramble-r3-pass-dcgm3.3.9-h200x8-table.txt", []),
-    ("dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt", [(None, "pcie", A.REPORT)]),
-    ("dcgm-253-r2-pcie-fail-parse-error-dcgm4.4.1-b200x8-table.txt", [(None, "pcie", A.REPORT)]),
-    ("ml-engineering-r2-gpu-memory-fail-gpu0-thermal-violation-excerpt.txt", [(0, "GPU Memory", A.CORDON_NODE)]),
-    ("ml-engineering-r3-deployment-error-row-remap-pending-excerpt.txt", [(3, "Deployment", A.REPORT)]),
-    ("nccl-tests-264-r3-fail-cuda-init-dcgm3.3.8-h100x8-table.txt", [(None, "GPU Memory", A.CORDON_NODE)]),
-]
-
-
-@pytest.mark.parametrize(("name", "expected"), DIAG_TABLES)
-def test_parse_diag_table(name: str, expected: list[tuple[int | None, str, xid_policy.Action]]) -> None:
-    got = dcgm.parse_diag_table(_read("dcgmi-diag", name))
-    assert [(f.gpu_index, f.check, f.action) for f in got] == expected
-
-
-def test_wrapped_cell_text_is_rejoined_exactly() -> None:
-    [finding] = dcgm.parse_diag_table(_read("dcgmi-diag", "ml-engineering-r2-gpu-memory-fail-gpu0-thermal-violation-excerpt.txt"))
-    assert "Thermal violations totaling 13.3 seconds started at 9.7 seconds into the test for GPU 0 Verify" \
-        in finding.message
-    [pcie] = dcgm.parse_diag_table(_read("dcgmi-diag", "dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt"))
-    assert "'A child process (152) exited with non-zero status 1'" in pcie.message
-
-
-def test_parse_diag_json_authored_reference() -> None:
-    got = dcgm.parse_diag_json(_read("dcgmi-diag", "dcgm-repo-testdiagmanagerstrings-per-gpu-json-AUTHORED.json"))
-    assert [(f.gpu_index, f.check) for f in got] == [(0, "sm_stress"), (2, "sm_stress"), (3, "sm_stress")]
-    assert "2128.7 did not exceed" in got[0].message
-
-
-def test_parse_exporter_all_zero_samples_find_nothing() -> None:
-    policy = xid_policy.load()
-    for name in ("lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom", "cncf-kops-l4-580.105.08-remap-fields.prom",
-                 "dcgm-exporter-581-gb200-nvlink-effective-ber-errors-fragment.prom"):
-        assert dcgm.parse_exporter(_read("dcgm-exporter", name), policy) == []
-
-
 def _with_value(text: str, metric: str, value: str) -> str:
     """A real sample with one metric's value changed (the captured nodes were healthy)."""
     return "\n".join(f"{line.rsplit(' ', 1)[0]} {value}" if line.startswith(metric + "{") else line
                      for line in text.splitlines()) + "\n"
-
-
-def test_parse_exporter_xid_with_pod_labels() -> None:
-    text = _with_value(_read("dcgm-exporter", "lke-rtx4000ada-580.95.05-xid-errcode-labels-k8s-pod.prom"),
-                       "DCGM_FI_DEV_XID_ERRORS", "79")
-    [finding] = dcgm.parse_exporter(text, xid_policy.load())
-    assert (finding.xid, finding.gpu_index, finding.action) == (79, 0, A.CORDON_NODE_AND_RESTART)
-    assert finding.gpu_uuid == "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"
-    assert finding.pods == ("default/cuda-75454ffb9f-8ljq7",)
-
-
-def test_parse_exporter_row_remap_failure() -> None:
-    text = _with_value(_read("dcgm-exporter", "cncf-kops-l4-580.105.08-remap-fields.prom"),
-                       "DCGM_FI_DEV_ROW_REMAP_FAILURE", "1")
-    [finding] = dcgm.parse_exporter(text, xid_policy.load())
-    assert (finding.check, finding.action) == ("DCGM_FI_DEV_ROW_REMAP_FAILURE", A.CORDON_NODE)
-
-
-# Constructed (no real `dcgmi health -c -j` capture is available): the nesting dcgmi uses.
-HEALTH = {"body": {"Overall Health": {"value": "Failure"}, "GPU": {"children": {
-    "0": {"children": {"Overall Health": {"value": "Healthy"}}},
-    "2": {"children": {
-        "Memory": {"Health": {"value": "Failure"},
-                   "children": {"Error": {"value": "GPU 2 has uncorrectable memory errors"}}},
-        "Thermal": {"Health": {"value": "Warning"},
-                    "children": {"Error": {"value": "Detected clocks event due to thermal violation in GPU 2."}}}}}}}}}
-
-
-def test_parse_health_json() -> None:
-    got = {(f.gpu_index, f.check, f.action) for f in dcgm.parse_health_json(json.dumps(HEALTH))}
-    assert got == {(2, "Memory", A.CORDON_NODE), (2, "Thermal", A.REPORT)}
 
 
 # ---------------------------------------------------------------------------------------------- detector
@@ -109,9 +40,9 @@ class ScriptedRunner:
         self.running: dict[str, int] = {}
         self.max_running: dict[str, int] = {}
 
-    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> dcgm.CommandResult:
+    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> commands.CommandResult:
         if self.missing:
-            raise FileNotFoundError(argv[0])
+            raise commands.CommandNotFoundError(f"{argv[0]} not found")
         self.calls.append(list(argv))
         kind = argv[1]
         self.running[kind] = self.running.get(kind, 0) + 1
@@ -121,15 +52,16 @@ class ScriptedRunner:
             queue = self.outputs.get(argv[1], [])
             out = queue.pop(0) if len(queue) > 1 else (queue[0] if queue else "")
             if out == "TIMEOUT":
-                raise TimeoutError
-            return dcgm.CommandResult(0, out, "")
+                raise commands.CommandTimeoutError(f"{argv[0]} ran past {timeout_seconds}s")
+            return commands.CommandResult(0, out, "")
         finally:
             self.running[kind] -= 1
 
 
 def _detector(runner: ScriptedRunner | None, **config: object) -> dcgm.DcgmDetector:
-    context = contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics.Metrics(), node_name="gpu-node-1",
-                                       command_runner=runner)
+    context = contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics.Metrics(), node_name="gpu-node-1")
+    if runner is not None:
+        context.command_runner = runner
     cfg = dcgm.DcgmConfig.model_validate({"diag_interval_seconds": 0.05, "health_interval_seconds": 0.05, **config})
     return dcgm.DcgmDetector("dcgm", cfg, context)
 

@@ -100,7 +100,6 @@ def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
     assert proj.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
     assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
     assert proj.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
-    assert proj.DEVICE_HEALTHY_ANNOTATION == codec.DEVICE_HEALTHY
 
 
 def _pod(uid: str, *, holds: str = "", opted: bool = True) -> dict[str, Any]:

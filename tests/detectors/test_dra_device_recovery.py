@@ -28,7 +28,7 @@ def _pod(name: str, resource_id: str, health: str) -> o.Obj:
 def test_a_device_reported_healthy_by_another_pod_is_recovered_once() -> None:
     cache = caching.ClusterCache.offline([_pod("sick", DEV3, "Unhealthy"), _pod("other", "gpu.nvidia.com/n1/gpu-5",
                                                                                 "Healthy")])
-    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cache=cache)
+    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cluster=cache)
     detector = dra_health.DraHealthDetector("dra-health", dra_health.DraHealthConfig(), context)
     bus = bus_.Bus(dedupe_window_seconds=0)
     sub = bus.subscribe("test")

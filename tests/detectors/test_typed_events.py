@@ -13,6 +13,7 @@ import pytest
 from kcover import bus as bus_
 from kcover import codec, metrics, model
 from kcover.agent import reporting
+from kcover.aio import clock as clock_
 from kcover.detectors import contract, dra_health, event_watcher, node_condition
 from kcover.kube import caching
 from kcover.kube import projections as proj
@@ -22,17 +23,6 @@ T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 def _ts(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class ManualClock:
-    moment: dt.datetime = T0
-
-    def now(self) -> dt.datetime:
-        return self.moment
-
-    def monotonic(self) -> float:
-        return (self.moment - T0).total_seconds()
 
 
 @dataclass
@@ -72,11 +62,11 @@ def _kube_event(body: dict[str, Any]) -> proj.KubeEvent:
 class _WatcherRig:
     def __init__(self) -> None:
         self.metrics = metrics.Metrics()
-        self.clock = ManualClock()
+        self.clock = clock_.FakeClock(T0)
         node = proj.Node("node-uid", "1", "gpu-1", False, (), (), (), ())
         self.cache = _Lookups(node)
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=self.metrics, clock=self.clock,
-                                           cache=self.cache, namespace="kcover-system")
+                                           cluster=self.cache, namespace="kcover-system")
         self.detector = event_watcher.EventWatcherDetector("event-watcher", event_watcher.EventWatcherConfig(),
                                                            context)
         self.bus = bus_.Bus(dedupe_window_seconds=0)
@@ -172,11 +162,11 @@ def test_a_go_project_event_without_kcover_fields_is_left_to_the_rules() -> None
 # ------------------------------------------------------------------------------------- node condition
 
 class _ConditionRig:
-    def __init__(self, **config: Any) -> None:
-        self.clock = ManualClock()
+    def __init__(self, agent_condition_type: str = "KcoverGPUHealthy", **config: Any) -> None:
+        self.clock = clock_.FakeClock(T0)
         self.nodes = Nodes()
         context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), clock=self.clock,
-                                           cache=self.nodes)
+                                           cluster=self.nodes, agent_condition_type=agent_condition_type)
         cfg = node_condition.NodeConditionConfig.model_validate({"min_duration_seconds": 10, **config})
         self.detector = node_condition.NodeConditionDetector("node-condition", cfg, context)
         self.bus = bus_.Bus(dedupe_window_seconds=0)
@@ -191,7 +181,7 @@ class _ConditionRig:
         self.detector._on_change(caching.Kind.NODE, old, node)
 
     def advance(self, seconds: float) -> list[model.CollectorEvent]:
-        self.clock.moment += dt.timedelta(seconds=seconds)
+        self.clock.advance(seconds)
         self.detector._recheck_waiting(self.nodes)  # type: ignore[arg-type]
         return self.sub.get_nowait()
 
@@ -216,6 +206,25 @@ def test_agent_condition_false_recommends_a_cordon_and_its_end_is_cleared_after_
     assert rig.advance(600) == []  # once
 
 
+def test_the_default_rule_follows_the_agents_condition_type() -> None:
+    """`agent.condition_type` is the one source: the default rule and the cordon reading follow it."""
+    rig = _ConditionRig(agent_condition_type="AcmeGPUHealthy")
+    long_ago = T0 - dt.timedelta(seconds=60)
+    rig.set(_cond("KcoverGPUHealthy", "False", long_ago), _cond("AcmeGPUHealthy", "False", long_ago))
+    [bad] = rig.sub.get_nowait()  # the other type is no condition of this agent's: not watched
+    assert (bad.fault, bad.recommended) == (model.Fault(check="AcmeGPUHealthy"), model.Action.CORDON_NODE)
+
+
+def test_configured_rules_are_taken_as_they_are() -> None:
+    rig = _ConditionRig(agent_condition_type="AcmeGPUHealthy",
+                        conditions=[{"type": "KcoverGPUHealthy", "bad_status": "False"}])
+    long_ago = T0 - dt.timedelta(seconds=60)
+    rig.set(_cond("KcoverGPUHealthy", "False", long_ago), _cond("AcmeGPUHealthy", "False", long_ago))
+    [bad] = rig.sub.get_nowait()
+    # watched as configured, but not the agent's condition: it recommends nothing, the rules decide
+    assert (bad.fault, bad.recommended) == (model.Fault(check="KcoverGPUHealthy"), None)
+
+
 def test_the_hold_counts_from_last_transition_so_a_restart_does_not_reset_it() -> None:
     rig = _ConditionRig(recovered_hold_seconds=600)
     rig.set(_cond("KcoverGPUHealthy", "False", T0 - dt.timedelta(seconds=60)))
@@ -230,7 +239,7 @@ def test_a_condition_bad_again_inside_the_hold_is_not_cleared_nor_reported_twice
     rig.sub.get_nowait()
     rig.set(_cond("KcoverGPUHealthy", "True", T0))
     assert rig.advance(300) == []
-    rig.set(_cond("KcoverGPUHealthy", "False", rig.clock.moment))
+    rig.set(_cond("KcoverGPUHealthy", "False", rig.clock.now()))
     assert rig.advance(400) == []
 
 
@@ -243,7 +252,7 @@ def test_nothing_is_cleared_while_another_condition_is_bad() -> None:
         ("AcceleratedHardwareReady", None), ("KcoverGPUHealthy", model.Action.CORDON_NODE)]
     rig.set(_cond("KcoverGPUHealthy", "True", T0), hw_bad)
     assert rig.advance(60) == []
-    rig.set(_cond("KcoverGPUHealthy", "True", T0), _cond("AcceleratedHardwareReady", "True", rig.clock.moment))
+    rig.set(_cond("KcoverGPUHealthy", "True", T0), _cond("AcceleratedHardwareReady", "True", rig.clock.now()))
     assert rig.advance(11) != []
 
 

@@ -25,8 +25,7 @@ class Ticker:
     config_model: ClassVar[type[BaseModel]] = TickConfig
     starts: ClassVar[list[str]] = []
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, TickConfig)
+    def __init__(self, name: str, config: TickConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
 
@@ -39,10 +38,7 @@ class Ticker:
                 detector=self.name, target=model.Target(kind=model.TargetKind.NODE, name="n"),
                 severity=model.Severity.INFO, reason="Tick", message=f"{self.config.label}-{n}",
                 dedupe_key=f"{self.config.label}-{n}"))
-            try:
-                await asyncio.wait_for(stop.wait(), self.config.interval_seconds)
-            except TimeoutError:
-                pass
+            await contract.sleep_or_stop(stop, self.config.interval_seconds)
 
 
 class Crasher:
@@ -95,8 +91,7 @@ class Flooder:
     config_model: ClassVar[type[BaseModel]] = MisbehaviourConfig
     done: ClassVar[list[int]] = []
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, MisbehaviourConfig)
+    def __init__(self, name: str, config: MisbehaviourConfig, context: contract.DetectorContext) -> None:
         self.name, self.config = name, config
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
@@ -115,8 +110,7 @@ class Sleeper:
     config_model: ClassVar[type[BaseModel]] = MisbehaviourConfig
     sleeping: ClassVar[list[bool]] = [False]
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        assert isinstance(config, MisbehaviourConfig)
+    def __init__(self, name: str, config: MisbehaviourConfig, context: contract.DetectorContext) -> None:
         self.config = config
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
@@ -155,19 +149,40 @@ class Echo:
 
     async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
         sub = bus.subscribe(self.name)
-        stopped = asyncio.ensure_future(stop.wait())
         try:
-            while not stop.is_set():
-                getter = asyncio.ensure_future(sub.get_batch())
-                await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    return
-                for event in getter.result():
+            while batch := await sub.get_batch(stop=stop):
+                for event in batch:
                     if event.reason == "Tick":
                         await bus.publish(model.CollectorEvent(
                             detector=self.name, target=event.target, severity=event.severity, reason="Echo",
                             message=event.message, dedupe_key=f"echo-{event.message}"))
         finally:
-            stopped.cancel()
             sub.unsubscribe()
+
+
+class Reader:
+    """Reads a log and asks which pods hold a device through its context, and counts its starts in the state
+    its context keeps; fails its first run. Publishes `Read` with what it got: `<log>|<pods>|<starts>`."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = contract.EmptyConfig
+
+    def __init__(self, name: str, config: contract.EmptyConfig, context: contract.DetectorContext) -> None:
+        self.name = name
+        self.context = context
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        starts: list[int] = self.context.state(self.name, list)
+        starts.append(len(starts) + 1)
+        reader, lookup = self.context.log_reader, self.context.pod_lookup
+        if reader is None or lookup is None:
+            raise errors.DetectorUnavailableError("reader needs a log reader and a pod lookup")
+        text = await reader.read_log("ml", "bert-0", "trainer", previous=False, tail_lines=10, limit_bytes=1024)
+        pods = await lookup.pods_for_devices(["GPU-1"])
+        bus.publish_nowait(model.CollectorEvent(
+            detector=self.name, target=model.Target(kind=model.TargetKind.NODE, name="n"),
+            severity=model.Severity.INFO, reason="Read", message=f"{text}|{','.join(pods)}|{len(starts)}",
+            dedupe_key=f"read-{len(starts)}"))
+        if len(starts) == 1:
+            raise RuntimeError("the first run fails")
+        await stop.wait()

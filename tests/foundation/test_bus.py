@@ -43,6 +43,31 @@ async def test_async_iteration_ends_after_close_and_drains_what_was_queued() -> 
         b.publish_nowait(ev(9))
 
 
+@pytest.mark.looptime
+async def test_get_batch_ends_on_stop_or_timeout_and_loses_no_event() -> None:
+    loop = asyncio.get_running_loop()
+    b = bus.Bus(dedupe_window_seconds=0)
+    sub = b.subscribe("consumer")
+    stop = asyncio.Event()
+    start = loop.time()
+    assert await sub.get_batch(stop=stop, timeout=5.0) == []  # the timeout: nothing came
+    assert loop.time() - start == pytest.approx(5.0)
+    loop.call_later(2.0, stop.set)
+    assert await sub.get_batch(stop=stop) == []  # stopped
+    assert loop.time() - start == pytest.approx(7.0)
+    assert not sub.drained
+    b.publish_nowait(ev(1))
+    assert [e.message for e in await sub.get_batch(stop=stop)] == ["1"]  # queued events come before a stop
+    stop.clear()
+    loop.call_later(1.0, b.publish_nowait, ev(2))
+    assert [e.message for e in await sub.get_batch(stop=stop, timeout=60.0)] == ["2"]
+    assert loop.time() - start == pytest.approx(8.0)
+    await b.close(drain_timeout_seconds=0)
+    assert sub.drained
+    assert await sub.get_batch(stop=stop, timeout=60.0) == []
+    assert loop.time() - start == pytest.approx(8.0)  # closed and drained: at once
+
+
 async def test_drop_oldest_keeps_newest_and_counts_drops() -> None:
     b = bus.Bus(dedupe_window_seconds=0)
     sub = b.subscribe("slow", capacity=3, overflow=bus.Overflow.DROP_OLDEST)

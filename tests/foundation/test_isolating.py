@@ -26,16 +26,16 @@ def plugins() -> registry.Registry:
         return registry.DetectorInfo(name, f"x:{cls.__name__}", dist, "0", cls)  # type: ignore[arg-type]
 
     return registry.Registry([info("flooder", d.Flooder), info("sleeper", d.Sleeper), info("stubborn", d.Stubborn),
-                              info("echo", d.Echo), info("crasher", d.Crasher),
+                              info("echo", d.Echo), info("crasher", d.Crasher), info("reader", d.Reader),
                               info("ticker", d.Ticker, registry.BUILTIN_DISTRIBUTION)])
 
 
 class Rig:
-    def __init__(self, entries: Mapping[str, Any], **extra: Any) -> None:
+    def __init__(self, entries: Mapping[str, Any], *, context: Mapping[str, Any] | None = None, **extra: Any) -> None:
         self.metrics = metrics.Metrics()
         self.bus = bus_.Bus(dedupe_window_seconds=0)
         self.seen = self.bus.subscribe("test")
-        ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=self.metrics)
+        ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=self.metrics, **(context or {}))
         # the registry decides who is isolated: the plugins are, the ticker (built in) is not
         cfg = settings.DetectorsSettings.model_validate(
             {"entries": {**{n: {"enabled": False} for n in settings.BUILTIN_DETECTORS}, **entries}, **extra})
@@ -68,8 +68,9 @@ async def rigs() -> AsyncIterator[list[Rig]]:
             await asyncio.wait_for(rig.task, 10)
 
 
-def rig_of(rigs: list[Rig], entries: Mapping[str, Any], **extra: Any) -> Rig:
-    rig = Rig(entries, **extra)
+def rig_of(rigs: list[Rig], entries: Mapping[str, Any], *, context: Mapping[str, Any] | None = None,
+           **extra: Any) -> Rig:
+    rig = Rig(entries, context=context, **extra)
     rigs.append(rig)
     rig.start()
     return rig
@@ -138,6 +139,35 @@ async def test_a_subscribing_plugin_sees_the_bus_and_publishes_back(rigs: list[R
     assert echo.detector == "echo"
     assert rig.sup.describe()["echo"]["isolated"] is True
     assert rig.sup.describe()["ticker"]["isolated"] is False
+
+
+class MainLoopReads:
+    """A log reader and a pod lookup that note the thread and loop each call runs on."""
+
+    def __init__(self) -> None:
+        self.ran_on: list[tuple[int, asyncio.AbstractEventLoop]] = []
+
+    async def read_log(self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int,
+                       limit_bytes: int) -> str:
+        self.ran_on.append((threading.get_ident(), asyncio.get_running_loop()))
+        return f"log of {namespace}/{pod}/{container}"
+
+    async def pods_for_devices(self, device_ids: list[str]) -> list[str]:
+        self.ran_on.append((threading.get_ident(), asyncio.get_running_loop()))
+        return [f"ml/holder-of-{d}" for d in device_ids]
+
+
+async def test_a_plugins_reads_run_on_the_main_loop_and_its_state_outlives_a_restart(rigs: list[Rig]) -> None:
+    reads = MainLoopReads()
+    rig = rig_of(rigs, {"reader": {"enabled": True}}, context={"log_reader": reads, "pod_lookup": reads},
+                 restart_initial_seconds=0.05)
+    first = await rig.first("Read")
+    assert first.message == "log of ml/bert-0/trainer|ml/holder-of-GPU-1|1"
+    again = await rig.first("Read")  # restarted after its first run failed, on a new thread and loop
+    assert again.message.endswith("|2")  # the kept state is the one the first run made
+    main = (threading.get_ident(), asyncio.get_running_loop())
+    assert reads.ran_on == [main] * 4  # both calls of both runs, none on the plugin's own loop
+    assert rig.sup.describe()["reader"]["isolated"] is True
 
 
 def test_the_bridge_refuses_past_its_rate_and_queue_and_after_close() -> None:

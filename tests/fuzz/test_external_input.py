@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 from kcover import checking, codec, errors, model
 from kcover import settings as settings_
-from kcover.detectors import dcgm, event_watcher
+from kcover.detectors import event_watcher
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.nvml import xid_policy
+from kcover.nvml import dcgmi, xid_policy
 from kcover.recovery import ledger, restarting
 
 EXAMPLES = 250
@@ -55,14 +55,14 @@ def json_like(keys: list[str]) -> st.SearchStrategy[Any]:
 
 # ------------------------------------------------------------------------------------------ Events
 
-ANNOTATIONS = [proj.NEED_RECOVERY_ANNOTATION, codec.RECOMMENDED_ACTION, codec.FAULT_CLEARED, codec.PODS, "kcover.io/xid", "kcover.io/gpu-index",
+ANNOTATIONS = [codec.NEED_RECOVERY, codec.RECOMMENDED_ACTION, codec.FAULT_CLEARED, codec.PODS, "kcover.io/xid", "kcover.io/gpu-index",
                "kcover.io/occurrences", "kcover.io/window-seconds", "kcover.io/detector", "kcover.io/check"]
 
 
 @st.composite
 def raw_events(draw: st.DrawFn) -> dict[str, Any]:
     annotations = draw(st.dictionaries(st.sampled_from(ANNOTATIONS), st.one_of(words, text), max_size=5))
-    annotations[proj.NEED_RECOVERY_ANNOTATION] = "true"
+    annotations[codec.NEED_RECOVERY] = "true"
     involved = {k: draw(st.one_of(words, leaf)) for k in ("kind", "namespace", "name", "uid")
                 if draw(st.booleans())}
     body: dict[str, Any] = {
@@ -267,19 +267,19 @@ TABLE = ["+---------------------------+-----------------------------------------
 @FUZZ
 @given(st.one_of(json_like(DCGM_KEYS).map(lambda v: json.dumps(v, default=str)), text))
 def test_dcgm_json_gives_findings_or_a_value_error(doc: str) -> None:
-    for parse in (dcgm.parse_diag_json, dcgm.parse_health_json):
+    for parse in (dcgmi.parse_diag_json, dcgmi.parse_health_json):
         try:
             found = parse(doc)
         except ValueError:
             continue
-        assert all(isinstance(f, dcgm.Finding) for f in found)
+        assert all(isinstance(f, dcgmi.Finding) for f in found)
 
 
 @FUZZ
 @given(st.lists(st.one_of(st.sampled_from(TABLE), text), max_size=12))
 def test_a_dcgm_table_gives_findings(lines: list[str]) -> None:
-    found = dcgm._parse_any_diag("\n".join(lines))
-    assert all(isinstance(f, dcgm.Finding) for f in found)
+    found = dcgmi.parse_diag("\n".join(lines))
+    assert all(isinstance(f, dcgmi.Finding) for f in found)
 
 
 POLICY = xid_policy.load()
@@ -291,10 +291,10 @@ EXPORTER = ['DCGM_FI_DEV_XID_ERRORS{gpu="0",UUID="GPU-a"} 79', 'DCGM_FI_DEV_ECC_
 @given(st.lists(st.one_of(st.sampled_from(EXPORTER), text), max_size=6))
 def test_exporter_metrics_give_findings_or_a_value_error(lines: list[str]) -> None:
     try:
-        found = dcgm.parse_exporter("\n".join(lines) + "\n", POLICY)
+        found = dcgmi.parse_exporter("\n".join(lines) + "\n", POLICY)
     except ValueError:
         return
-    assert all(isinstance(f, dcgm.Finding) for f in found)
+    assert all(isinstance(f, dcgmi.Finding) for f in found)
 
 
 # ------------------------------------------------------------------------------------------ plugins

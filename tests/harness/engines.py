@@ -58,7 +58,7 @@ class Rig:
     kube: client_.KubeClient
     cache: caching.ClusterCache
     leader: recovering.LeaderEngine
-    clock: clock_.LoopClock
+    clock: clock_.FakeClock
     metrics: metrics.Metrics
     settings: settings.Settings
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -140,7 +140,7 @@ def settings_of(overrides: Mapping[str, Any] | None = None) -> settings.Settings
 async def rig(objects: Sequence[Mapping[str, Any]] = (), *, overrides: Mapping[str, Any] | None = None,
               listen: bool = False) -> AsyncIterator[Rig]:
     """The recovery engine over an in-process simulated cluster seeded with `objects` (see the module docstring)."""
-    clock = clock_.LoopClock(START)
+    clock = clock_.FakeClock(START, follow_loop=True)
     cfg = settings_of(overrides)
     rs = cfg.recovery
     async with simserver.SimServer(listen=listen, clock=clock) as srv:

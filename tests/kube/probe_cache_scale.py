@@ -123,7 +123,7 @@ async def main() -> None:
                                      freeze_gc=args.gc_freeze)
         bus = bus_.Bus(dedupe_window_seconds=0)
         sub = bus.subscribe("probe", capacity=100_000)
-        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cache=cache)
+        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cluster=cache)
         detector = pod_status.PodStatusDetector("pod-status", pod_status.PodStatusConfig(), context)
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:

@@ -48,7 +48,7 @@ async def _detector_reports(cache: caching.ClusterCache) -> list[model.Collector
     """Run the pod-status detector (opt-in only, its default) over `cache`; what it publishes."""
     bus = bus_.Bus(dedupe_window_seconds=0)
     sub = bus.subscribe("test")
-    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cache=cache)
+    context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics.Metrics(), cluster=cache)
     detector = pod_status.PodStatusDetector("pod-status", pod_status.PodStatusConfig(), context)
     stop = asyncio.Event()
     task = asyncio.create_task(detector.run(bus, stop), name="pod-status")

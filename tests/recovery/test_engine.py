@@ -242,7 +242,8 @@ async def test_the_breaker_latches_holds_restarts_and_is_reset_on_request() -> N
         await r.handle(node_fault("n1"))  # 1 of 4 held: past 0.2
         assert _breaker(r).latched
         (latched,) = r.events("KcoverBreakerLatched")
-        assert "breaker open" in latched["message"]
+        assert "breaker tripped" in latched["message"]
+        assert "recovery.max_cordoned_fraction" in latched["message"]
         await r.handle(pod_fault("train-0"))
         assert r.pod_uids() == {f"train-{i}" for i in range(4)}
         assert any("BreakerLatched" in e["message"] for e in r.events("KcoverRecoveryHeld"))

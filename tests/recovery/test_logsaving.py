@@ -104,6 +104,9 @@ async def test_unwritable_sink_is_a_reported_failure(tmp_path: Path) -> None:
     ({"containerStatuses": [{"name": "c", "restartCount": 0, "lastState": {}}]}, False),
     ({"containerStatuses": [{"name": "c", "restartCount": 2, "lastState": {}}]}, True),
     ({"containerStatuses": [{"name": "c", "restartCount": 0, "lastState": {"terminated": {"exitCode": 1}}}]}, True),
+    # stopped now, never restarted yet: its kubelet may restart it before the log is read, and the failed
+    # instance is then the previous one (seen on a real kubelet under OnFailure)
+    ({"containerStatuses": [{"name": "c", "restartCount": 0, "state": {"terminated": {"exitCode": 1}}}]}, True),
     ({"initContainerStatuses": [{"name": "c", "restartCount": 0}]}, False),
     ({"containerStatuses": [{"name": "other", "restartCount": 0}]}, True),  # no status for it: ask
     ({}, True),
@@ -114,16 +117,19 @@ def test_a_previous_log_is_asked_for_only_of_a_container_that_may_have_one(statu
 
 
 def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
-    def container(name: str, *, init: bool, restarts: int, last: bool) -> proj.ContainerState:
-        return proj.ContainerState(name=name, init=init, restart_count=restarts, terminated=None,
+    def container(name: str, *, init: bool, restarts: int, last: bool, now: bool = False) -> proj.ContainerState:
+        return proj.ContainerState(name=name, init=init, restart_count=restarts,
+                                   terminated=proj.Terminated("Error", 1, "") if now else None,
                                    last_terminated=proj.Terminated("Error", 1, "") if last else None, resources=())
 
     pod = proj.Pod(uid="u1", rv="1", namespace="ml", name="w-0", node="n1", phase="Running", labels=(),
                    annotations=(), owner=None, deletion_timestamp="", restart_policy="OnFailure",
                    containers=(container("setup", init=True, restarts=0, last=False),
                                container("trainer", init=False, restarts=1, last=True),
-                               container("sidecar", init=False, restarts=0, last=False)))
+                               container("sidecar", init=False, restarts=0, last=False),
+                               container("worker", init=False, restarts=0, last=False, now=True)))
     body = logsaving.from_cache(pod)
-    assert logsaving.containers_of(body) == ["setup", "trainer", "sidecar"]
-    assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar")] == [False, True, False]
+    assert logsaving.containers_of(body) == ["setup", "trainer", "sidecar", "worker"]
+    assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
+        [False, True, False, True]
     assert (body["metadata"], body["spec"]["nodeName"]) == ({"namespace": "ml", "name": "w-0", "uid": "u1"}, "n1")

@@ -15,7 +15,7 @@ from harness import objects as o
 from kcover import errors, kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import ledger, planning, rules
+from kcover.recovery import holding, ledger, planning, rules
 from kcover.recovery import steps as st
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -157,8 +157,8 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
      restarted("w.pt-uid", *(T - 3000 + i * 100 for i in range(5))), {}, ["hold BudgetExhausted w.pt-uid"]),
     ("budget counts only the window", pod_event("pt-0"),
      restarted("w.pt-uid", T - 7200, T - 7100, T - 7000, T - 6900, T - 100), {}, [PT]),
-    ("restarts in flight open the breaker: held", pod_event("pt-0"),
-     planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold BreakerOpen w.pt-uid"]),
+    ("restarts in flight throttle: held, no trip", pod_event("pt-0"),
+     planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold Throttled w.pt-uid"]),
     ("a restart of the unit in flight covers the fault", pod_event("pt-0"),
      planning.History(restarts_in_flight={"w.pt-uid": 1}), {}, ["skip Cooldown quiet"]),
     ("lws group cooldown is per group", pod_event("lws-0"), restarted("w.lws-uid.g1", T - 5), {},
@@ -183,8 +183,11 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
      planning.History(ledger=ledger.Ledger.offline({"n.n2": ledger.Node(cordoned_at=T - 60)})), {},
      ["skip Cooldown quiet", PT]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown quiet"]),
-    ("pod fault routed to cordon by rule uses the pod's node", pod_event("vc-0"), H0,
-     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["cordon n5"]),
+    ("a container's exit blames the workload: a cordon rule only reports", pod_event("vc-0"), H0,
+     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["report"]),
+    ("with workload_blame off a cordon rule for a pod's fault uses the pod's node", pod_event("vc-0"), H0,
+     {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}],
+      "judgement": {"workload_blame": "off"}}, ["cordon n5"]),
     ("pod target restart on node with no workloads", node_event("n7", recommended=model.Action.RESTART_WORKLOAD), H0,
      {}, ["skip NoWorkloads quiet"]),
 ]
@@ -370,7 +373,7 @@ def test_one_restart_per_unit_per_event() -> None:
 def test_concurrency_limit_counts_restarts_planned_in_the_same_event() -> None:
     history = planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(9)})
     planned = planning.plan(node_event("n5"), world(), history, rs(), NOW)
-    assert summary(planned) == ["cordon n5", BJ, "hold BreakerOpen w.vc-uid"]
+    assert summary(planned) == ["cordon n5", BJ, "hold Throttled w.vc-uid"]
 
 
 @pytest.mark.parametrize("raw", [
@@ -391,14 +394,14 @@ def _held(cause: model.CollectorEvent, *, at: float = T - 60, until: float = T +
 
 
 def test_a_held_restart_runs_once_its_blocker_lifted() -> None:
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0")), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0")), world(), H0, rs(), NOW)
     assert (summary(steps), dropped) == ([PT], "")
 
 
 def test_a_held_restart_stays_held_while_paused() -> None:
     snap = world({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml",
                                                                          "labels": {"kcover.io/paused": "true"}}})
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T + 60), snap, H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T + 60), snap, H0, rs(), NOW)
     assert (summary(steps), dropped) == (["hold Paused w.pt-uid"], "")
     assert isinstance(steps[0], st.Hold)
     assert steps[0].until == T + 60  # never longer than the first hold said
@@ -406,13 +409,95 @@ def test_a_held_restart_stays_held_while_paused() -> None:
 
 def test_a_held_restart_is_dropped_when_the_workload_recovered_by_itself_or_it_expired() -> None:
     gone = pod_event("replaced-uid")  # the faulting pod was replaced and no pod of the unit failed since
-    steps, dropped = planning.replan_held("w.pt-uid", _held(gone), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(gone), world(), H0, rs(), NOW)
     assert steps == []
     assert "recovered by itself" in dropped
-    steps, dropped = planning.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T - 1), world(), H0, rs(), NOW)
+    steps, dropped = holding.replan_held("w.pt-uid", _held(pod_event("pt-0"), until=T - 1), world(), H0, rs(), NOW)
     assert steps == []
     assert "hold_seconds" in dropped
 
 
 def test_the_cache_keeps_every_label_the_restart_selectors_use() -> None:
     assert kinds.SELECTOR_LABELS <= proj.KEPT_POD_LABELS
+
+
+def _own_policy_world(js_spec: dict[str, Any], js_status: dict[str, Any], job_spec: dict[str, Any],
+                      exit_code: int) -> caching.ClusterCache:
+    js = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "gang", uid="gang-uid", labels=OPT, spec=js_spec,
+                    status=js_status)
+    child = o.workload("batch/v1", "Job", "gang-w-0", uid="gang-child", owner=js)
+    job = o.workload("batch/v1", "Job", "fj", uid="fj-uid", labels=OPT, spec=job_spec)
+    terminated = {"name": "c", "restartCount": 0, "state": {"terminated": {
+        "exitCode": exit_code, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}}}
+    gang = o.pod("gang-w-0-0", uid="gang-0", node="n1", phase="Failed", owner=child,
+                 labels={kinds.JOBSET_NAME: "gang", kinds.JOBSET_UID: "gang-uid"})
+    gang_peer = o.pod("gang-w-0-1", uid="gang-1", node="n2", owner=child,
+                      labels={kinds.JOBSET_NAME: "gang", kinds.JOBSET_UID: "gang-uid"})
+    fj = o.pod("fj-a", uid="fj-0", node="n3", owner=job, labels={kinds.BATCH_JOB_NAME: "fj",
+                                                                  kinds.BATCH_CONTROLLER_UID: "fj-uid"})
+    fj_peer = o.pod("fj-b", uid="fj-1", node="n3", owner=job, labels={kinds.BATCH_JOB_NAME: "fj",
+                                                                       kinds.BATCH_CONTROLLER_UID: "fj-uid"})
+    for pod in (gang, fj):
+        pod["status"]["containerStatuses"] = [terminated]
+    return caching.ClusterCache.offline([js, child, job, gang, gang_peer, fj, fj_peer,
+                                         *(o.node(f"n{i}") for i in range(1, 4))])
+
+
+GANG = {"failurePolicy": {"maxRestarts": 3}, "replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 0}}}]}
+FAIL_ON_42 = {"backoffLimit": 3, "podFailurePolicy": {"rules": [
+    {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In", "values": [42]}},
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}}
+
+
+@pytest.mark.parametrize(("js_spec", "js_status", "exit_code", "pod", "expected"), [
+    (GANG, {}, 1, "gang-0", ["skip WorkloadPolicyRestarts"]),
+    (GANG, {"restarts": 3}, 1, "gang-0", ["restart JobSet gang"]),
+    ({**GANG, "replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 2}}}]}, {}, 1, "gang-0",
+     ["restart JobSet gang"]),
+    ({"replicatedJobs": [{"name": "w", "template": {"spec": {"backoffLimit": 0}}}]}, {}, 1, "gang-0",
+     ["restart JobSet gang"]),
+    (GANG, {}, 42, "fj-0", ["skip WorkloadPolicyRestarts"]),
+    (GANG, {}, 1, "fj-0", ["restart Job fj"]),
+], ids=["jobset restarts itself for a failed pod of a backoffLimit 0 Job",
+        "jobset out of its own restarts: kcover restarts it",
+        "the child Job retries the pod itself first: kcover restarts the gang",
+        "jobset without a failurePolicy: kcover restarts it",
+        "a FailJob exit code: the Job's own decision",
+        "another exit code: kcover restarts the Job"])
+def test_a_workloads_own_failure_policy_is_not_answered_twice(js_spec: dict[str, Any], js_status: dict[str, Any],
+                                                               exit_code: int, pod: str, expected: list[str]) -> None:
+    snap = _own_policy_world(js_spec, js_status, FAIL_ON_42, exit_code)
+    got = [" ".join(line.split(" ")[:3]) for line in summary(planning.plan(pod_event(pod), snap, H0, rs(), NOW))]
+    assert got == expected
+
+
+def test_own_policy_exit_rules_follow_the_operator_and_container() -> None:
+    rule = kinds.ExitRule("c", "NotIn", (0, 1))
+    assert rule.matches("c", 2)
+    assert not rule.matches("c", 1)
+    assert not rule.matches("other", 2)
+    assert kinds.ExitRule("", "In", (7,)).matches("any", 7)
+
+
+@pytest.mark.parametrize(("policy", "phase", "terminated", "expected"), [
+    ("Never", "Running", True, "skip NothingToRemove quiet"),  # the kubelet starts it no more: the phase follows
+    ("Never", "Failed", True, "skip NothingToRemove quiet"),
+    ("OnFailure", "Running", True, "restart Job solo"),  # the kubelet restarts it in place: a member
+    ("Never", "Running", False, "restart Job solo"),
+], ids=["never-exited-phase-not-yet-failed", "never-failed", "onfailure-exited", "never-running"])
+def test_a_pod_that_will_not_run_again_is_no_member_of_its_restart(policy: str, phase: str, terminated: bool,
+                                                                   expected: str) -> None:
+    """A batch Job's only pod exits 1 under restartPolicy Never: its controller counts it, and evicting it
+    (its phase still Running for a moment on a real kubelet) would mark it DisruptionTarget and hide the
+    failure from backoffLimit, a free retry."""
+    job = o.workload("batch/v1", "Job", "solo", uid="solo-uid", labels=OPT,
+                     spec={"backoffLimit": 1, "template": {"spec": {"restartPolicy": policy}}})
+    pod = o.pod("solo-x", uid="solo-0", node="n1", owner=job, phase=phase,
+                labels={kinds.BATCH_JOB_NAME: "solo", kinds.BATCH_CONTROLLER_UID: "solo-uid"})
+    pod["spec"]["restartPolicy"] = policy
+    state = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2025-06-01T12:00:00Z"}} if terminated \
+        else {"running": {}}
+    pod["status"]["containerStatuses"] = [{"name": "c", "restartCount": 0, "state": state}]
+    snap = caching.ClusterCache.offline([job, pod, o.node("n1")])
+    got = [" ".join(line.split(" ")[:3]) for line in summary(planning.plan(pod_event("solo-0"), snap, H0, rs(), NOW))]
+    assert got == [expected]

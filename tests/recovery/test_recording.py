@@ -43,7 +43,7 @@ def _recorder(srv: simserver.SimServer, *, leading: Any = None, **settings_: Any
     mets = metrics.Metrics()
     rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", **settings_})
     rec = recording.Recorder(gateway.Http(srv.client()), recording.RecordMetrics(mets.registry),
-                             recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                             recovery=lambda: rs, clock=clock_.FakeClock(NOW, follow_loop=True), identity="ctl-a",
                              is_leader=leading or (lambda: True))
     return rec, mets
 
@@ -101,7 +101,7 @@ async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> No
         assert obj["spec"]["fault"]["identity"] == {"xid": 79, "gpu_index": 3}
         assert obj["spec"]["fault"]["recommendedAction"] == "cordon-node"
         assert obj["spec"]["decision"] == {"action": "RestartWorkload", "leader": "ctl-a", "selector": "job=train",
-                                           "ledgerKey": "w.uid-1", "removal": "delete"}
+                                           "ledgerKey": "w.uid-1", "removal": "delete", "blame": "unknown"}
         assert obj["status"]["phase"] == "Recovered"
         assert obj["status"]["mttrSeconds"] == 2.0
         assert obj["status"]["detectedAt"] == "2026-05-01T11:59:58Z"
@@ -176,7 +176,7 @@ async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_wr
         rs = settings.RecoverySettings.model_validate(
             {"ledger_namespace": "kcover-system", "records": {"retention_per_target": 1, "prune_interval_seconds": 1}})
         rec = recording.Recorder(gateway.Http(srv.client(), fence=Term()), recording.RecordMetrics(mets.registry),
-                                 recovery=lambda: rs, clock=clock_.LoopClock(NOW), identity="ctl-a",
+                                 recovery=lambda: rs, clock=clock_.FakeClock(NOW, follow_loop=True), identity="ctl-a",
                                  is_leader=lambda: next(answers, False))
         stop = asyncio.Event()
         task = asyncio.create_task(rec.run(stop), name="records")
@@ -186,3 +186,28 @@ async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_wr
         await asyncio.wait_for(task, 2.0)
         left = [o["metadata"]["name"] for o in srv.store.iter_objects("recoveries.kcover.io")]
         assert len(left) == 2, "one deleted while leading, none after"
+
+
+def test_every_phase_action_and_blame_written_is_one_the_crd_schema_accepts() -> None:
+    """The real API server refuses a status whose phase is not in the CRD's enum (422), and prunes decision
+    fields the schema does not list: every value the Recorder writes must be in the shipped schema."""
+    import pathlib
+
+    import yaml
+
+    crd = yaml.safe_load((pathlib.Path(__file__).parents[2] / "helm/kcover/files/recovery-crd.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    phases = schema["status"]["properties"]["phase"]["enum"]
+    decision = schema["spec"]["properties"]["decision"]["properties"]
+    assert sorted(p.value for p in recording.Phase) == sorted(phases)
+    cause = _cause()
+    node_steps: list[st.Step] = [
+        st.Cordon("gpu-1", "r", cause), st.Uncordon("gpu-1", cause),
+        st.TaintDevice(model.DraDevice(driver="d", pool="p", device="g"), "gpu-1", "r", cause),
+        st.UntaintDevice(model.DraDevice(driver="d", pool="p", device="g"), "gpu-1", cause),
+        st.RequestValidation("gpu-1", cause, purpose=st.Purpose.SUSPECT), _restart(),
+        st.Refuse(st.Code.PAUSED, "t", cause), st.Report("t", cause)]
+    assert {recording.decision(s) for s in node_steps} <= set(decision["action"]["enum"])
+    assert sorted(b.value for b in model.Blame) == sorted(decision["blame"]["enum"])
+    assert sorted(r.value for r in kinds.Removal) == sorted(decision["removal"]["enum"])
+    assert {"dryRun", "recordOnly", "ledgerKey", "selector", "code", "text"} <= set(decision)

@@ -153,14 +153,37 @@ app.kubernetes.io/component: controller
 app.kubernetes.io/component: agent
 {{- end -}}
 
-{{/* image: repository@digest or repository:tag (tag defaults to appVersion) */}}
+{{/*
+image: <registry>/<repository>@<digest>, or <registry>/<repository>:<tag> (tag defaults to appVersion).
+image.registry has no default (this project publishes no images): without it the chart refuses to render
+and says how to build and push them.
+*/}}
 {{- define "kcover.image" -}}
+{{- $registry := .root.Values.image.registry | default "" | trimSuffix "/" -}}
+{{- if not $registry -}}
+{{- fail "image.registry is not set, and kcover publishes no images: build both images and push them to your registry with `scripts/build-images --push REGISTRY` (from a clone of kcover; see docs/install.md, \"Images\"), then install with `--set image.registry=REGISTRY`. Images built on the nodes and loaded into their container runtime: `--set image.registry=localhost`." -}}
+{{- end -}}
 {{- $img := index .root.Values.image .role -}}
 {{- if $img.digest -}}
-{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- printf "%s/%s@%s" $registry $img.repository $img.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository ($img.tag | default .root.Chart.AppVersion) -}}
+{{- printf "%s/%s:%s" $registry $img.repository ($img.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+A CRD from files/, annotated `helm.sh/resource-policy: keep`: `helm uninstall` leaves it, and with it every
+object of its kind (the Recovery history, the ledger's budgets, cooldowns and pending intents, the
+preflight reports). docs/install.md ("Uninstall") says how to delete them on purpose.
+*/}}
+{{- define "kcover.keptCRD" -}}
+{{- $crd := .root.Files.Get .file | fromYaml -}}
+{{- if hasKey $crd "Error" -}}
+{{- fail (printf "%s: %s" .file $crd.Error) -}}
+{{- end -}}
+{{- $meta := $crd.metadata -}}
+{{- $_ := set $meta "annotations" (merge (dict "helm.sh/resource-policy" "keep") ($meta.annotations | default dict)) -}}
+{{- toYaml $crd -}}
 {{- end -}}
 
 {{/*
@@ -170,6 +193,11 @@ nameOverride) the agent pods' labels into the event watcher's agent_pod_labels.
 Namespaces, names, ports and paths the chart depends on are set by environment variables instead
 (they win over the file), so a config edit cannot move them away from what RBAC and probes expect.
 */}}
+{{/* Whether the agents answer validation requests: agentValidation.enabled, or returnValidation.enabled. */}}
+{{- define "kcover.agentValidates" -}}
+{{- if or (.Values.agentValidation | default dict).enabled (.Values.returnValidation | default dict).enabled -}}true{{- end -}}
+{{- end -}}
+
 {{- define "kcover.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) -}}
 {{- if .Values.dryRun -}}
@@ -187,11 +215,13 @@ Namespaces, names, ports and paths the chart depends on are set by environment v
 {{- $_ := set $rv "diag_level" (.Values.returnValidation.diagLevel | default 1) -}}
 {{- $_ := set $rec "return_validation" $rv -}}
 {{- $_ := set $cfg "recovery" $rec -}}
+{{- end -}}
+{{- if not (include "kcover.agentValidates" .) -}}
 {{- $agent := dict -}}
 {{- if hasKey $cfg "agent" }}{{ $agent = index $cfg "agent" }}{{ end -}}
 {{- $av := dict -}}
 {{- if hasKey $agent "validation" }}{{ $av = index $agent "validation" }}{{ end -}}
-{{- $_ := set $av "enabled" true -}}
+{{- $_ := set $av "enabled" false -}}
 {{- $_ := set $agent "validation" $av -}}
 {{- $_ := set $cfg "agent" $agent -}}
 {{- end -}}

@@ -1,7 +1,7 @@
 """The `logscan` detector: classify container failures that `pod-status` reported from their logs.
 
 Owns the loop that takes the source detector's Pod events off the bus, reads the failed container's
-log tail through the `LogReader` in `context.extras["log_reader"]` (bounded in lines, bytes and
+log tail through the context's `LogReader` (`context.log_reader`; bounded in lines, bytes and
 concurrency), classifies it with the pure table in `classifying` and publishes one enrichment event
 per container failure. It reads only the source event's typed fields: the container from
 `fault.container`, the failure's identity from its `dedupe_key` (pod-status gives one key per
@@ -12,21 +12,17 @@ termination), never its `attributes`. It never writes to the API. Without a log 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import structlog
 from pydantic import BaseModel
 
-from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.detectors import contract
-from kcover_logscan import classifying, reading, remembering
+from kcover_logscan import classifying, remembering
 from kcover_logscan import config as config_
 
 log = structlog.get_logger()
-
-LOG_READER_KEY = "log_reader"
-"""`context.extras` key of the `reading.LogReader` the composition root provides."""
 
 TriggerKey = tuple[str, str, str]
 """(pod uid, container, source event key) of one container failure: the source's key names the
@@ -65,22 +61,20 @@ class LogscanDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = config_.LogscanConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        if not isinstance(config, config_.LogscanConfig):
-            config = config_.LogscanConfig.model_validate(config.model_dump())
+    def __init__(self, name: str, config: config_.LogscanConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
         self._seen = remembering.Seen(config.remember)
 
-    def _reader(self) -> reading.LogReader:
-        reader: Any = self.context.extras.get(LOG_READER_KEY)
-        if reader is None or not callable(getattr(reader, "read_log", None)):
-            raise errors.DetectorUnavailableError(
-                f"logscan needs a log reader in context.extras[{LOG_READER_KEY!r}]; none was provided")
-        return reader  # type: ignore[no-any-return]
+    def _reader(self) -> contract.LogReader:
+        reader = self.context.log_reader
+        if reader is None:
+            raise contract.DetectorUnavailableError(
+                "logscan needs a log reader (context.log_reader: the controller's); none was provided")
+        return reader
 
-    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+    async def run(self, bus: contract.Bus, stop: asyncio.Event) -> None:
         reader = self._reader()
         subscription = bus.subscribe(self.name)
         try:
@@ -95,7 +89,7 @@ class LogscanDetector:
         finally:
             subscription.unsubscribe()
 
-    async def _consume(self, subscription: bus_.Subscription, bus: bus_.Bus, reader: reading.LogReader,
+    async def _consume(self, subscription: contract.Subscription, bus: contract.Bus, reader: contract.LogReader,
                        group: asyncio.TaskGroup, scans: set[asyncio.Task[None]]) -> None:
         slots = asyncio.Semaphore(self.config.concurrency)
         async for event in subscription:
@@ -117,8 +111,8 @@ class LogscanDetector:
             return (True,)
         return (False, True)
 
-    async def _scan(self, event: model.CollectorEvent, key: TriggerKey, bus: bus_.Bus,
-                    reader: reading.LogReader) -> None:
+    async def _scan(self, event: model.CollectorEvent, key: TriggerKey, bus: contract.Bus,
+                    reader: contract.LogReader) -> None:
         target = event.target
         container = key[1]
         cfg = self.config
@@ -126,9 +120,9 @@ class LogscanDetector:
             try:
                 text = await reader.read_log(target.namespace, target.name, container, previous=previous,
                                              tail_lines=cfg.tail_lines, limit_bytes=cfg.limit_bytes)
-            except errors.NotFoundError:
+            except contract.NotFoundError:
                 continue
-            except errors.KubeError as exc:
+            except contract.KubeError as exc:
                 if exc.status == 400:  # "previous terminated container ... not found"
                     continue
                 self._seen.discard(key)

@@ -1,9 +1,10 @@
-"""Reading the tail of a container's log: the `LogReader` seam and an adapter over kcover's client.
+"""Reading the tail of a container's log: an adapter over a client, for running logscan outside kcover.
 
-Owns the contract logscan needs from whoever can read pod logs, and `KubeLogReader`, which serves it
-with a GET of `/api/v1/namespaces/{ns}/pods/{name}/log` through any client that has kcover's
+Inside kcover, logscan reads logs through the `contract.LogReader` the controller hands every detector
+(`context.log_reader`); this module owns `KubeLogReader`, which serves that contract with a GET of
+`/api/v1/namespaces/{ns}/pods/{name}/log` through any client that has kcover's
 `KubeClient.text(path, *, query, limit_bytes)`. It does not decide which log to read (the detector
-does) and raises what the client raises (`errors.KubeError` and subclasses).
+does) and raises what the client raises (`contract.KubeError` and subclasses).
 """
 
 from __future__ import annotations
@@ -11,16 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import quote
-
-
-class LogReader(Protocol):
-    """Read-only access to container logs. Handed to logscan as `context.extras["log_reader"]`."""
-
-    async def read_log(self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int,
-                       limit_bytes: int) -> str:
-        """The last `tail_lines` lines of the container's log (of its previous instance when `previous`),
-        at most about `limit_bytes` bytes. Raises `errors.NotFoundError` when there is no such log."""
-        ...
 
 
 class TextGetter(Protocol):

@@ -61,8 +61,7 @@ def pod_event(pod: str = "llama-worker-3", *, container: str = "pytorch", ordina
 class Running:
     def __init__(self, reader: FakeReader | None, **settings: Any) -> None:
         config = config_.LogscanConfig.model_validate(settings)
-        extras = {} if reader is None else {"log_reader": reader}
-        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics_.Metrics(), extras=extras)
+        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=metrics_.Metrics(), log_reader=reader)
         self.bus = bus_.Bus(dedupe_window_seconds=0)
         self.out = self.bus.subscribe("test")
         self.stop = asyncio.Event()

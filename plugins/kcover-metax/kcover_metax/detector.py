@@ -1,12 +1,14 @@
 """The `metax` detector: MetaX GPU node day-2 checks, daily and at start.
 
 Owns the schedule (daily at `run_at` in `timezone`, optionally also at start), running `mx-smi -L`,
-`mx-smi --show-temperature`, `mx-smi --count-ecc` and `ibv_devinfo` through a `CommandRunner`, and
+`mx-smi --show-temperature`, `mx-smi --count-ecc` and `ibv_devinfo` through the context's command runner
+(`context.command_runner`: kcover's subprocess runner, each command in its own process group, killed
+past `command_timeout_seconds`), and
 publishing one Node-target event per failed check (`fault.check` the check, `recommended` its
 configured action, cordon-node by default) and a `cleared=True` Info when a failed check passes
 again. Parsing and the rules are pure (`parsing`, `checking`). It never writes to the API.
 
-Runs only on nodes whose capacity (`context.extras["node_capacity"]`) lists `metax-tech.com/gpu`,
+Runs only on nodes whose capacity (`context.node_capacity`) lists `metax-tech.com/gpu`,
 unless `force`; elsewhere, or without `mx-smi`, it raises `DetectorUnavailableError`. A check whose
 command fails, times out or prints something unparsable yields a `MetaxCheckFailed` Warning.
 """
@@ -21,16 +23,12 @@ from typing import Any, ClassVar
 import structlog
 from pydantic import BaseModel
 
-from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.detectors import contract
-from kcover_metax import checking, parsing, running, scheduling
+from kcover_metax import checking, parsing, scheduling
 from kcover_metax import config as config_
 
 log = structlog.get_logger()
-
-NODE_CAPACITY_KEY = "node_capacity"
-"""`context.extras` key: the agent's Node `status.capacity` as a dict of resource name to quantity."""
 
 MAX_SLEEP_SECONDS = 300.0
 """Sleeps toward the next run are cut into pieces this long, so a wall-clock jump is noticed."""
@@ -78,34 +76,22 @@ class MetaxDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
     config_model: ClassVar[type[BaseModel]] = config_.MetaxConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext, *,
-                 runner: running.CommandRunner | None = None) -> None:
-        if not isinstance(config, config_.MetaxConfig):
-            config = config_.MetaxConfig.model_validate(config.model_dump())
+    def __init__(self, name: str, config: config_.MetaxConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
-        self.runner: running.CommandRunner = runner or running.SubprocessRunner()
+        self.runner = context.command_runner
         self._at = scheduling.parse_hhmm(config.run_at)
         self._zone = zoneinfo.ZoneInfo(config.timezone)
         self._failing: set[checking.Check] = set()
 
-    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+    async def run(self, bus: contract.Bus, stop: asyncio.Event) -> None:
         cfg = self.config
-        if not cfg.force and not has_capacity(self.context.extras.get(NODE_CAPACITY_KEY), cfg.capacity_resource):
-            raise errors.DetectorUnavailableError(f"node has no {cfg.capacity_resource} capacity (set force to run anyway)")
-        checks = asyncio.create_task(self._loop(bus), name=f"{self.name}:checks")
-        stopped = asyncio.create_task(stop.wait(), name=f"{self.name}:stop")
-        try:
-            await asyncio.wait({checks, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            checks.cancel()
-            stopped.cancel()
-            await asyncio.wait({checks, stopped})
-        if not checks.cancelled() and (exc := checks.exception()) is not None:
-            raise exc
+        if not cfg.force and not has_capacity(self.context.node_capacity, cfg.capacity_resource):
+            raise contract.DetectorUnavailableError(f"node has no {cfg.capacity_resource} capacity (set force to run anyway)")
+        await contract.or_stop(self._loop(bus), stop)  # the checks run until stopped; what they raise propagates
 
-    async def _loop(self, bus: bus_.Bus) -> None:
+    async def _loop(self, bus: contract.Bus) -> None:
         clock = self.context.clock
         if self.config.run_at_start:
             await self.check_once(bus)
@@ -118,7 +104,7 @@ class MetaxDetector:
                 await asyncio.sleep(min(left, MAX_SLEEP_SECONDS))
             await self.check_once(bus)
 
-    async def check_once(self, bus: bus_.Bus) -> list[model.CollectorEvent]:
+    async def check_once(self, bus: contract.Bus) -> list[model.CollectorEvent]:
         """Run every check now; publish failures, recoveries and checks that could not run."""
         cfg = self.config
         mx = cfg.mx_smi
@@ -148,11 +134,11 @@ class MetaxDetector:
                          evaluate: Callable[[str], checking.CheckResult], node: str) -> model.CollectorEvent | None:
         try:
             result = await self.runner.run(argv, timeout_seconds=self.config.command_timeout_seconds)
-        except running.CommandNotFoundError as exc:
+        except contract.CommandNotFoundError as exc:
             if argv[0] == self.config.mx_smi:
-                raise errors.DetectorUnavailableError(str(exc)) from exc
+                raise contract.DetectorUnavailableError(str(exc)) from exc
             return self._error(check, str(exc), node)
-        except running.CommandError as exc:
+        except contract.CommandError as exc:
             return self._error(check, str(exc), node)
         if result.returncode != 0:
             detail = model.fit(result.stderr.strip() or result.stdout.strip(), 200)

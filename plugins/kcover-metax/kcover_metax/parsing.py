@@ -7,12 +7,12 @@ print headers, timestamps and trailers); a value that should be a number and is 
 
 from __future__ import annotations
 
-from kcover import errors
+from kcover.detectors import contract
 
 GPU_PREFIX = "GPU#"
 
 
-class ParseError(errors.KcoverError):
+class ParseError(contract.KcoverError):
     """Tool output did not have the expected shape."""
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kcover_metax import checking, running
+from kcover_metax import checking
 from kcover_metax import config as config_
 from kcover_metax import detector as detector_
 
@@ -18,6 +18,7 @@ from kcover import bus as bus_
 from kcover import codec, errors, model
 from kcover import metrics as metrics_
 from kcover.agent import reporting
+from kcover.aio import clock as clock_
 from kcover.detectors import contract
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -30,11 +31,11 @@ GPU_LIST_8 = "mx-smi  version: 2.2.9\n" + "".join(
 class FakeRunner:
     """Answers commands from a dict of argv tuples; records what ran."""
 
-    def __init__(self, answers: dict[tuple[str, ...], running.CommandResult | Exception]) -> None:
+    def __init__(self, answers: dict[tuple[str, ...], contract.CommandResult | Exception]) -> None:
         self.answers = answers
         self.calls: list[tuple[str, ...]] = []
 
-    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> running.CommandResult:
+    async def run(self, argv: Sequence[str], *, timeout_seconds: float) -> contract.CommandResult:
         self.calls.append(tuple(argv))
         answer = self.answers[tuple(argv)]
         if isinstance(answer, Exception):
@@ -42,11 +43,11 @@ class FakeRunner:
         return answer
 
 
-def ok(stdout: str) -> running.CommandResult:
-    return running.CommandResult(0, stdout, "")
+def ok(stdout: str) -> contract.CommandResult:
+    return contract.CommandResult(0, stdout, "")
 
 
-def healthy_answers() -> dict[tuple[str, ...], running.CommandResult | Exception]:
+def healthy_answers() -> dict[tuple[str, ...], contract.CommandResult | Exception]:
     return {
         ("mx-smi", "-L"): ok(GPU_LIST_8),
         ("mx-smi", "--show-temperature"): ok((FIXTURES / "kcover-mx-smi-show-temperature-2gpu-mxc500.txt").read_text()),
@@ -55,28 +56,15 @@ def healthy_answers() -> dict[tuple[str, ...], running.CommandResult | Exception
     }
 
 
-class LoopClock:
-    """Wall time that advances with the event loop's (virtual) time."""
-
-    def __init__(self, start: dt.datetime) -> None:
-        self.start = start
-        self.origin = asyncio.get_running_loop().time()
-
-    def now(self) -> dt.datetime:
-        return self.start + dt.timedelta(seconds=self.monotonic() - self.origin)
-
-    def monotonic(self) -> float:
-        return asyncio.get_running_loop().time()
-
-
 def make(runner: FakeRunner, *, capacity: Any = None, clock: Any = None, **settings: Any) -> detector_.MetaxDetector:
     config = config_.MetaxConfig.model_validate(settings)
-    extras = {} if capacity is None else {"node_capacity": capacity}
     context = contract.DetectorContext(role=contract.Role.AGENT, metrics=metrics_.Metrics(), node_name="mx-node-3",
-                                       extras=extras)
+                                       command_runner=runner)
+    if capacity is not None:
+        context.node_capacity = capacity
     if clock is not None:
         context.clock = clock
-    return detector_.MetaxDetector("metax", config, context, runner=runner)
+    return detector_.MetaxDetector("metax", config, context)
 
 
 METAX_NODE = {"cpu": "128", "memory": "2063625228Ki", "metax-tech.com/gpu": "8", "pods": "110"}
@@ -155,11 +143,11 @@ async def test_each_failed_check_is_one_node_event_and_recovery_is_reported() ->
 
 
 @pytest.mark.parametrize(("answer", "message"), [
-    (running.CommandResult(255, "", "mx-smi: driver not loaded\n"), "mx-smi --count-ecc exited 255: mx-smi: driver not loaded"),
-    (running.CommandTimeoutError("mx-smi --count-ecc ran past 60s"), "mx-smi --count-ecc ran past 60s"),
+    (contract.CommandResult(255, "", "mx-smi: driver not loaded\n"), "mx-smi --count-ecc exited 255: mx-smi: driver not loaded"),
+    (contract.CommandTimeoutError("mx-smi --count-ecc ran past 60s"), "mx-smi --count-ecc ran past 60s"),
     (ok("GPU#0  MXC500\n    Double Bit ECC : many\n"), "cannot parse mx-smi --count-ecc: bad double-bit ECC count"),
 ])
-async def test_a_check_that_cannot_run_is_a_warning(answer: running.CommandResult | Exception, message: str) -> None:
+async def test_a_check_that_cannot_run_is_a_warning(answer: contract.CommandResult | Exception, message: str) -> None:
     answers = healthy_answers()
     answers[("mx-smi", "--count-ecc")] = answer
     (event,) = await make(FakeRunner(answers), capacity=METAX_NODE).check_once(bus_.Bus())
@@ -170,7 +158,7 @@ async def test_a_check_that_cannot_run_is_a_warning(answer: running.CommandResul
 
 async def test_missing_mx_smi_makes_the_detector_unavailable() -> None:
     answers = healthy_answers()
-    answers[("mx-smi", "-L")] = running.CommandNotFoundError("mx-smi not found")
+    answers[("mx-smi", "-L")] = contract.CommandNotFoundError("mx-smi not found")
     detector = make(FakeRunner(answers), capacity=METAX_NODE)
     with pytest.raises(errors.DetectorUnavailableError, match="mx-smi not found"):
         await detector.run(bus_.Bus(), asyncio.Event())
@@ -178,7 +166,7 @@ async def test_missing_mx_smi_makes_the_detector_unavailable() -> None:
 
 @pytest.mark.looptime
 async def test_runs_at_start_then_daily_at_the_configured_local_time() -> None:
-    clock = LoopClock(dt.datetime(2026, 4, 23, 12, 0, tzinfo=dt.UTC))
+    clock = clock_.FakeClock(dt.datetime(2026, 4, 23, 12, 0, tzinfo=dt.UTC), follow_loop=True)
     runner = FakeRunner(healthy_answers())
     detector = make(runner, capacity=METAX_NODE, clock=clock, run_at="03:00", timezone="Asia/Shanghai")
     stop = asyncio.Event()
@@ -202,7 +190,7 @@ async def test_runs_at_start_then_daily_at_the_configured_local_time() -> None:
 
 @pytest.mark.looptime
 async def test_without_run_at_start_it_waits_for_the_schedule() -> None:
-    clock = LoopClock(dt.datetime(2026, 4, 23, 2, 59, tzinfo=dt.UTC))
+    clock = clock_.FakeClock(dt.datetime(2026, 4, 23, 2, 59, tzinfo=dt.UTC), follow_loop=True)
     runner = FakeRunner(healthy_answers())
     stop = asyncio.Event()
     task = asyncio.create_task(make(runner, capacity=METAX_NODE, clock=clock, run_at_start=False).run(bus_.Bus(), stop))
@@ -221,13 +209,13 @@ def test_invalid_config_is_refused(settings: dict[str, Any]) -> None:
 
 
 async def test_subprocess_runner_runs_and_times_out(tmp_path: Path) -> None:
-    runner = running.SubprocessRunner()
+    runner = contract.SubprocessRunner()
     result = await runner.run(["sh", "-c", "echo 'GPU#0 MXC500 0000:08:00.0 Available'; echo oops >&2; exit 3"],
                               timeout_seconds=10)
-    assert result == running.CommandResult(3, "GPU#0 MXC500 0000:08:00.0 Available\n", "oops\n")
-    with pytest.raises(running.CommandTimeoutError):
+    assert result == contract.CommandResult(3, "GPU#0 MXC500 0000:08:00.0 Available\n", "oops\n")
+    with pytest.raises(contract.CommandTimeoutError):
         await runner.run(["sh", "-c", "sleep 30"], timeout_seconds=0.2)
-    with pytest.raises(running.CommandNotFoundError):
+    with pytest.raises(contract.CommandNotFoundError):
         await runner.run([str(tmp_path / "mx-smi")], timeout_seconds=1)
 
 

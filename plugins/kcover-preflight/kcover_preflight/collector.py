@@ -32,11 +32,7 @@ from typing import Any, ClassVar
 import structlog
 from pydantic import BaseModel
 
-from kcover import bus as bus_
-from kcover import errors, kinds
 from kcover.detectors import contract
-from kcover.kube import client as client_
-from kcover.kube import projections, watching
 from kcover_preflight import config as config_
 from kcover_preflight import reports, resources
 from kcover_preflight.resources import inline
@@ -78,8 +74,8 @@ def project(raw: Mapping[str, Any], init_container: str) -> PreflightPod | None:
     if not meta.get("uid"):
         return None
     labels = meta.get("labels") or {}
-    workload = next((str(labels[k]) for k in kinds.MEMBERSHIP_LABELS if labels.get(k)), "")
-    owner = projections.controller_of(meta)
+    workload = next((str(labels[k]) for k in contract.MEMBERSHIP_LABELS if labels.get(k)), "")
+    owner = contract.controller_of(meta)
     workload_uid = str(labels.get("jobset.sigs.k8s.io/jobset-uid") or (owner.uid if owner else ""))
     finished: dt.datetime | None = None
     exit_code: int | None = None
@@ -172,9 +168,7 @@ class PreflightCollector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
     config_model: ClassVar[type[BaseModel]] = config_.CollectorConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        if not isinstance(config, config_.CollectorConfig):
-            config = config_.CollectorConfig.model_validate(config.model_dump())
+    def __init__(self, name: str, config: config_.CollectorConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
@@ -189,11 +183,11 @@ class PreflightCollector:
         self.created = 0
         self._wake = asyncio.Event()
 
-    def _client(self) -> client_.KubeClient:
+    def _client(self) -> contract.KubeClient:
         kube = self.context.gateway
-        if kube is None or not callable(getattr(kube, "request", None)):
-            raise errors.DetectorUnavailableError("preflight-collector needs a Kubernetes client in context.gateway")
-        return kube  # type: ignore[no-any-return]
+        if kube is None:
+            raise contract.DetectorUnavailableError("preflight-collector needs a Kubernetes client in context.gateway")
+        return kube
 
     def _changed(self, old: PreflightPod | None, new: PreflightPod | None) -> None:
         if new is None:
@@ -205,13 +199,13 @@ class PreflightCollector:
             self.pods[new.uid] = new
             self._wake.set()
 
-    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+    async def run(self, bus: contract.Bus, stop: asyncio.Event) -> None:
         inline(self.name, bus)
         kube = self._client()
         if not self.node:
-            raise errors.DetectorUnavailableError("preflight-collector needs the node name")
+            raise contract.DetectorUnavailableError("preflight-collector needs the node name")
         cfg = self.config
-        reflector: watching.Reflector[PreflightPod] = watching.Reflector(
+        reflector: contract.Reflector[PreflightPod] = contract.Reflector(
             kube, "/api/v1/pods", lambda raw: project(raw, cfg.init_container), sink=self._changed,
             name=f"{self.name}:pods", query={"fieldSelector": f"spec.nodeName={self.node}",
                                               "labelSelector": cfg.label_selector})
@@ -222,20 +216,14 @@ class PreflightCollector:
             for task in (watch, collect):
                 task.cancel()
 
-    async def _collect(self, kube: client_.KubeClient, stop: asyncio.Event) -> None:
+    async def _collect(self, kube: contract.KubeClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._wake.clear()
             for pod in list(self.pods.values()):
                 await self._one(kube, pod)
-            if self.pods:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.config.retry_seconds)
-                except TimeoutError:
-                    pass
-            else:
-                await self._wake.wait()
+            await contract.first_of(stop, self._wake, timeout=self.config.retry_seconds if self.pods else None)
 
-    async def _one(self, kube: client_.KubeClient, pod: PreflightPod) -> None:
+    async def _one(self, kube: contract.KubeClient, pod: PreflightPod) -> None:
         cfg = self.config
         found = await asyncio.to_thread(find_report, Path(cfg.report_dir), pod, self.node,
                                         max_bytes=cfg.max_report_bytes, taken=self.taken, refused=self.refused)
@@ -252,13 +240,13 @@ class PreflightCollector:
                              report=found.report, observed_at=now)
         try:
             await kube.request("POST", resources.collection(pod.namespace), body=obj)
-        except errors.ConflictError:
+        except contract.ConflictError:
             pass  # created before this agent restarted
-        except errors.NotFoundError as exc:
+        except contract.NotFoundError as exc:
             log.warning("preflight_report_not_created", namespace=pod.namespace, pod=pod.name, error=str(exc),
                         hint="is the PreflightReport CRD installed (preflight.enabled in the chart)?")
             return
-        except errors.KubeError as exc:
+        except contract.KubeError as exc:
             log.warning("preflight_report_not_created", namespace=pod.namespace, pod=pod.name, error=str(exc))
             return
         self.taken.add((str(found.path), found.mtime))

@@ -29,25 +29,22 @@ import datetime as dt
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel
 
-from kcover import bus as bus_
-from kcover import errors, model
+from kcover import model
 from kcover.detectors import contract
-from kcover.kube import client as client_
-from kcover.kube import watching
 from kcover_preflight import config as config_
 from kcover_preflight import judging, resources, vetting
 from kcover_preflight.resources import inline
 
 log = structlog.get_logger()
 
-METRICS_KEY = "kcover_preflight.metrics"
-"""`context.extras` key holding the process's `PreflightMetrics` (registered once per registry)."""
+METRICS_STATE = "kcover_preflight.metrics"
+"""The name the process's `PreflightMetrics` are kept under (`context.state`: registered once per registry)."""
 SLOW = "PreflightSlowNode"
 INCOMPLETE = "PreflightIncomplete"
 NO_REPORT = "PreflightNoReport"
@@ -68,11 +65,7 @@ class PreflightMetrics:
 
 
 def metrics_of(context: contract.DetectorContext) -> PreflightMetrics:
-    found = context.extras.get(METRICS_KEY)
-    if not isinstance(found, PreflightMetrics):
-        found = PreflightMetrics(context.metrics.registry)
-        context.extras[METRICS_KEY] = found
-    return found
+    return context.state(METRICS_STATE, lambda: PreflightMetrics(context.metrics.registry))
 
 
 GroupKey = tuple[str, str, str]
@@ -143,14 +136,12 @@ class PreflightJudge:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
     config_model: ClassVar[type[BaseModel]] = config_.JudgeConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        if not isinstance(config, config_.JudgeConfig):
-            config = config_.JudgeConfig.model_validate(config.model_dump())
+    def __init__(self, name: str, config: config_.JudgeConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
         self.metrics = metrics_of(context)
-        self._reflector: watching.Reflector[resources.Stored] | None = None
+        self._reflector: contract.Reflector[resources.Stored] | None = None
         self.judged: dict[GroupKey, tuple[str, judging.Judgement]] = {}
         """Workload -> (digest of the report set last judged, complete or timed out; its judgement)."""
         self._missing: dict[GroupKey, tuple[int, ...]] = {}
@@ -158,19 +149,19 @@ class PreflightJudge:
         """(report uid, reason) refusals counted and logged already."""
         self._dirty = asyncio.Event()
 
-    def _client(self) -> client_.KubeClient:
+    def _client(self) -> contract.KubeClient:
         kube = self.context.gateway
-        if kube is None or not callable(getattr(kube, "request", None)):
-            raise errors.DetectorUnavailableError("preflight needs a Kubernetes client in context.gateway")
-        return kube  # type: ignore[no-any-return]
+        if kube is None:
+            raise contract.DetectorUnavailableError("preflight needs a Kubernetes client in context.gateway")
+        return kube
 
     def _changed(self, old: resources.Stored | None, new: resources.Stored | None) -> None:
         self._dirty.set()
 
-    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+    async def run(self, bus: contract.Bus, stop: asyncio.Event) -> None:
         inline(self.name, bus)
         kube = self._client()
-        reflector: watching.Reflector[resources.Stored] = watching.Reflector(
+        reflector: contract.Reflector[resources.Stored] = contract.Reflector(
             kube, resources.PATH, resources.read, sink=self._changed, name=f"{self.name}:preflightreports")
         self._reflector = reflector
         async with asyncio.TaskGroup() as group:
@@ -180,22 +171,19 @@ class PreflightJudge:
             for task in (watch, sweep):
                 task.cancel()
 
-    async def _sweep(self, kube: client_.KubeClient, bus: bus_.Bus, reflector: watching.Reflector[Any],
-                     stop: asyncio.Event) -> None:
+    async def _sweep(self, kube: contract.KubeClient, bus: contract.Bus,
+                     reflector: contract.Reflector[resources.Stored], stop: asyncio.Event) -> None:
         while not stop.is_set():
             self._dirty.clear()
             if reflector.synced.is_set():
                 await self.evaluate(kube, bus)
-            try:
-                await asyncio.wait_for(self._dirty.wait(), self.config.sweep_seconds)
-            except TimeoutError:
-                pass
+            await contract.first_of(stop, self._dirty, timeout=self.config.sweep_seconds)
 
-    async def evaluate(self, kube: client_.KubeClient, bus: bus_.Bus) -> None:
+    async def evaluate(self, kube: contract.KubeClient, bus: contract.Bus) -> None:
         """One pass over every workload's reports."""
         now = self.context.clock.now()
         stored = list(self._reflector.store.values()) if self._reflector is not None else []
-        cache = self.context.cache
+        cache = self.context.cluster
         if cache is None:
             return  # nothing to vet the reports against: none counts
         current, refused = groups(stored, cache, init_container=self.config.init_container)
@@ -247,14 +235,14 @@ class PreflightJudge:
                             uid=workload.uid, workload_kind=workload.kind)
 
     def _silent_nodes(self, group: Group, target: model.Target) -> list[str]:
-        cache = self.context.cache
+        cache = self.context.cluster
         if cache is None or not target.uid:
             return []
         reported = {r.pod_uid for r in group.reports}
         return sorted({p.node for p in cache.pods_of_workload(target.uid)
                        if p.uid not in reported and p.node and not p.deletion_timestamp})
 
-    async def _publish(self, bus: bus_.Bus, group: Group, judgement: judging.Judgement) -> None:
+    async def _publish(self, bus: contract.Bus, group: Group, judgement: judging.Judgement) -> None:
         namespace, workload, _ = group.key
         target = self._workload_target(group)
         detail = {"namespace": namespace, "workload": workload, "verdict": judgement.verdict.value}
@@ -301,7 +289,7 @@ class PreflightJudge:
 
     # ------------------------------------------------------------------------------------------ status
 
-    async def _write(self, kube: client_.KubeClient, group: Group, judgement: judging.Judgement | None,
+    async def _write(self, kube: contract.KubeClient, group: Group, judgement: judging.Judgement | None,
                      now: dt.datetime) -> None:
         if not self.config.write_status:
             return
@@ -314,8 +302,8 @@ class PreflightJudge:
                 continue
             try:
                 await kube.request("PATCH", f"{resources.collection(r.namespace)}/{r.name}/status",
-                                   body={"status": wanted}, content_type=client_.MERGE_PATCH)
-            except errors.NotFoundError:
+                                   body={"status": wanted}, content_type=contract.MERGE_PATCH)
+            except contract.NotFoundError:
                 continue  # deleted meanwhile (its pod went)
-            except errors.KubeError as exc:
+            except contract.KubeError as exc:
                 log.warning("preflight_status_not_written", namespace=r.namespace, name=r.name, error=str(exc))

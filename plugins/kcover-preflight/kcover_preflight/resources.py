@@ -20,8 +20,7 @@ from typing import Any
 
 import yaml
 
-from kcover import bus as bus_
-from kcover import errors
+from kcover.detectors import contract
 from kcover_preflight import judging, reports
 
 GROUP = "kcover.io"
@@ -186,6 +185,6 @@ def inline(name: str, bus: object) -> None:
     """Refuse to run isolated: both detectors list, watch and write through kcover's own Kubernetes client
     (`context.gateway`), whose connections belong to the process's loop, and read the controller's cache.
     Their entries must say `isolated: false`; they block nothing (file reads run in a thread)."""
-    if not isinstance(bus, bus_.Bus):
-        raise errors.DetectorUnavailableError(
+    if not isinstance(bus, contract.Bus):
+        raise contract.DetectorUnavailableError(
             f"{name} must run on kcover's own loop: set detectors.entries.{name}.isolated to false")

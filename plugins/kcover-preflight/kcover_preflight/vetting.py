@@ -27,9 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kcover import kinds
-from kcover.kube import ownership
-from kcover.kube import projections as proj
+from kcover.detectors import contract
 from kcover_preflight import resources
 
 
@@ -46,17 +44,17 @@ class Refusal(enum.StrEnum):
 class Cache(Protocol):
     """What vetting reads of the controller's cluster cache (`kcover.kube.caching.ClusterCache`)."""
 
-    def pod(self, uid: str) -> proj.Pod | None: ...
+    def pod(self, uid: str) -> contract.Pod | None: ...
 
-    def resolve(self, pod: proj.Pod) -> ownership.Resolved | ownership.Unresolved: ...
+    def resolve(self, pod: contract.Pod) -> contract.Resolved | contract.Unresolved: ...
 
-    def pods_of_workload(self, workload_uid: str) -> list[proj.Pod]: ...
+    def pods_of_workload(self, workload_uid: str) -> Sequence[contract.Pod]: ...
 
-    def node(self, name: str) -> proj.Node | None: ...
+    def node(self, name: str) -> contract.Node | None: ...
 
-    def is_gpu_node(self, node: proj.Node) -> bool: ...
+    def is_gpu_node(self, node: contract.Node) -> bool: ...
 
-    def holds_gpus(self, pod: proj.Pod) -> bool: ...
+    def holds_gpus(self, pod: contract.Pod) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -64,8 +62,8 @@ class Vetted:
     """A report that counts: for `node`, from `pod`, of `workload`."""
 
     report: resources.Stored
-    pod: proj.Pod
-    workload: proj.Workload
+    pod: contract.Pod
+    workload: contract.Workload
     node: str
     gpu_node: bool
     """Whether `node` is a GPU node and `pod` holds GPUs there: only then does a failed `gpu_check` count."""
@@ -99,11 +97,11 @@ def vet(r: resources.Stored, cache: Cache) -> Vetted | Refused | None:
                        f"for node {r.node or r.report.node_name or '(none)'}, but its pod {pod.name} runs on "
                        f"{pod.node or '(no node)'}")
     resolved = cache.resolve(pod)
-    if not isinstance(resolved, ownership.Resolved):
+    if not isinstance(resolved, contract.Resolved):
         return Refused(r, Refusal.OWNER_NOT_A_WORKLOAD, f"pod {pod.name} belongs to no workload: {resolved.text}")
     workload = resolved.workload
     controllers = {c.uid for c in resolved.chain} | ({pod.owner.uid} if pod.owner is not None else set())
-    labels = {value for key, value in pod.labels if key in kinds.MEMBERSHIP_LABELS}
+    labels = {value for key, value in pod.labels if key in contract.MEMBERSHIP_LABELS}
     if (r.workload_uid and r.workload_uid not in controllers) or r.workload not in labels | {workload.name} \
             or r.report.workload != r.workload:
         return Refused(r, Refusal.WORKLOAD_MISMATCH,

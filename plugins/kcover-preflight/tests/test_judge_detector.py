@@ -62,7 +62,7 @@ async def test_silent_ranks_are_reported_after_the_collection_timeout(suspect: b
         cache, pods = await seed(srv)
         await create_reports(kube, pods, ranks=[0, 2])
         mets = metrics.Metrics()
-        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=mets, cache=cache, gateway=kube)
+        context = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=mets, cluster=cache, gateway=kube)
         cfg = config_.JudgeConfig(collection_timeout_seconds=1.0, sweep_seconds=0.1, suspect_silent_nodes=suspect)
         detector = judge.PreflightJudge("preflight", cfg, context)
         bus = bus_.Bus()

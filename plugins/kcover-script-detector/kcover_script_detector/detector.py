@@ -19,7 +19,6 @@ from typing import ClassVar
 import structlog
 from pydantic import BaseModel
 
-from kcover import bus as bus_
 from kcover import model
 from kcover.detectors import contract
 from kcover_script_detector import checking, running
@@ -56,14 +55,12 @@ class ScriptDetector:
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
     config_model: ClassVar[type[BaseModel]] = config_.ScriptDetectorConfig
 
-    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
-        if not isinstance(config, config_.ScriptDetectorConfig):
-            config = config_.ScriptDetectorConfig.model_validate(config.model_dump())
+    def __init__(self, name: str, config: config_.ScriptDetectorConfig, context: contract.DetectorContext) -> None:
         self.name = name
         self.config = config
         self.context = context
 
-    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+    async def run(self, bus: contract.Bus, stop: asyncio.Event) -> None:
         if not self.config.scripts:
             log.info("script_detector_idle", detector=self.name, reason="no scripts configured")
             await stop.wait()
@@ -76,14 +73,15 @@ class ScriptDetector:
             for task in loops:
                 task.cancel()
 
-    async def _loop(self, spec: config_.ScriptSpec, bus: bus_.Bus, slots: asyncio.Semaphore) -> None:
+    async def _loop(self, spec: config_.ScriptSpec, bus: contract.Bus, slots: asyncio.Semaphore) -> None:
         state = checking.CheckState()
         argv = [spec.path, *spec.args]
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             async with slots:
-                result = await running.run_script(argv, timeout_seconds=spec.timeout_seconds,
+                result = await running.run_script(self.context.command_runner, argv,
+                                                  timeout_seconds=spec.timeout_seconds,
                                                   max_output_length=self.config.max_output_length)
             state, transition = checking.observe(state, result, unknown_threshold=self.config.unknown_threshold)
             log.debug("script_checked", script=spec.name, status=result.status.value, exit_code=result.returncode)

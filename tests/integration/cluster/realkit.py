@@ -46,6 +46,8 @@ PREFLIGHT = importlib.util.find_spec("kcover_preflight") is not None
 """The chart's `preflight.enabled` needs the plugin in kcover's processes (an unknown detector fails them)."""
 LEASE = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.3}
 VALUES: dict[str, Any] = {
+    # kwok runs the chart's pods without pulling: any registry will do (the chart has no default)
+    "image": {"registry": "localhost"},
     # test timings; everything else is the chart's default
     "config": {
         "lease": LEASE,

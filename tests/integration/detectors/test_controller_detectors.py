@@ -75,7 +75,7 @@ class Controller:
     def __init__(self, kube: client.KubeClient, context: contract.DetectorContext, bus: bus_.Bus,
                  options: watching.ReflectorOptions = OPTIONS) -> None:
         self.cache = caching.ClusterCache(kube, options=options)
-        self.context = dataclasses.replace(context, cache=self.cache)
+        self.context = dataclasses.replace(context, cluster=self.cache)
         self.bus = bus
         self.stop = asyncio.Event()
         cfg_dra = dra_health.DraHealthConfig(unknown_warning_seconds=0.5, tick_seconds=0.1)

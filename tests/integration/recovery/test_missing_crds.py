@@ -85,7 +85,7 @@ async def _kcover_controller(cluster: Cluster, tmp_path: Path) -> AsyncIterator[
             "detectors.entries.nvml.enabled=false", "detectors.entries.dcgm.enabled=false",
             "server.shutdown_grace_seconds=5"]
     (tmp_path / "config.yaml").write_text("{}\n")
-    log = open(tmp_path / "controller.log", "wb")  # noqa: SIM115  (closed below, after the process)
+    log = open(tmp_path / "controller.log", "wb")  # noqa: SIM115, ASYNC230  (the child's log, closed after it)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kcover.cli", "controller", "--kubeconfig", cluster.kubeconfig_path, "--port", str(port),
         "--identity", "replica-a", "--config", str(tmp_path / "config.yaml"), "--log-format", "json",

@@ -4,8 +4,9 @@ A restart that stalls is reported Stalled with the scheduler's message and a per
 (`restart-stalled`); paused targets are skipped with Events until the pause is lifted (`pause`); a
 repaired node returns to service after its validation and the hold while a person's cordons stay
 (`node-repaired`); the breaker latches until reset and cools down (`breaker-latch`); a cordon drains
-as configured, honouring a PodDisruptionBudget, and asks for remediation; a fault that keeps coming back
-on one node cordons it before the restart. The real controller runs against the backend; the harness
+as configured, honouring a PodDisruptionBudget, and asks for remediation; a job failing again and again on
+one node never writes to it, and three different jobs failing there make it suspect, validated by its
+agent, cordoned only if the validation fails. The real controller runs against the backend; the harness
 plays the kubelet, the operator, the disruption controller (PDB status) and the agent's validation loop
 (with a fake `dcgmi` printing real output). On kube-apiserver nodes are shared between tests, so the
 breaker counts only the test's own GPU nodes (`kube.gpu_resources`, a resource name unique to the test).
@@ -421,40 +422,76 @@ async def test_cordon_drains_as_configured_honouring_the_budget_then_requests_re
     assert "remediation requested" in person["message"]
 
 
-async def test_a_fault_that_keeps_coming_back_on_one_node_cordons_it_before_the_restart(
+async def test_a_job_failing_again_and_again_on_one_node_never_writes_to_the_node(
         cluster: Cluster, tmp_path: Path) -> None:
+    """The job's own bug: restarted until its budget, and the node it fails on is never cordoned, tainted,
+    annotated or validated (one workload's faults are no evidence against a node)."""
     gpu = _gpu_resource()
     node = await _gpu_node(cluster, gpu)
     train = await base._job(cluster, "train", node)
     uid, ns = train["metadata"]["uid"], cluster.namespace
-    recovery = {"workload_cooldown_seconds": 0.3, "max_restarts_per_window": 10,
-                "escalation": {"repeat_count": 2, "repeat_window_seconds": 60.0}}
+    before = await _node_obj(cluster, node)
+    recovery = {"workload_cooldown_seconds": 0.3, "max_restarts_per_window": 3}
     async with cluster.harness.playing(), base._controllers(cluster, tmp_path, extra=_node_settings(gpu),
                                                             **recovery):
-        old = base._uids(await base._pods(cluster, "train"))
-        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="first failure")
-        await base._until_event(cluster, base.RESTARTED, uid, "the first restart")
-        fresh = await base._recreated(cluster, "train", old)
-        for pod in fresh:
-            await cluster.harness.run_pod(ns, pod["metadata"]["name"])
-        not_yet = await _node_events(cluster, node, base.CORDONED)
-        await asyncio.sleep(0.5)  # past the workload cooldown
-        await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message="second failure")
-        elsewhere = await base._until_event(cluster, ESCALATED, uid, "a CordonAndRestartElsewhere Event")
-        cordoned = await _until_node_event(cluster, node, base.CORDONED)
+        for attempt in range(4):
+            old = base._uids(await base._pods(cluster, "train"))
+            await cluster.harness.fail_container(ns, "train-worker-1", base.CONTAINER, message=f"failure {attempt}")
+            if attempt == 3:
+                budget = await base._until_event(cluster, base.SKIPPED, uid, "the budget's refusal")
+                break
 
-        async def two_restarts() -> list[dict[str, Any]] | None:
-            got = base._about(await base._events(cluster), base.RESTARTED, uid)
-            return got if len(got) >= 2 else None
-        restarts = await base._until(two_restarts, "the second restart")
+            async def restarted(n: int = attempt + 1) -> list[dict[str, Any]] | None:
+                got = base._about(await base._events(cluster), base.RESTARTED, uid)
+                return got if len(got) >= n else None
+            await base._until(restarted, f"restart {attempt + 1}")
+            for pod in await base._recreated(cluster, "train", old):
+                await cluster.harness.run_pod(ns, pod["metadata"]["name"])
+            await asyncio.sleep(0.5)  # past the workload cooldown
+        await asyncio.sleep(base.SETTLE)
+        after = await _node_obj(cluster, node)
+        suspects = await _node_events(cluster, node, "KcoverNodeSuspect")
+    assert "BudgetExhausted" in budget[0]["message"]
+    assert not after["spec"].get("unschedulable")
+    assert not [t for t in after["spec"].get("taints") or [] if t["key"].startswith("kcover.io/")]
+    kcover_marks = {k for k in (after["metadata"].get("annotations") or {}) if k.startswith("kcover.io/")}
+    assert kcover_marks == {k for k in (before["metadata"].get("annotations") or {}) if k.startswith("kcover.io/")}
+    assert suspects == []
+
+
+@pytest.mark.parametrize(("fixture", "exit_code", "cordons"), [(DIAG_FAIL, 226, True), (DIAG_PASS, 0, False)],
+                         ids=["validation-fails", "validation-passes"])
+async def test_three_jobs_failing_on_one_node_make_it_suspect_and_only_a_failed_validation_cordons_it(
+        cluster: Cluster, tmp_path: Path, fixture: Path, exit_code: int, cordons: bool) -> None:
+    """Different workloads failing on one node are the node's signature: kcover asks the node's agent for a
+    validation (a real `dcgmi diag` output), cordons the node once if it fails, and leaves it schedulable,
+    saying why in its Recovery, if it passes."""
+    gpu = _gpu_resource()
+    node = await _gpu_node(cluster, gpu)
+    jobs = {name: (await base._job(cluster, name, node))["metadata"]["uid"] for name in ("ja", "jb", "jc")}
+    ns = cluster.namespace
+    async with _agent_validators(cluster, tmp_path, [node], fixture, exit_code=exit_code), \
+            cluster.harness.playing(), base._controllers(cluster, tmp_path, extra=_node_settings(gpu)):
+        for name, uid in jobs.items():
+            await cluster.harness.fail_container(ns, f"{name}-worker-1", base.CONTAINER, message="exit 1")
+            await base._until_event(cluster, base.RESTARTED, uid, f"the restart of {name}")
+        suspect = await _until_node_event(cluster, node, "KcoverNodeSuspect")
+        verdict = await _until_node_event(cluster, node, "KcoverSuspectFailed" if cordons else "KcoverSuspectValidated")
+        if cordons:
+            await _until_node_event(cluster, node, base.CORDONED)
+        await asyncio.sleep(base.SETTLE)
         obj = await _node_obj(cluster, node)
-    assert not_yet == [], "one fault on the node is not yet a pattern"
-    assert elsewhere[0]["action"] == "CordonAndRestartElsewhere"
-    assert f"failed on Node {node} 2 times" in elsewhere[0]["message"]
-    assert obj["spec"]["unschedulable"] is True
-    assert TAINT in {t.get("key") for t in obj["spec"].get("taints") or []}
-    second = max(restarts, key=lambda e: e["eventTime"])
-    assert base.clock_.parse_time(cordoned["eventTime"]) <= base.clock_.parse_time(second["eventTime"])
+        cordon_events = await _node_events(cluster, node, base.CORDONED)
+        records = await cluster.client.request(
+            "GET", f"/apis/kcover.io/v1alpha1/namespaces/{cluster.namespace}/recoveries")
+    assert "3 different workloads restarted for faults on Node" in suspect["message"]
+    assert bool(obj["spec"].get("unschedulable")) is cordons
+    assert len(cordon_events) == (1 if cordons else 0)
+    judged = [r for r in records.get("items") or [] if r["spec"]["decision"]["action"] == "ValidateNode"
+              and r["spec"]["target"]["name"] == node]
+    assert [r["status"].get("cause") for r in judged] == ["ValidationFailed" if cordons else "ValidatedHealthy"]
+    assert "3 different workloads" in judged[0]["status"]["message"]
+    assert verdict["involvedObject"]["name"] == node
 
 
 async def test_dry_run_names_the_ladder_and_touches_nothing(cluster: Cluster, tmp_path: Path) -> None:

@@ -1,0 +1,281 @@
+"""Judgement that protects healthy capacity, end to end on virtual time against the simulated cluster.
+
+Built as the controller builds it (`recovering.build`) and fed events as a leader is fed; every assertion is
+on what the API server ends up holding (nodes, annotations, DeviceTaintRules, Events, Recoveries) and what
+it was asked. What kcover must *not* do (a node write for a job's own crash loop, a second cordon, a trip on
+the in-flight bound) is checked as hard as what it must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from harness import engines
+from harness import objects as o
+
+from kcover import codec, kinds, model
+from kcover.kube import projections as proj
+from kcover.recovery import steps as st
+
+pytestmark = pytest.mark.looptime
+
+OPT = {proj.OPT_IN_LABEL: "true"}
+KF = "kubeflow.org/v1"
+
+
+def job(name: str, nodes_: list[str]) -> list[o.Obj]:
+    """A PyTorchJob with one pod per entry of `nodes_` (worker i on nodes_[i])."""
+    pj = o.workload(KF, "PyTorchJob", name, uid=f"{name}-uid", labels=OPT)
+    return [pj, *(_member(pj, name, i, node, 0) for i, node in enumerate(nodes_))]
+
+
+def _member(pj: o.Obj, name: str, i: int, node: str, generation: int) -> o.Obj:
+    labels = {kinds.KUBEFLOW_JOB_NAME: name, kinds.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller",
+              "training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": str(i)}
+    return o.pod(f"{name}-worker-{i}-g{generation}", uid=f"{name}-{i}-g{generation}", node=node, labels=labels,
+                 owner=pj)
+
+
+def recreate(r: engines.Rig, name: str, nodes_: list[str], generation: int) -> None:
+    """What the operator does after a restart: every member again, with new uids, on the same nodes."""
+    pj = r.store.get("pytorchjobs.kubeflow.org", "ml", name)
+    r.create(*(_member(pj, name, i, node, generation) for i, node in enumerate(nodes_)))
+
+
+def pod_fault(uid: str) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
+                                message="exit 1", target=model.Target(kind=model.TargetKind.POD, namespace="ml",
+                                                                      name=uid, uid=uid),
+                                observed_at=engines.START)
+
+
+def xid(node: str, code: int, gpu: int, holders: list[str], *, signal: str) -> model.CollectorEvent:
+    """An agent's XID report about a node, as the event watcher publishes it."""
+    return model.CollectorEvent(detector="event-watcher", severity=model.Severity.ERROR, reason="RecoveryRequested",
+                                message=f"XID {code}", recommended=model.Action.RESTART_WORKLOAD, signal=signal,
+                                target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                                fault=model.Fault(xid=code, gpu_index=gpu, pods=tuple(f"ml/{p}" for p in holders)),
+                                observed_at=engines.START)
+
+
+def node_fault(node: str) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="XID79",
+                                message="GPU fell off the bus", recommended=model.Action.CORDON_NODE,
+                                target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                                observed_at=engines.START)
+
+
+def nodes(n: int) -> list[o.Obj]:
+    return [o.node(f"n{i}") for i in range(n)]
+
+
+def node_writes(r: engines.Rig) -> dict[str, int]:
+    """Every write to a Node or a device: cordons, taints, annotations, conditions, DeviceTaintRules."""
+    return {k: v for k, v in r.writes().items() if " nodes" in k or "devicetaintrules" in k}
+
+
+def cordoned(r: engines.Rig) -> list[str]:
+    return sorted(n["metadata"]["name"] for n in r.store.iter_objects("nodes") if n["spec"].get("unschedulable"))
+
+
+def validation_request(r: engines.Rig, node: str) -> str:
+    return (r.store.get("nodes", "", node)["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST, "")
+
+
+async def answer(r: engines.Rig, node: str, outcome: codec.ValidationOutcome, text: str) -> None:
+    """The node's agent answers the open request (the Node condition the agent writes)."""
+    request = validation_request(r, node)
+    assert request, f"no validation asked of {node}"
+    condition = codec.encode_validation_answer(codec.ValidationAnswer(request, outcome, text), "2025-06-01T12:30:00Z")
+    r.store.mutate("nodes", "", node, lambda n: n["status"].setdefault("conditions", []).append(condition))
+    await r.settle()
+    await r.tick()
+
+
+async def three_jobs_fail_on(r: engines.Rig, node: str) -> None:
+    for name in ("a", "b", "c"):
+        await r.handle(pod_fault(f"{name}-0-g0"))
+        await asyncio.sleep(30)
+
+
+async def test_a_job_that_crashes_on_every_start_never_writes_to_a_node() -> None:
+    """Restarted until its budget, and past it: no cordon, taint, annotation, condition or device taint."""
+    placement = ["n1", "n2"]
+    async with engines.rig([*nodes(3), *job("loop", placement)]) as r:
+        for generation in range(7):
+            await r.handle(pod_fault(f"loop-0-g{generation}"))  # rank 0 fails on every start
+            await asyncio.sleep(61)
+            recreate(r, "loop", placement, generation + 1)
+            await r.settle()
+            await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 5, "restarted until its budget"
+        assert any("BudgetExhausted" in e["message"] for e in r.events("KcoverRecoverySkipped"))
+        assert node_writes(r) == {}
+        assert not r.events("KcoverNodeSuspect")
+
+
+async def test_three_different_jobs_failing_on_one_node_make_it_suspect_and_a_failed_validation_cordons_it_once() -> None:
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"]), *job("d", ["n1"])]
+    async with engines.rig(objs) as r:
+        await r.handle(pod_fault("a-0-g0"))
+        await r.handle(pod_fault("b-0-g0"))
+        assert not validation_request(r, "n1"), "two jobs are not yet evidence"
+        await r.handle(pod_fault("c-0-g0"))
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert "3 different workloads restarted for faults on Node n1" in suspect["message"]
+        assert validation_request(r, "n1")
+        assert cordoned(r) == [], "suspect is not cordoned"
+        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2")
+        assert cordoned(r) == ["n1"]
+        assert len(r.events("KcoverSuspectFailed")) == 1
+        (cordon,) = r.events("KcoverCordonedNode")
+        assert "suspect, and failed validation" in cordon["message"]
+        assert not validation_request(r, "n1"), "the request is taken back"
+        await r.handle(pod_fault("d-0-g0"))
+        await r.tick()
+        assert len(r.events("KcoverCordonedNode")) == 1, "once"
+        assert len(r.events("KcoverNodeSuspect")) == 1
+
+
+async def test_a_suspect_that_passes_validation_stays_schedulable_and_its_recovery_says_why() -> None:
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"]), *job("d", ["n1"])]
+    async with engines.rig(objs) as r:
+        for name in ("a", "b", "c"):
+            await r.handle(pod_fault(f"{name}-0-g0"))
+        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        assert cordoned(r) == []
+        (passed,) = r.events("KcoverSuspectValidated")
+        assert "stays schedulable" in passed["message"]
+        await r.records()
+        (record,) = [x for x in r.store.iter_objects("recoveries.kcover.io")
+                     if x["spec"]["decision"]["action"] == "ValidateNode"]
+        assert record["status"]["cause"] == "ValidatedHealthy"
+        assert "3 different workloads" in record["status"]["message"]
+        assert record["spec"]["target"] == {"kind": "Node", "name": "n1"}
+        await r.handle(pod_fault("d-0-g0"))
+        assert len(r.events("KcoverNodeSuspect")) == 1, "the evidence before the verdict does not count again"
+        assert node_writes(r).keys() <= {"PATCH nodes"}, "only the request's annotations were written"
+
+
+async def test_a_suspect_whose_validation_cannot_run_is_left_schedulable_without_a_hardware_signal() -> None:
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"])]
+    async with engines.rig(objs, overrides={"recovery": {"judgement": {"validation_timeout_seconds": 60}}}) as r:
+        await three_jobs_fail_on(r, "n1")
+        await asyncio.sleep(61)
+        await r.tick()
+        assert cordoned(r) == []
+        (left,) = r.events("KcoverSuspectUnvalidated")
+        assert "no answer to validation" in left["message"]
+
+
+async def test_a_suspect_whose_validation_cannot_run_is_cordoned_with_a_hardware_signal() -> None:
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"])]
+    async with engines.rig(objs) as r:
+        await three_jobs_fail_on(r, "n1")
+        r.store.mutate("nodes", "", "n1", lambda n: n["status"].setdefault("conditions", []).append(
+            {"type": "KcoverGPUHealthy", "status": "False", "reason": "XID48", "message": "double-bit ECC"}))
+        await answer(r, "n1", codec.ValidationOutcome.ERROR, "dcgmi not found")
+        assert cordoned(r) == ["n1"]
+        assert "KcoverGPUHealthy is False" in r.events("KcoverSuspectFailed")[0]["message"]
+
+
+async def test_xid13_repeated_by_one_job_on_one_gpu_cordons_nothing_and_across_jobs_makes_it_suspect() -> None:
+    objs = [*nodes(2), *job("a", ["n1"]), *job("b", ["n1"])]
+    async with engines.rig(objs) as r:
+        for generation in range(3):
+            await r.handle(xid("n1", 13, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}"))
+            await asyncio.sleep(61)
+            recreate(r, "a", ["n1"], generation + 1)
+            await r.settle()
+        assert len(r.events("KcoverRestartedWorkload")) == 3
+        assert cordoned(r) == []
+        assert not validation_request(r, "n1")
+        assert node_writes(r) == {}
+        await r.handle(xid("n1", 13, 3, ["b-worker-0-g0"], signal="e-b"))
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert "2 different workloads restarted for faults on GPU gpu3 of Node n1" in suspect["message"]
+        assert cordoned(r) == []
+
+
+async def test_a_hundred_node_faults_on_a_thousand_gpu_nodes_cordon_at_most_the_window_cap_and_latch() -> None:
+    async with engines.rig(nodes(1000)) as r:
+        for batch in range(10):
+            await r.handle(*(node_fault(f"n{batch * 10 + i}") for i in range(10)))
+            await asyncio.sleep(6)
+        assert len(cordoned(r)) == 10, "the smaller of 10 per window and 1% of 1,000"
+        latched = r.leader.ledger.breaker()
+        assert latched.latched
+        assert "recovery.max_cordons_per_window" in latched.reason
+        (event,) = r.events("KcoverBreakerLatched")
+        assert "kcover breaker reset" in event["message"]
+        await r.handle(node_fault("n999"))
+        assert len(cordoned(r)) == 10
+
+
+async def test_restarts_past_the_in_flight_bound_are_throttled_and_never_trip_the_breaker() -> None:
+    objs: list[Any] = [*nodes(2)]
+    for i in range(3):
+        objs += job(f"j{i}", ["n1"])
+    async with engines.rig(objs, overrides={"recovery": {"max_concurrent_restarts": 1}}) as r:
+        await r.handle(*(pod_fault(f"j{i}-0-g0") for i in range(3)))
+        held = [x for x in r.leader.inner.outcomes if isinstance(x, st.Held)]
+        assert {x.code for x in held} == {st.Code.THROTTLED}
+        assert not r.leader.ledger.breaker().latched
+        await r.tick()
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 3, "the held restarts ran as slots freed"
+
+
+async def test_restarts_of_many_different_workloads_within_the_window_trip_the_breaker() -> None:
+    objs: list[Any] = [*nodes(2)]
+    for i in range(4):
+        objs += job(f"j{i}", ["n1"])
+    async with engines.rig(objs, overrides={"recovery": {"max_restarted_workloads_per_window": 3}}) as r:
+        for i in range(4):
+            await r.handle(pod_fault(f"j{i}-0-g0"))
+        assert len(r.events("KcoverRestartedWorkload")) == 3
+        breaker = r.leader.ledger.breaker()
+        assert breaker.latched
+        assert "3 different workloads restarted" in breaker.reason
+
+
+async def test_record_only_classes_and_rules_decide_and_record_without_acting() -> None:
+    objs = [*nodes(2), *job("a", ["n1"])]
+    overrides = {"recovery": {"record_only": ["cordon"],
+                              "rules": [{"detector": "pod-status", "action": "restart-workload", "mode": "record"}]}}
+    async with engines.rig(objs, overrides=overrides) as r:
+        await r.handle(node_fault("n0"))
+        await r.handle(pod_fault("a-0-g0"))
+        assert cordoned(r) == []
+        assert r.pod_uids() == {"a-0-g0"}
+        (cordon,) = r.events("KcoverRecordOnlyCordonedNode")
+        assert cordon["message"].startswith("record only, nothing was changed (recovery.record_only: cordon): ")
+        (restart,) = r.events("KcoverRecordOnlyRestartedWorkload")
+        assert "recovery.rules[0] mode: record" in restart["message"]
+        assert not r.events("KcoverCordonedNode")
+        assert not r.events("KcoverRestartedWorkload")
+        assert node_writes(r) == {}
+        assert not r.requests.get("DELETE pods")
+        await r.records()
+        phases = sorted(x["status"]["phase"] for x in r.store.iter_objects("recoveries.kcover.io"))
+        assert phases == ["RecordOnly", "RecordOnly"]
+        assert r.metrics.registry.get_sample_value("kcover_actions_total",
+                                                   {"action": "cordon_node", "result": "record_only"}) == 1
+
+
+async def test_the_evidence_window_is_the_ledgers_own_record_of_where_faults_were() -> None:
+    """A new leader judges with what the ledger holds: two restarts recorded by a predecessor and one more
+    make the node suspect."""
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"])]
+    async with engines.rig(objs) as r:
+        await r.handle(pod_fault("a-0-g0"))
+        await r.handle(pod_fault("b-0-g0"))
+        async with r.replica("kcover-successor") as successor:
+            await successor.handle([pod_fault("c-0-g0")])
+            await r.settle()
+        assert len(r.events("KcoverNodeSuspect")) == 1
+        failures = r.leader.ledger.failures_at("n1", 0.0)
+        assert sorted(f.key for f in failures) == ["w.a-uid", "w.b-uid"]
+        assert all(f.rank == "replica-type=worker,replica-index=0" for f in failures)
