@@ -512,7 +512,10 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
     p = sub.add_parser("sim", help="run kcover on a simulated GPU cluster and play a fault scenario",
                        description="Start a simulated cluster (API server, kubelets, Kubeflow operator, GPU nodes, "
                                    "PyTorchJobs) with two real controller replicas and one real agent per node, "
-                                   "play a fault scenario and report what kcover did. Exit 0 when it passed.")
+                                   "play a fault scenario and report what kcover did; with --serve, keep it running "
+                                   "for kubectl and `kcover sim inject KIND ...` (faults on demand). Exit 0 when it passed, 1 when it "
+                                   "failed, 2 on bad usage, 3 when it could not run (a detector plugin it needs is "
+                                   "missing).")
     if command in (None, "sim"):
         _tool("sim").add_arguments(p)
     p = sub.add_parser("bench", help="measure latency, scale, throughput and API cost against the targets")
@@ -553,6 +556,26 @@ def _pipe_closed(exc: BaseException) -> bool:
     return isinstance(exc, BrokenPipeError)
 
 
+def sim_inject_parser() -> argparse.ArgumentParser:
+    """The parser of `kcover sim inject KIND ...` (parsed apart from `kcover sim`, whose optional positional
+    scenario leaves no room for a subcommand)."""
+    control = importlib.import_module("kcover.sim.control")
+    p = argparse.ArgumentParser(prog="kcover sim inject",
+                                description="Inject a fault into a simulated cluster served by `kcover sim --serve "
+                                            "--kubeconfig-out FILE`, reached through that kubeconfig: a container "
+                                            "error, an XID on a GPU (through the node's simulated NVML), a DRA device's "
+                                            "health, a NotReady node, or an NCCL-hang Event. Exit 0 injected, 1 "
+                                            "refused (the reason on stderr), 3 no served cluster there.")
+    control.add_arguments(p)
+    return p
+
+
+def _sim_inject(rest: list[str]) -> int:
+    """`kcover sim inject KIND ...`: a fault into a cluster `kcover sim --serve` is serving."""
+    code: int = importlib.import_module("kcover.sim.control").main(sim_inject_parser().parse_args(rest))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; quiet when stdout is a pipe its reader closed (see `PIPE_CLOSED_EXIT`)."""
     try:
@@ -569,6 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
+    if given[:2] == ["sim", "inject"]:
+        logs.configure(settings.LoggingSettings(level="warning"))
+        return _sim_inject(given[2:])
     parser = build_parser(wiring.ROLES, command=given[0] if given and given[0] in TOOLS else "")
     args = parser.parse_args(given)
     # Until a role has read its settings, log warnings and errors to stderr only.

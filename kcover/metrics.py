@@ -63,6 +63,12 @@ DROP_REASONS = ("rate_limited", "queue_full", "closed")
 _CREATED = ("_created", "_gcreated")
 _TIMESTAMPED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
+API_CAPABILITIES = ("resource_slices", "device_taint_rules", "allocated_resources_status")
+"""The `capability` label values of `kcover_api_capability`: `kube.capabilities.Capability`'s values; the
+controller asks the API server about all of them."""
+AGENT_API_CAPABILITIES = ("resource_slices",)
+"""Those the agent asks about: it reads its node's ResourceSlices, no pod status, and writes no DeviceTaintRules."""
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, role: str | None = None,
@@ -100,6 +106,14 @@ class Metrics:
                                         "(rate_limited, queue_full, closed).", ["detector", "reason"], registry=r)
         self.detector_restarts = Counter("kcover_detector_restarts", "Detector restarts after a failure.",
                                          ["detector"], registry=r)
+
+        self.api_capability = Gauge("kcover_api_capability", "1 when the API server serves an optional API kcover "
+                                    "uses (resource_slices: DRA ResourceSlices; device_taint_rules: DeviceTaintRules; "
+                                    "allocated_resources_status: the pod status field of device health), 0 when it "
+                                    "does not, -1 before kcover asked or when the server did not answer.",
+                                    ["capability"], registry=r)
+        for capability in AGENT_API_CAPABILITIES if role == AGENT else API_CAPABILITIES:
+            self.api_capability.labels(capability=capability).set(-1)
 
         # ------------------------------------------------------------------ the controller
         self.events_rejected = Counter("kcover_events_rejected", "Annotated Events refused, by reason.",

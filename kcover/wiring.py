@@ -20,8 +20,8 @@ import structlog
 
 from kcover import metrics, serving, settings
 from kcover.detectors import registry
+from kcover.kube import capabilities, leasing, retrying
 from kcover.kube import client as client_
-from kcover.kube import leasing, retrying
 
 log = structlog.get_logger()
 
@@ -68,6 +68,7 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
         async with asyncio.TaskGroup() as group:
             if elector is not None:
                 group.create_task(elector.run(stopped), name="leader-election")
+            asking = group.create_task(announce_capabilities(kube, metrics_, health), name="api-capabilities")
             try:
                 # The campaign runs first: the controller's package is imported in a thread meanwhile, so the
                 # event loop answers the Lease's requests while it loads (acting still waits for the cache).
@@ -80,6 +81,7 @@ async def controller_main(config: settings.Settings, metrics_: metrics.Metrics, 
                 hooks.reconfigure = controller.reconfigure
                 await controller.run(stop)
             finally:
+                asking.cancel()
                 stopped.set()
 
 
@@ -101,7 +103,25 @@ async def agent_main(config: settings.Settings, metrics_: metrics.Metrics, healt
                                     detector_registry=hooks.detectors)
         health.detectors = agent.supervisor.describe  # /detectors, read by `kcover detectors --url`
         hooks.reconfigure = agent.reconfigure
-        await agent.run(stop)
+        async with asyncio.TaskGroup() as group:
+            asked = tuple(capabilities.Capability(c) for c in metrics.AGENT_API_CAPABILITIES)
+            asking = group.create_task(announce_capabilities(kube, metrics_, health, asked=asked),
+                                       name="api-capabilities")
+            try:
+                await agent.run(stop)
+            finally:
+                asking.cancel()
+
+
+async def announce_capabilities(kube: client_.KubeClient, metrics_: metrics.Metrics, health: serving.Health, *,
+                                asked: tuple[capabilities.Capability, ...] = tuple(capabilities.Capability)) -> None:
+    """Ask the API server what it serves (`capabilities.discover`), beside the role's start, never delaying
+    it: one `api_capabilities` log line, `kcover_api_capability`, and the readiness check `api`, which
+    passes whatever the answer (what kcover cannot do on this server is a detail, not a reason to stop)."""
+    health.add_readiness("api", lambda: (True, "asking the API server what it serves"))
+    found = await capabilities.discover(kube, asked=asked)
+    capabilities.say(found, metrics_)
+    health.add_readiness("api", lambda: (True, found.describe()))
 
 
 def _controller_args(p: argparse.ArgumentParser) -> None:

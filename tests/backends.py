@@ -19,7 +19,9 @@ A pytest plugin (loaded from tests/conftest.py). Owns:
   played over HTTP), ``request_counts`` (server-side, sim only, else None), ``sim`` (the SimServer
   or None) and ``controlplane`` (the real control plane on ``apiserver``, else None).
 * ``controlplane``: the session's one real control plane (also used by tests/conformance and
-  tests/chart).
+  tests/chart). Its binaries: ``KCOVER_CONTROLPLANE_BIN``, else the cached build of ``KCOVER_K8S_VERSION``
+  (``KCOVER_K8S_VERSION=1.29.6 tests/controlplane/build.sh`` builds it), else the newest cached build.
+  The summary line names the server's version.
 * A terminal summary line per backend: tests passed, failed and skipped (``cluster`` and
   ``conformance_api`` parameters both count).
 
@@ -55,6 +57,7 @@ K3S_IMAGE = "rancher/k3s:v1.33.4-k3s1"
 PARAMS = ("cluster", "conformance_api", "realcluster", "realnode", "kubectl_server")  # fixtures whose parameter is a backend name
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
+SERVER = pytest.StashKey[dict[str, str]]()  # backend -> the server's gitVersion
 
 
 def in_ci() -> bool:
@@ -70,13 +73,23 @@ def docker_answers(timeout: float = 5.0) -> bool:
 
 
 def controlplane_binaries() -> Path | None:
-    """The directory holding kube-apiserver and etcd, without building anything."""
+    """The directory holding kube-apiserver and etcd, without building anything: KCOVER_CONTROLPLANE_BIN, else
+    the cached build of KCOVER_K8S_VERSION (tests/controlplane/build.sh's cache), else the newest cached build."""
     env = os.environ.get("KCOVER_CONTROLPLANE_BIN")
     if env:
         return Path(env) if (Path(env) / "kube-apiserver").is_file() and (Path(env) / "etcd").is_file() else None
     cache = os.environ.get("KCOVER_CACHE", str(Path.home() / ".cache" / "kcover"))
-    found = sorted(glob.glob(os.path.join(cache, "controlplane", "k8s-*", "kube-apiserver")))
-    return Path(found[-1]).parent if found else None
+    version = os.environ.get("KCOVER_K8S_VERSION", "").strip()
+    pattern = f"k8s-{version}-etcd-*" if version else "k8s-*"
+    found = [Path(p).parent for p in glob.glob(os.path.join(cache, "controlplane", pattern, "kube-apiserver"))
+             if (Path(p).parent / "etcd").is_file()]
+    return max(found, key=_build_version) if found else None
+
+
+def _build_version(bin_dir: Path) -> tuple[int, ...]:
+    """`k8s-1.36.3-etcd-3.6.16` -> (1, 36, 3): newest first by number, not by name (1.9 < 1.10)."""
+    text = bin_dir.name.removeprefix("k8s-").split("-etcd-")[0]
+    return tuple(int(part) if part.isdigit() else -1 for part in text.split("."))
 
 
 def selected_backends() -> list[str]:
@@ -105,6 +118,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sim_only(reason): runs on the sim backend only (uses a sim-only feature)")
     config.stash[OUTCOMES] = {}
     config.stash[STARTUP] = {}
+    config.stash[SERVER] = {}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -173,6 +187,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         started = config.stash[STARTUP].get(backend)
         if started is not None:
             line += f" (started in {started:.1f} s)"
+        server = config.stash[SERVER].get(backend)
+        if server:
+            line += f" on kube-apiserver {server}"
         terminalreporter.write_line(line)
 
 
@@ -198,6 +215,7 @@ def controlplane(pytestconfig: pytest.Config) -> Iterator[Any]:
     except module.ControlPlaneError as exc:
         pytest.fail(f"the real kube-apiserver did not start: {exc}")
     pytestconfig.stash[STARTUP]["apiserver"] = cp.startup_seconds
+    pytestconfig.stash[SERVER]["apiserver"] = str(cp.version().get("gitVersion") or "")
     try:
         yield cp
     finally:
@@ -271,6 +289,54 @@ class Cluster:
     def new_client(self) -> kubeclient.KubeClient:
         """Another client for the same server (close it)."""
         return kubeclient.from_configuration(self.configuration)
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the server's discovery lists `plural` in `api_version` (`resource.k8s.io/v1`): a test asks
+        the server what it serves rather than assuming a Kubernetes version."""
+        try:
+            listing = await self.harness.kube.request("GET", f"/apis/{api_version}")
+        except errors.NotFoundError:
+            return False
+        return any(r.get("name") == plural for r in listing.get("resources") or [])
+
+    async def server(self) -> str:
+        """`apiserver (v1.29.6)`: the backend and the server's gitVersion, for a skip reason."""
+        return f"{self.backend} ({(await self.harness.kube.request('GET', '/version')).get('gitVersion', '?')})"
+
+    async def require(self, api_version: str, plural: str) -> None:
+        """Skip the test, saying so, unless the server serves `plural` in `api_version`."""
+        if not await self.serves(api_version, plural):
+            pytest.skip(f"{await self.server()} serves no {api_version} {plural}")
+
+    async def device_health_refused(self) -> str:
+        """"" when this server keeps a DRA claim on a pod and an `allocatedResourcesStatus` entry naming it in
+        the pod's status (KEP-4680, what dra-health reads), else why not: a probe pod in the test's namespace,
+        deleted at once, answers (the field is new in 1.31; the DynamicResourceAllocation gate, off by default
+        before 1.34, keeps claims; the ResourceHealthStatus gate, off before 1.36, keeps the field)."""
+        kube, ns, name = self.harness.kube, self.namespace, "probe-" + secrets.token_hex(3)
+        path = f"/api/v1/namespaces/{ns}/pods"
+        pod = await kube.request("POST", path, body={
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": "kcover-probe-no-such-node",
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}],
+                     "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}})
+        try:
+            if not pod["spec"].get("resourceClaims"):
+                return f"{await self.server()} dropped the pod's spec.resourceClaims (DynamicResourceAllocation off)"
+            await self.harness.run_pod(ns, name)
+            try:
+                await self.harness.set_device_health(ns, name, "c", resource_name="claim:gpu",
+                                                     resource_id="gpu.example.com/pool/dev-0", health="Healthy")
+            except errors.KubeError as exc:
+                return f"{await self.server()} refused allocatedResourcesStatus naming a DRA claim: {exc}"
+            got = await kube.request("GET", f"{path}/{name}")
+            if not any(c.get("allocatedResourcesStatus") for c in got["status"].get("containerStatuses") or []):
+                return (f"{await self.server()} dropped allocatedResourcesStatus from the pod's status (no such "
+                        "field, or its ResourceHealthStatus gate is off)")
+            return ""
+        finally:
+            with contextlib.suppress(errors.NotFoundError):
+                await kube.request("DELETE", f"{path}/{name}", query={"gracePeriodSeconds": 0})
 
     async def create_namespace(self, name: str) -> str:
         await self.client.request("POST", "/api/v1/namespaces", body={

@@ -1,8 +1,9 @@
 """GPU to DRA device on the agent's node: which device of which ResourceSlice a faulting GPU is.
 
-Owns the agent's read of the DRA ResourceSlices of its own node (a list+watch of
-`resource.k8s.io/v1` ResourceSlices with the field selector `spec.nodeName=<node>`, through the
-shared reflector) and the mapping from a GPU UUID, as NVML and DCGM report it, to the devices those
+Owns the agent's read of the DRA ResourceSlices of its own node (a list+watch of ResourceSlices with
+the field selector `spec.nodeName=<node>`, through the shared reflector, in the `resource.k8s.io`
+version the server serves: `kube.capabilities`; v1beta1 and v1alpha3 keep a device's attributes under
+`basic`, v1beta2 and v1 on the device) and the mapping from a GPU UUID, as NVML and DCGM report it, to the devices those
 slices publish. A DRA driver names each device's GPU in its attributes, as NVIDIA's GPU DRA driver
 (`gpu.nvidia.com`) does: a whole GPU (`type: gpu`) carries `uuid` (`GPU-...`); a MIG device
 (`type: mig`) carries its own `uuid` (`MIG-...`) and `parentUUID`, the GPU it is carved from. An
@@ -32,12 +33,13 @@ from typing import Any, NamedTuple
 import structlog
 
 from kcover import model
+from kcover.kube import capabilities, watching
 from kcover.kube import client as client_
-from kcover.kube import watching
 
 log = structlog.get_logger()
 
-PATH = "/apis/resource.k8s.io/v1/resourceslices"
+PATH = capabilities.RESOURCE_SLICES.path("resource.k8s.io/v1")
+"""Where the slices are read until discovery answers (`capabilities.locator`)."""
 UUID = "uuid"
 PARENT_UUID = "parentUUID"
 
@@ -88,7 +90,7 @@ def project(raw: Mapping[str, Any]) -> NodeSlice | None:
     entries = spec.get("devices")
     for entry in entries if isinstance(entries, list) else []:
         name = _s(_d(entry).get("name"))
-        attributes = _d(_d(entry).get("attributes"))
+        attributes = _d(_d(entry).get("attributes")) or _d(_d(_d(entry).get("basic")).get("attributes"))
         uuid = _string_attribute(attributes, driver, UUID)
         parent = _string_attribute(attributes, driver, PARENT_UUID)
         if name and (uuid or parent):
@@ -136,7 +138,8 @@ class DraDevices:
         self._pods_for_devices = pods_for_devices
         self.reflector: watching.Reflector[NodeSlice] = watching.Reflector(
             client, PATH, project, sink=self._changed, name=f"resourceslices@{node}",
-            options=options, query={"fieldSelector": f"spec.nodeName={node}"})
+            options=options, query={"fieldSelector": f"spec.nodeName={node}"},
+            locate=capabilities.locator(client, capabilities.RESOURCE_SLICES) if client is not None else None)
         self._said_ambiguous: set[str] = set()
 
     def _changed(self, old: NodeSlice | None, new: NodeSlice | None) -> None:

@@ -127,7 +127,7 @@ class Controller:
         self._resumed_epoch = -1
         if self.elector is None or self.elector.is_leader():
             self._replay.set()  # no term starts (or one started before this controller was built): resume at once
-        health.add_readiness("cache", self._cache_ready)
+        health.add_readiness("cache", self.cache.readiness)
         health.add_readiness("detectors", self.supervisor.readiness)
         for name in ("ledger", "records"):  # the default engine's: its ledger and its Recovery resources
             check: Callable[[], tuple[bool, str]] | None = getattr(self.engine, f"{name}_readiness", None)
@@ -149,10 +149,6 @@ class Controller:
 
     def is_leader(self) -> bool:
         return self.elector.is_leader() if self.elector is not None else True
-
-    def _cache_ready(self) -> tuple[bool, str]:
-        pending = [r.name for r in self.cache.reflectors if not r.synced.is_set()]
-        return (not pending, f"waiting for {', '.join(pending)}" if pending else "synced")
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("controller_starting", identity=self.identity, lease=self.settings.lease.enabled,

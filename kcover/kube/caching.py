@@ -8,6 +8,9 @@ and none has kept failing since: `Reflector.synced`), and change subscriptions d
 `policy.ClusterSnapshot` the recovery policy and executors read; owner resolution and opt-in are
 `ownership`'s, "is this a GPU node" is `gpus`'.
 
+ResourceSlices are read in the `resource.k8s.io` version the server serves (`capabilities`), and not
+at all where it serves none (the reflector counts as synced, empty, and asks again later).
+
 `ClusterCache.offline(objects)` builds one from raw API objects without I/O, through the reflectors'
 own list path (`Reflector.load`): tests and benchmarks read the product's model, never a copy.
 
@@ -23,7 +26,7 @@ import asyncio
 import collections
 import enum
 import gc
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -31,8 +34,8 @@ import structlog
 from kcover import kinds, model
 from kcover import settings as settings_
 from kcover.aio import waiting
+from kcover.kube import capabilities, decoding, gpus, ownership, watching
 from kcover.kube import client as client_
-from kcover.kube import decoding, gpus, ownership, watching
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -65,7 +68,8 @@ def _typed(project: Callable[[Mapping[str, Any]], Any], wk: WorkloadKind) -> Cal
 
 DEFAULT_WORKLOAD_KINDS: tuple[str, ...] = kinds.DEFAULT_KEYS
 
-RESOURCE_SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+RESOURCE_SLICES_PATH = capabilities.RESOURCE_SLICES.path("resource.k8s.io/v1")
+"""Where ResourceSlices are read until discovery answers (`capabilities.locator`)."""
 
 Record = proj.Pod | proj.Node | proj.Workload | proj.KubeEvent | proj.ResourceSlice | proj.Namespace | proj.ConfigMap
 Change = tuple[Kind, Any, Any]
@@ -157,7 +161,8 @@ class ClusterCache:
                           options)
         if gpu_rule.dra_drivers:
             self._reflect(kube, RESOURCE_SLICES_PATH, proj.resource_slice, self._on_slice, "resourceslices",
-                          ("resource.k8s.io", "ResourceSlice"), options)
+                          ("resource.k8s.io", "ResourceSlice"), options,
+                          locate=capabilities.locator(kube, capabilities.RESOURCE_SLICES) if kube else None)
         for wk in workload_kinds:
             self._reflect(kube, wk.path, _typed(proj.workload, wk), self._on_workload, wk.key, (wk.group, wk.kind),
                           options)
@@ -170,9 +175,11 @@ class ClusterCache:
     def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],
                  options: watching.ReflectorOptions | None,
-                 query: Mapping[str, str] | None = None) -> watching.Reflector[Any]:
+                 query: Mapping[str, str] | None = None,
+                 locate: Callable[[], Awaitable[str | None]] | None = None) -> watching.Reflector[Any]:
         reflector: watching.Reflector[Any] = watching.Reflector(kube, path, project, sink=sink, name=name,
-                                                                options=options, query=query, kind=route[1])
+                                                                options=options, query=query, kind=route[1],
+                                                                locate=locate)
         self.reflectors.append(reflector)
         self._routes[route] = reflector
         return reflector

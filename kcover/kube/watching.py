@@ -17,6 +17,11 @@ Bodies and lines are decoded by `decoding`: an object that cannot be decoded (ne
 its managedFields) is left out of its list page or skipped in the watch, logged and counted in the
 client's `skips`; it never fails the list or ends the watch.
 
+A reflector given `locate` (see `capabilities.locator`) asks it for its collection's path before its
+first list and again each time the collection was missing: None (the server serves no version kcover
+reads) means nothing is listed or watched; the reflector counts as listed and synced, empty, logs
+`watch_kind_unserved` once and asks again after `missing_retry_seconds`.
+
 `listed` is set once the first list finished; `synced` while the store is in step: it is set by every
 list and cleared once the reflector has kept failing (no list finished and no watch opened) for
 `stall_seconds`, until it lists or watches again. It does not index or fan out (see `caching.py`).
@@ -27,7 +32,7 @@ not installed) is logged once and retried slowly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -66,7 +71,7 @@ class ReflectorOptions:
     backoff_initial_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
     missing_retry_seconds: float = 300.0
-    """Retry interval while the collection answers 404 (its CRD is not installed)."""
+    """Retry interval while the collection answers 404 (its CRD is not installed) or is not served."""
     request_timeout_seconds: float = 60.0
     """Seconds one list page may take."""
     stall_seconds: float = 60.0
@@ -82,9 +87,12 @@ class Reflector(Generic[T]):
 
     def __init__(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], T | None],
                  *, sink: Sink[T], name: str = "", options: ReflectorOptions | None = None,
-                 query: Mapping[str, str] | None = None, kind: str = "") -> None:
+                 query: Mapping[str, str] | None = None, kind: str = "",
+                 locate: Callable[[], Awaitable[str | None]] | None = None) -> None:
+        """`path`: the collection; with `locate`, only the path used until `locate` first answers."""
         self._kube = kube
         self.path = path
+        self._locate = locate
         self.name = name or path
         self.kind = kind
         """The kind of the collection's objects, naming those skipped ('' lets each list say)."""
@@ -102,7 +110,9 @@ class Reflector(Generic[T]):
         """Loop time of the first failure since the last list or watch that worked; None while working."""
         self.last_error = ""
         self.missing = False
-        """True while the collection answers 404."""
+        """True while the collection answers 404 or (with `locate`) is not served."""
+        self.unserved = False
+        """True while `locate` says the server serves no version of the collection."""
         self.lists = 0
         self.watches = 0
 
@@ -133,11 +143,15 @@ class Reflector(Generic[T]):
         while not stop.is_set():
             delay = 0.0
             try:
-                if need_list:
-                    await self._list()
-                    need_list = False
-                    backoff.reset()
-                await self._watch(stop)
+                if need_list and self._locate is not None and (self.lists == 0 or self.missing) \
+                        and not await self._located():
+                    delay = opts.missing_retry_seconds  # not served: nothing to list; ask again later
+                else:
+                    if need_list:
+                        await self._list()
+                        need_list = False
+                        backoff.reset()
+                    await self._watch(stop)
             except _Expired:
                 log.info("watch_expired_relisting", reflector=self.name, resource_version=self.resource_version)
                 need_list = True
@@ -178,6 +192,26 @@ class Reflector(Generic[T]):
                 self._failed(exc)
             if delay > 0:
                 await waiting.sleep_or_stop(stop, delay)
+
+    async def _located(self) -> bool:
+        """Ask `locate` for the path; False (store emptied, listed and synced) when nothing is served. Raises
+        `errors.KubeError` when the server did not say (the run loop backs off and asks again)."""
+        assert self._locate is not None
+        path = await self._locate()
+        if path is None:
+            if not self.unserved:
+                log.info("watch_kind_unserved", reflector=self.name, retry_seconds=self.options.missing_retry_seconds)
+            self.unserved = self.missing = True
+            self._replace({})
+            self._working()
+            self.listed.set()
+            self.synced.set()
+            return False
+        if self.unserved or path != self.path:
+            log.info("watch_kind_located", reflector=self.name, path=path)
+        self.unserved = False
+        self.path = path
+        return True
 
     def _working(self) -> None:
         """A list finished or a watch opened: the reflector is in step again."""

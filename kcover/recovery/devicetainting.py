@@ -1,8 +1,8 @@
 """Device-level isolation under DRA: kcover's DeviceTaintRules (KEP-5055), and whether the server has them.
 
-Owns three things. Discovery: which `resource.k8s.io` version serves `devicetaintrules` (v1, then
-v1beta2 as in Kubernetes 1.36 with the `DRADeviceTaintRules` gate and runtime-config, then the alpha
-v1alpha3 of 1.33-1.35), re-checked every `recovery.device_taints.discovery_interval_seconds`. The
+Owns three things. Whether the server serves DeviceTaintRules, and in which version (asked of
+`kube.capabilities`, which knows the versions: v1, v1beta2, v1alpha3), re-checked every
+`recovery.device_taints.discovery_interval_seconds`. The
 rule kcover writes for one device: one cluster-scoped DeviceTaintRule per device, named from a hash
 of `driver/pool/device`, selecting exactly that driver, pool and device, with taint
 `recovery.device_taints.key` and `.effect`, labelled `app.kubernetes.io/managed-by: kcover` and
@@ -25,15 +25,12 @@ import structlog
 
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
+from kcover.kube import capabilities, gateway
 from kcover.kube import client as kube_client
-from kcover.kube import gateway
 
 log = structlog.get_logger()
 
-GROUP = "resource.k8s.io"
-VERSIONS = ("v1", "v1beta2", "v1alpha3")
-"""Versions that may serve DeviceTaintRules, most preferred first (the spec is the same in all three)."""
-PLURAL = "devicetaintrules"
+PLURAL = capabilities.DEVICE_TAINT_RULES.plural
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "kcover"
 DEVICE_ANNOTATION = "kcover.io/device"
@@ -124,27 +121,15 @@ class DeviceTaints:
             self.unserved_said = False
         self._version, self._checked_at = found, now
         self.metrics.device_taints_served.set(1 if found else 0)
+        capabilities.record(self.metrics, capabilities.Capability.DEVICE_TAINT_RULES, found is not None)
         return found
 
     async def _discover(self) -> str | None:
         try:
-            group = await self._kube.request("GET", f"/apis/{GROUP}")
-        except errors.NotFoundError:
-            return None
+            return await capabilities.served_version(self._kube, capabilities.DEVICE_TAINT_RULES)
         except errors.KubeError as exc:
             log.warning("device_taint_discovery_failed", error=str(exc))
             return None
-        offered = {str(v.get("version")) for v in (group or {}).get("versions") or [] if isinstance(v, dict)}
-        for version in VERSIONS:
-            if version not in offered:
-                continue
-            try:
-                listing = await self._kube.request("GET", f"/apis/{GROUP}/{version}")
-            except errors.KubeError:
-                continue
-            if any(isinstance(r, dict) and r.get("name") == PLURAL for r in (listing or {}).get("resources") or []):
-                return f"{GROUP}/{version}"
-        return None
 
     # ------------------------------------------------------------------------------------ writes
 

@@ -300,8 +300,9 @@ class Node:
         except ValueError:
             verdict = None
         devices = [TaintedDevice.decode(t) for t in raw.get("d") or ()] if isinstance(raw.get("d"), list) else []
+        suspect_at = float(suspect) if _number(suspect) else None
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
-                   suspect_at=float(suspect) if _number(suspect) else None, suspicion=str(raw.get("e", ""))[:600],
+                   suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
                    verdict=verdict if _number(judged) else None,
                    devices={t.device.resource_id: t for t in devices if t is not None})

@@ -1,11 +1,18 @@
 """Simulated cluster actors: a scheduler-plus-kubelet for every node and Kubeflow v1 job operators.
 
-Owns the behaviour the API server alone lacks: binding Pending pods to schedulable nodes, running
-bound pods (phase Running, containerStatuses, Ready condition, a log line), the node lifecycle
+Owns the behaviour the API server alone lacks: binding Pending pods to nodes that pass
+kube-scheduler's filters (`scheduling`: cordons, taints, nodeSelector, and requests, GPUs included,
+against what the node has left), or else the PodScheduled=False condition and a FailedScheduling
+Event with the scheduler's message (pending pods are retried when a node changes or a pod goes),
+running bound pods (phase Running, containerStatuses, Ready condition, a pod IP from the node's pod
+CIDR and the node's host IP (`addressing`), a log line), giving nodes without one a pod CIDR (the
+node IPAM controller), the node lifecycle
 controller's NoSchedule taints for a node's Ready condition (dropping the `node.kubernetes.io/not-ready`
 taint kube-apiserver puts on every Node created through the API once the node is Ready, and binding
 pods left pending meanwhile), finishing graceful
-deletions after a short delay, failing containers and reporting DRA device health on request
+deletions after a short delay (the kubelet first writes the terminal phase, Failed with exit code 137, as
+kubelets since 1.27 do, so controllers see how the pod ended), failing containers and reporting DRA
+device health on request
 (`fail_container`, `set_device_health`), and recreating the pods of Kubeflow v1 jobs (PyTorchJob,
 TFJob, MPIJob, XGBoostJob, PaddleJob, JAXJob) with the labels and controller ownerReference the
 real training-operator uses. Actors write through the `Store` (the simulated cluster's storage),
@@ -20,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kcover.aio import clock as clocks
-from kcover.sim import behaviour, podlogs, status, strategy, tables
+from kcover.sim import addressing, behaviour, informing, podlogs, scheduling, status, strategy, tables
 from kcover.sim import store as stores
 
 Obj = dict[str, Any]
@@ -32,33 +39,17 @@ class Cluster(Protocol):
     logs: podlogs.LogBuffers
 
 
-def _tolerated(taint: Obj, tolerations: list[Obj]) -> bool:
-    for tol in tolerations:
-        if tol.get("operator") == "Exists" and not tol.get("key"):
-            return True
-        same = tol.get("key") == taint.get("key") and tol.get("effect") in (None, "", taint.get("effect"))
-        if same and (tol.get("operator") == "Exists" or tol.get("value") == taint.get("value")):
-            return True
-    return False
+def _frees(old: Obj, new: Obj) -> bool:
+    """A bound pod that turned terminal: what it requested on its node is free again."""
+    phase = (new.get("status") or {}).get("phase")
+    return bool((new.get("spec") or {}).get("nodeName")) and phase in scheduling.TERMINAL \
+        and (old.get("status") or {}).get("phase") != phase
 
 
-def _selected(node: Obj, pod: Obj) -> bool:
-    """The pod's `nodeSelector` matches the node's labels (node affinity is not simulated)."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items())
-
-
-def _schedulable(node: Obj, pod: Obj) -> bool:
-    if (node.get("spec") or {}).get("unschedulable") or not _selected(node, pod):
-        return False
-    tolerations = (pod.get("spec") or {}).get("tolerations") or []
-    return all(t.get("effect") == "PreferNoSchedule" or _tolerated(t, tolerations)
-               for t in (node.get("spec") or {}).get("taints") or [])
-
-
-def _scheduling(node: Obj) -> tuple[Any, Any]:
+def _scheduling(node: Obj) -> tuple[Any, Any, Any, Any]:
     spec = node.get("spec") or {}
-    return bool(spec.get("unschedulable")), spec.get("taints") or []
+    return (bool(spec.get("unschedulable")), spec.get("taints") or [], (node.get("status") or {}).get("allocatable"),
+            (node.get("metadata") or {}).get("labels"))
 
 
 class Kubelets:
@@ -74,53 +65,40 @@ class Kubelets:
         self.clock: clocks.Clock = clock or clocks.SystemClock()
         self._next_node = 0
         self._pending: set[asyncio.Task[None]] = set()
+        self._finishing: set[str] = set()
 
     def _now(self) -> str:
         return clocks.rfc3339(self.clock.now())
 
     async def run(self, stop: asyncio.Event) -> None:
-        watchers = {key: self.store.watch(key, tables.Filter(), None) for key in ("nodes", "pods")}
-        getters: dict[str, asyncio.Future[tables.Change | None]] = {}
-        stopping = asyncio.ensure_future(stop.wait())
         try:
-            while not stop.is_set():
-                key = next((k for k, w in watchers.items() if w.initial), None)
-                if key is not None:
-                    change: tables.Change | None = watchers[key].initial.popleft()
-                else:
-                    for k, w in watchers.items():
-                        if k not in getters:
-                            getters[k] = asyncio.ensure_future(w.queue.get())
-                    waiting: set[asyncio.Future[Any]] = {*getters.values(), stopping}
-                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    if stop.is_set():
-                        break
-                    key = next(k for k, g in getters.items() if g.done())
-                    change = getters.pop(key).result()
-                    if change is None:  # closed (fell behind): start over from a full list
-                        watchers[key] = self.store.watch(key, tables.Filter(), None)
-                        continue
-                assert change is not None
-                if change.type == "DELETED":
-                    continue
+            async for key, change in informing.follow(self.store, ("nodes", "pods"), stop):
                 if key == "pods":
-                    self._react(change.new.obj())
-                else:
+                    if change.type == "DELETED" or (change.old is not None and _frees(change.old.obj(),
+                                                                                     change.new.obj())):
+                        self._retry_pending()  # what it held on its node is free again
+                    if change.type != "DELETED":
+                        self._react(change.new.obj())
+                elif change.type != "DELETED":
                     self._node_changed(change)
         finally:
-            stopping.cancel()
-            for getter in getters.values():
-                getter.cancel()
-            for watcher in watchers.values():
-                watcher.close()
             for task in list(self._pending):
                 task.cancel()
             await asyncio.gather(*self._pending, return_exceptions=True)
 
     def _node_changed(self, change: tables.Change) -> None:
-        """Node lifecycle controller and scheduler: keep the Ready taints in line, then retry pending pods
-        when what decides scheduling (taints, unschedulable) changed."""
+        """Node IPAM and lifecycle controllers, then the scheduler: give the node a pod CIDR, keep its Ready
+        taints in line, then retry pending pods when what decides scheduling (taints, unschedulable,
+        allocatable) changed."""
         node = change.new.obj()
+        name = node["metadata"]["name"]
+        if not (node.get("spec") or {}).get("podCIDR"):
+            cidr = addressing.next_pod_cidr(self.store.iter_objects("nodes"))
+            if cidr is not None:
+                with contextlib.suppress(status.ApiError):
+                    self.store.mutate("nodes", "", name, lambda o: o.setdefault("spec", {}).update(
+                        podCIDR=cidr, podCIDRs=[cidr]) if not (o.get("spec") or {}).get("podCIDR") else None)
+                return  # the write comes back as a change of its own
         if behaviour.ready_taints(node) is not None:
             def retaint(obj: Obj) -> None:
                 taints = behaviour.ready_taints(obj)
@@ -132,10 +110,13 @@ class Kubelets:
                     (obj.get("spec") or {}).pop("taints", None)
 
             with contextlib.suppress(status.ApiError):  # the node went meanwhile
-                self.store.mutate("nodes", "", node["metadata"]["name"], retaint)
+                self.store.mutate("nodes", "", name, retaint)
             return  # the write comes back as a change of its own
         if change.old is not None and _scheduling(change.old.obj()) == _scheduling(node):
             return
+        self._retry_pending()
+
+    def _retry_pending(self) -> None:
         for pod in self.store.iter_objects("pods"):
             if not pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
                 self._bind(pod)
@@ -154,7 +135,8 @@ class Kubelets:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         ns, name, uid = meta.get("namespace", ""), meta["name"], meta["uid"]
         if meta.get("deletionTimestamp"):
-            if spec.get("nodeName"):
+            if spec.get("nodeName") and uid not in self._finishing:
+                self._finishing.add(uid)
                 grace = min(float(meta.get("deletionGracePeriodSeconds", 0)), self.finish_delay)
                 self._later(grace, lambda: self._finish(ns, name, uid), f"kubelet-finish-{ns}/{name}")
             return
@@ -165,45 +147,29 @@ class Kubelets:
             self._later(self.start_delay, lambda: self._start(ns, name, uid), f"kubelet-start-{ns}/{name}")
 
     def _bind(self, pod: Obj) -> None:
+        if (pod.get("spec") or {}).get("schedulerName", "default-scheduler") != "default-scheduler":
+            return  # another scheduler's pod
         every = list(self.store.iter_objects("nodes"))
-        nodes = [n for n in every if _schedulable(n, pod)]
-        if not nodes:
-            self._unschedulable(pod, every)
+        used = scheduling.usage(self.store.iter_objects("pods"), skip_uid=pod["metadata"]["uid"])
+        verdict = scheduling.schedule(every, pod, used)
+        if not verdict.feasible:
+            self._unschedulable(pod, verdict.message)
             return
-        node = nodes[self._next_node % len(nodes)]["metadata"]["name"]
+        node = verdict.feasible[self._next_node % len(verdict.feasible)]
         self._next_node += 1
         meta = pod["metadata"]
         with contextlib.suppress(status.ApiError):
             self.store.mutate("pods", meta["namespace"], meta["name"],
                               lambda o: o["spec"].update(nodeName=node) if not o["spec"].get("nodeName") else None)
 
-    def _unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
-        """As kube-scheduler 1.36 does: PodScheduled=False, reason Unschedulable, and its message: each node's
-        first failing filter (cordon, untolerated taint, nodeSelector), counted and sorted, then the
-        DRA and preemption post-filters' verdicts."""
-        reasons: dict[str, int] = {}
-        for node in nodes:
-            spec = node.get("spec") or {}
-            tolerations = (pod.get("spec") or {}).get("tolerations") or []
-            untolerated = [t for t in spec.get("taints") or []
-                           if t.get("effect") != "PreferNoSchedule" and not _tolerated(t, tolerations)]
-            if spec.get("unschedulable"):  # the default profile's filter order
-                why = "node(s) were unschedulable"
-            elif untolerated:
-                why = "node(s) had untolerated taint(s)"
-            elif not _selected(node, pod):
-                why = "node(s) didn't match Pod's node affinity/selector"
-            else:
-                continue
-            reasons[why] = reasons.get(why, 0) + 1
-        n = len(nodes)
-        if not n:
-            message = "0/0 nodes are available: no nodes available to schedule pods."
-        else:
-            counted = ", ".join(sorted(f"{count} {why}" for why, count in reasons.items()))
-            message = (f"0/{n} nodes are available: {counted}. no new claims to deallocate, preemption: 0/{n} nodes "
-                       f"are available: {n} Preemption is not helpful for scheduling.")
+    def _unschedulable(self, pod: Obj, message: str) -> None:
+        """As kube-scheduler 1.36 does: PodScheduled=False, reason Unschedulable, with the FitError message
+        (`scheduling.fit_error`), and a FailedScheduling Event when the message changed."""
         meta = pod["metadata"]
+        current: Obj = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                             if c.get("type") == "PodScheduled"), {})
+        if current.get("status") == "False" and current.get("message") == message:
+            return
 
         def change(obj: Obj) -> None:
             status_ = obj.setdefault("status", {})
@@ -213,20 +179,38 @@ class Kubelets:
                                                    "lastTransitionTime": self._now()}]
             status_.setdefault("phase", "Pending")
 
-        current: Obj = next((c for c in (pod.get("status") or {}).get("conditions") or []
-                        if c.get("type") == "PodScheduled"), {})
-        if current.get("status") == "False" and current.get("message") == message:
-            return
         with contextlib.suppress(status.ApiError):
             self.store.mutate("pods", meta["namespace"], meta["name"], change)
+            self._event(pod, "FailedScheduling", message)
+
+    def _event(self, pod: Obj, reason: str, message: str) -> None:
+        """A Warning Event about `pod` as kube-scheduler's events.k8s.io/v1 recorder writes it."""
+        meta = pod["metadata"]
+        now = self.clock.now()
+        self.store.create("events", {
+            "metadata": {"name": f"{meta['name']}.{int(now.timestamp() * 1e9):x}", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": "Warning", "action": "Scheduling",
+            "eventTime": clocks.micro_time(now), "reportingComponent": "default-scheduler",
+            "reportingInstance": "default-scheduler-kcover-sim", "source": {}})
 
     def _start(self, ns: str, name: str, uid: str) -> None:
         now = self._now()
+        current = self.store.get("pods", ns, name)
+        node_name = current["spec"].get("nodeName") or ""
+        try:
+            node = self.store.get("nodes", "", node_name)
+        except status.ApiError:
+            node = {}
+        host_ip = addressing.host_ip(node)
+        pod_ip = host_ip if current["spec"].get("hostNetwork") else addressing.pod_ip(
+            node, self.store.iter_objects("pods"))
 
         def change(pod: Obj) -> None:
             if pod["metadata"]["uid"] != uid:
                 return
-            st = behaviour.running_status(pod, now)
+            st = behaviour.running_status(pod, now, host_ip=host_ip, pod_ip=pod_ip)
             if st is not None:
                 pod["status"] = st
 
@@ -235,6 +219,18 @@ class Kubelets:
             self.logs.append(ns, name, c["name"], f"{c['name']} started on {pod['spec'].get('nodeName')}")
 
     def _finish(self, ns: str, name: str, uid: str) -> None:
+        """The kubelet kills the pod's containers, writes the terminal phase, then completes the deletion
+        (finalizers, such as the Job controller's, may still hold the object)."""
+        self._finishing.discard(uid)
+        now = self._now()
+
+        def terminal(pod: Obj) -> None:
+            if pod["metadata"]["uid"] == uid:
+                pod["status"] = behaviour.killed_status(pod, now)
+
+        pod = self.store.get("pods", ns, name)
+        if pod["metadata"]["uid"] == uid and (pod.get("status") or {}).get("phase") not in scheduling.TERMINAL:
+            self.store.mutate("pods", ns, name, terminal)
         self.store.delete("pods", ns, name, grace_seconds=0, uid=uid)
         self.logs.forget_pod(ns, name)
 

@@ -25,12 +25,14 @@ import orjson
 
 from kcover.aio import clock as clocks
 from kcover.sim import (
+    applying,
     deepjson,
     devicetaints,
     discovery,
     evicting,
     exchange,
     faults,
+    jobs,
     openapi,
     patching,
     podlogs,
@@ -386,10 +388,18 @@ class ApiServer:
         obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
         if t.resource.key == devicetaints.KEY:
             obj = devicetaints.defaults(obj, self.store.clock.now())
-        created = self.store.create(t.resource.key, obj)
+        job = t.resource.key == jobs.KEY
+        obj = applying.track(t.resource, None, jobs.defaults(obj) if job else obj, self._manager(request), "",
+                             clocks.rfc3339(self.store.clock.now()))
+        created = self.store.create(t.resource.key, obj, admit=jobs.generate_selector if job else None)
         return _json(self._render_obj(t, created), 201)
 
-    async def _write(self, t: Target, new: Obj, old: Obj) -> exchange.Reply:
+    def _manager(self, request: exchange.Request) -> str:
+        return applying.manager_of(request.query, request.headers.get("User-Agent", ""))
+
+    async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None) -> exchange.Reply:
+        """Store `new` over `old`; `manager` (the writer's field manager) tracks managed fields, None for an
+        apply, whose object already carries them."""
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -405,6 +415,9 @@ class ApiServer:
             new = strategy.event_to_core(new)
         prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
                                            new_api=t.new_events)
+        if manager is not None:
+            prepared = applying.track(t.resource, old, prepared, manager, t.subresource,
+                                      clocks.rfc3339(self.store.clock.now()))
         updated = self.store.update(t.resource.key, prepared)
         return _json(self._render_obj(t, updated))
 
@@ -418,7 +431,7 @@ class ApiServer:
                 ("FieldValueInvalid", "metadata.resourceVersion",
                  "Invalid value: 0x0: must be specified for an update")])
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
-        return await self._write(t, body, old)
+        return await self._write(t, body, old, self._manager(request))
 
     async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -426,14 +439,17 @@ class ApiServer:
         accepted = [patching.JSON_PATCH, patching.MERGE_PATCH, patching.APPLY_PATCH]
         if t.resource.strategic_merge:
             accepted.insert(2, patching.STRATEGIC_MERGE_PATCH)
-        if content_type not in accepted or content_type == patching.APPLY_PATCH:
+        if content_type not in accepted:
             raise status.unsupported_media_type(content_type, accepted)
+        applying.check_options(request.query, content_type, patching.APPLY_PATCH)
+        if content_type == patching.APPLY_PATCH:
+            return await applying.serve(self, request, t)
         body = await self._body(request)
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         patched = patching.apply(self._render_obj(t, old), body, content_type)
-        return await self._write(t, patched, old)
+        return await self._write(t, patched, old, self._manager(request))
 
-    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None]:
+    async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None, str | None]:
         data = await request.read()
         options: Obj = {}
         if data and _is_protobuf(request):
@@ -447,18 +463,22 @@ class ApiServer:
         if grace is None:
             grace = parse_int(request.query, "gracePeriodSeconds")
         policy = options.get("propagationPolicy") or request.query.get("propagationPolicy")
+        orphan = options.get("orphanDependents", request.query.get("orphanDependents"))
+        if policy in (None, "") and orphan not in (None, ""):
+            policy = "Orphan" if str(orphan).lower() == "true" else "Background"
         if policy not in (None, "", "Orphan", "Background", "Foreground"):
             raise status.invalid("DeleteOptions", "", "", [
                 ("FieldValueNotSupported", "propagationPolicy",
                  f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan", "nil"')])
         pre = options.get("preconditions") or {}
-        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"))
+        return (None if grace is None else max(0, int(grace)), pre.get("uid"), pre.get("resourceVersion"),
+                policy or None)
 
     async def _delete(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
-        grace, uid, rv = await self._delete_options(request)
+        grace, uid, rv, policy = await self._delete_options(request)
         obj, gone = self.store.delete(t.resource.key, t.namespace or "", t.name, grace_seconds=grace, uid=uid,
-                                      resource_version=rv)
+                                      resource_version=rv, policy=policy)
         if gone and t.resource.key == "pods":
             self.logs.forget_pod(t.namespace or "", t.name)
         if gone and t.resource.key not in ("pods", "namespaces") and not t.resource.returns_deleted:
@@ -467,13 +487,14 @@ class ApiServer:
         return _json(self._render_obj(t, obj))
 
     async def _delete_collection(self, request: exchange.Request, t: Target) -> exchange.Answer:
-        grace, _, _ = await self._delete_options(request)
+        grace, _, _, policy = await self._delete_options(request)
         flt = self._filter(request, t)
         matched = self.store.list(t.resource.key, flt).entries
         items: list[bytes] = []
         for entry in matched:
             try:
-                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace)
+                obj, gone = self.store.delete(t.resource.key, entry.namespace, entry.name, grace_seconds=grace,
+                                              policy=policy)
             except status.ApiError as err:
                 if err.status == 404:
                     continue

@@ -1,7 +1,8 @@
 """What a kubelet and a Kubeflow v1 operator write, as pure functions over plain manifests.
 
 Owns the shapes only: the pods an operator keeps for a job (names, labels, controller
-ownerReference), the status a kubelet writes when a pod runs, when a container exits with an error,
+ownerReference), the status a kubelet writes when a pod runs, when it kills a pod being deleted,
+when a container exits with an error,
 and when a DRA device's health changes (KEP-4680 `allocatedResourcesStatus`), and the NoSchedule
 taints the node lifecycle controller keeps in line with a node's Ready condition. It does no I/O: the
 simulated cluster's actors (`kcover.sim.actors`) apply these through the Store, and the test harness
@@ -72,19 +73,24 @@ def replica_pod(job: Obj, kind: str, rtype: str, index: int, template: Obj) -> O
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec}
 
 
-def running_status(pod: Obj, now: str, *, host_ip: str = "10.0.0.1", pod_ip: str = "10.1.0.1") -> Obj | None:
+def running_status(pod: Obj, now: str, *, host_ip: str = "", pod_ip: str = "") -> Obj | None:
     """The status a kubelet writes when it starts `pod`, or None when it would not (not Pending,
     or being deleted). Every init container ran to completion (exit 0, `Completed`), every container
-    runs and is ready; `now` is an RFC 3339 timestamp."""
+    runs and is ready; `now` is an RFC 3339 timestamp; the host and pod IPs are set (with `hostIPs`,
+    `podIPs`) where given."""
     if pod["metadata"].get("deletionTimestamp"):
         return None
     old = pod.get("status") or {}
     if old.get("phase", "Pending") != "Pending":
         return None
     st = copy.deepcopy(old)
-    st.update(phase="Running", startTime=now, hostIP=host_ip, podIP=pod_ip, conditions=[
+    st.update(phase="Running", startTime=now, conditions=[
         {"type": t, "status": "True", "lastTransitionTime": now}
         for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")])
+    if host_ip:
+        st.update(hostIP=host_ip, hostIPs=[{"ip": host_ip}])
+    if pod_ip:
+        st.update(podIP=pod_ip, podIPs=[{"ip": pod_ip}])
     st["containerStatuses"] = [
         {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0,
          "started": True, "state": {"running": {"startedAt": now}}}
@@ -120,6 +126,28 @@ def failed_container_status(pod: Obj, container: str, now: str, *, exit_code: in
             cs.update(state={"terminated": terminated}, ready=False)
     if not restart and (pod.get("spec") or {}).get("restartPolicy") == "Never":
         st["phase"] = "Failed"
+    return st
+
+
+def killed_status(pod: Obj, now: str) -> Obj:
+    """The terminal status a kubelet writes for a pod being deleted once it killed its containers
+    (kubelets since 1.27): phase Failed, every container terminated with exit code 137 (`Error`),
+    Ready and ContainersReady False (`PodCompleted`), other conditions (DisruptionTarget) kept."""
+    st = copy.deepcopy(pod.get("status") or {})
+    st["phase"] = "Failed"
+    conditions = []
+    for cond in st.get("conditions") or []:
+        if cond.get("type") in ("Ready", "ContainersReady"):
+            cond = {**cond, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+        conditions.append(cond)
+    st["conditions"] = conditions
+    statuses = {cs.get("name"): cs for cs in st.get("containerStatuses") or []}
+    st["containerStatuses"] = [
+        {**statuses.get(c["name"], {"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                                     "restartCount": 0}),
+         "ready": False, "started": False,
+         "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}}}
+        for c in (pod.get("spec") or {}).get("containers") or []]
     return st
 
 

@@ -375,7 +375,7 @@ class Chaos:
         for name, task in [(r.identity, r.task) for r in c.replicas] + [(n, a.task) for n, a in c.agents.items()]:
             if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
                 t.crashed += 1
-                t.detail.append(f"crashed: {name}: {task.exception()!r}"[:300])
+                t.detail.append(scenarios_.clip(f"crashed: {name}: {task.exception()!r}", 300))
         t.api_retries = int(sum(sum(r.kube.retry_stats.retries.values()) for r in c.replicas)
                             + sum(sum(a.kube.retry_stats.retries.values()) for a in c.agents.values()))
         return t
@@ -399,6 +399,6 @@ async def play(run: scenarios_.Run, options: Options, seed: int) -> Tally:
     run.check(f"no duplicate recovery ({tally.duplicates})", tally.duplicates == 0)
     run.check(f"no pod wrongly touched ({tally.wrongly_touched_pods})", tally.wrongly_touched_pods == 0)
     run.check(f"no kcover replica or agent crashed ({tally.crashed})", tally.crashed == 0,
-              "; ".join(d for d in tally.detail if d.startswith("crashed"))[:500])
+              scenarios_.clip("; ".join(d for d in tally.detail if d.startswith("crashed")), 500))
     run.note("chaos", f"tally: {tally.as_dict()}", dt.datetime.now(dt.UTC))
     return tally

@@ -1,9 +1,11 @@
 """`SimCluster`: the simulated cluster with the real kcover running in it, as one async context manager.
 
-Owns composing, for `kcover sim` and the end-to-end tests: a `SimServer`; simulated kubelets and
-Kubeflow operators (`actors`); N GPU nodes (`nvidia.com/gpu` capacity, `nvidia.com/gpu.present`,
-GPU UUIDs); J opted-in PyTorchJobs whose pods the operator creates and the kubelets spread across
-nodes; two REAL controller replicas (leader election, each with its own `KubeClient` and `Metrics`)
+Owns composing, for `kcover sim` and the end-to-end tests: a `SimServer`; simulated kubelets (with
+the scheduler), Kubeflow operators (`actors`), the garbage collector (`collecting`), the batch/v1
+Job controller (`jobs`) and the disruption controller (`disrupting`); N GPU nodes (`nvidia.com/gpu` capacity, `nvidia.com/gpu.present`, GPU
+UUIDs, a pod CIDR each); the agent DaemonSet (apps/v1) owning one agent pod per node; J opted-in
+PyTorchJobs whose pods the operator creates and the scheduler spreads across nodes; two REAL
+controller replicas (leader election, each with its own `KubeClient` and `Metrics`)
 and one REAL agent per node over a `FakeNvml` (and a `dcgmi.FakeDcgmi` for its validation runs). It also owns observing what happens: every bus event
 of every controller and agent (`detections`), every core/v1 Event written (`api_events`, from a
 store watch), and the job pods (`job_pods`, `recovered`). It decides nothing about whether a scenario
@@ -35,7 +37,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import running as controller_running
 from kcover.kube import client as client_
 from kcover.nvml import fake
-from kcover.sim import actors, dcgmi, discovery, tables
+from kcover.sim import actors, collecting, dcgmi, discovery, disrupting, jobs, tables
 from kcover.sim import server as simserver
 
 log = structlog.get_logger()
@@ -67,7 +69,11 @@ class Size:
 
     @property
     def gpus_per_pod(self) -> int:
-        return max(1, self.gpus_per_node // max(1, self.jobs))
+        """GPUs each job pod requests: as many as leave room for one node's pods on the others (a cordoned
+        node's pods must fit elsewhere, as the scheduler counts GPUs), at least one."""
+        pods = self.jobs * self.pods_per_job
+        per_node = -(-pods // max(1, self.nodes - 1))
+        return max(1, self.gpus_per_node // max(1, per_node))
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,9 @@ class SimCluster:
         self.srv = simserver.SimServer(seed=size.seed)
         self.kubelets = actors.Kubelets(self.srv, start_delay=0.05, finish_delay=0.2)
         self.operators = actors.KubeflowOperators(self.srv, interval=0.1)
+        self.collector = collecting.GarbageCollector(self.srv)
+        self.job_controller = jobs.JobController(self.srv)
+        self.disruption = disrupting.DisruptionController(self.srv)
         self.nodes = [f"gpu-node-{i}" for i in range(size.nodes)]
         self.jobs = [f"train-{j}" for j in range(size.jobs)]
         self.replicas: list[Replica] = []
@@ -199,6 +208,9 @@ class SimCluster:
         self._seed()
         self._spawn(self.kubelets.run(self._stop), "sim:kubelets")
         self._spawn(self.operators.run(self._stop), "sim:operators")
+        self._spawn(self.collector.run(self._stop), "sim:garbage-collector")
+        self._spawn(self.job_controller.run(self._stop), "sim:job-controller")
+        self._spawn(self.disruption.run(self._stop), "sim:disruption-controller")
         self._spawn(self._follow_events(), "sim:events", observer=True)
         for identity in ("kcover-controller-a", "kcover-controller-b"):
             self.start_replica(identity)
@@ -279,6 +291,7 @@ class SimCluster:
         store = self.srv.store
         store.create("namespaces", {"metadata": {"name": NAMESPACE}, "spec": {"finalizers": ["kubernetes"]},
                                     "status": {"phase": "Active"}})
+        agents = store.create("daemonsets.apps", agent_daemonset(len(self.nodes)))
         for i, node in enumerate(self.nodes):
             base = f"GPU-{self.rng.getrandbits(32):08x}-{self.rng.getrandbits(16):04x}-{i:04x}"
             self.gpu_uuids[node] = [f"{base}-{g:04d}" for g in range(self.size.gpus_per_node)]
@@ -289,7 +302,7 @@ class SimCluster:
                     "kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true",
                     "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": gpus},
                     "annotations": {"kcover.io/sim-gpu-uuids": ",".join(self.gpu_uuids[node])}},
-                "spec": {},
+                "spec": {"podCIDR": f"10.244.{i}.0/24", "podCIDRs": [f"10.244.{i}.0/24"]},
                 "status": {"capacity": resources, "allocatable": resources,
                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "lastTransitionTime": clock_.rfc3339(clock_.utcnow())}],
@@ -302,13 +315,7 @@ class SimCluster:
                                         "containerRuntimeVersion": "containerd://2.1.0"}}})
             # the agent DaemonSet's pod on this node, labelled as the chart labels it: the controller
             # accepts Node Events only from kcover's namespace and for nodes where such a pod runs
-            store.create("pods", {
-                "metadata": {"name": f"kcover-agent-{node}", "namespace": AGENT_NAMESPACE,
-                             "labels": {"app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}},
-                "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "kcover-agent"}]},
-                "status": {"phase": "Running", "containerStatuses": [{
-                    "name": "agent", "image": "kcover-agent", "imageID": "", "ready": True, "started": True,
-                    "restartCount": 0, "state": {"running": {"startedAt": clock_.rfc3339(clock_.utcnow())}}}]}})
+            store.create("pods", agent_pod(agents, node, f"10.0.{i // 250}.{i % 250 + 1}"))
         for job in self.jobs:
             # GPUs both ways: a device-plugin limit and a DRA claim, so device health may be reported
             # as "claim:gpu-claim/gpu" (a real server refuses a name the container has no claim for).
@@ -411,3 +418,53 @@ def _api_event(obj: Mapping[str, Any]) -> ApiEvent:
                     reporter=str(obj.get("reportingComponent") or (obj.get("source") or {}).get("component") or ""),
                     instance=str(obj.get("reportingInstance", "")),
                     annotations=dict(meta.get("annotations") or {}), action=str(obj.get("action") or ""))
+
+
+AGENT_LABELS = {"app.kubernetes.io/name": "kcover", "app.kubernetes.io/component": "agent"}
+AGENT_REVISION = "kcover-agent-1"
+"""The `controller-revision-hash` of the agent pods (one template revision: nothing rolls them)."""
+
+
+def agent_daemonset(nodes: int) -> dict[str, Any]:
+    """The chart's agent DaemonSet (apps/v1), with the status its controller would write for `nodes` nodes."""
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "kcover-agent", "namespace": AGENT_NAMESPACE, "labels": dict(AGENT_LABELS)},
+            "spec": {"selector": {"matchLabels": dict(AGENT_LABELS)},
+                     "template": {"metadata": {"labels": dict(AGENT_LABELS)}, "spec": {
+                         "containers": [{"name": "agent", "image": "kcover-agent"}],
+                         "tolerations": [{"operator": "Exists"}]}},
+                     "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                     "revisionHistoryLimit": 10},
+            "status": {"currentNumberScheduled": nodes, "desiredNumberScheduled": nodes, "numberAvailable": nodes,
+                       "numberMisscheduled": 0, "numberReady": nodes, "observedGeneration": 1,
+                       "updatedNumberScheduled": nodes}}
+
+
+def agent_pod(daemonset: Mapping[str, Any], node: str, host_ip: str) -> dict[str, Any]:
+    """The agent pod the DaemonSet controller runs on `node`: its labels and controller ownerReference, the
+    node affinity and tolerations it adds, host networking (the pod's IP is the node's), Running."""
+    now = clock_.rfc3339(clock_.utcnow())
+    meta = daemonset["metadata"]
+    tolerations = [{"operator": "Exists"},
+                   *({"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": effect}
+                     for key, effect in (("not-ready", "NoExecute"), ("unreachable", "NoExecute"),
+                                         ("disk-pressure", "NoSchedule"), ("memory-pressure", "NoSchedule"),
+                                         ("pid-pressure", "NoSchedule"), ("unschedulable", "NoSchedule"),
+                                         ("network-unavailable", "NoSchedule")))]
+    return {
+        "metadata": {"name": f"kcover-agent-{node}", "namespace": AGENT_NAMESPACE,
+                     "labels": {**AGENT_LABELS, "controller-revision-hash": AGENT_REVISION,
+                                "pod-template-generation": "1"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"],
+                                          "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"nodeName": node, "hostNetwork": True, "containers": [{"name": "agent", "image": "kcover-agent"}],
+                 "tolerations": tolerations, "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}},
+        "status": {"phase": "Running", "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": host_ip,
+                   "podIPs": [{"ip": host_ip}], "startTime": now,
+                   "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                                  for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+                   "containerStatuses": [{
+                       "name": "agent", "image": "kcover-agent", "imageID": "", "ready": True, "started": True,
+                       "restartCount": 0, "state": {"running": {"startedAt": now}}}]}}

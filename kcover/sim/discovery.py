@@ -57,8 +57,11 @@ def api_resource_list(reg: registry.Registry, group: str, version: str) -> Obj |
             entry["shortNames"] = list(r.short_names)
         resources.append(entry)
         for sub in r.subresources:
-            resources.append({"name": f"{r.plural}/{sub}", "singularName": "", "namespaced": r.namespaced,
-                              "kind": "Binding" if sub == "binding" else r.kind,
-                              "verbs": _SUBRESOURCE_VERBS.get(sub, ["get"])})
+            item: Obj = {"name": f"{r.plural}/{sub}", "singularName": "", "namespaced": r.namespaced,
+                         "kind": "Binding" if sub == "binding" else r.kind,
+                         "verbs": _SUBRESOURCE_VERBS.get(sub, ["get"])}
+            if sub == "eviction":  # served in another group: kubectl drain evicts only where it says so
+                item.update(group="policy", version="v1", kind="Eviction")
+            resources.append(item)
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}" if group else version,
             "resources": resources}

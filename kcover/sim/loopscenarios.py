@@ -82,14 +82,14 @@ async def restart_stalled(run: sc.Run) -> None:
                           f"{pending[0]['status']['conditions'][-1]['message']}")
     stalled = await c.until(lambda: next(iter(run.api_events(STALLED, job)), None), sc.WAIT,
                             f"a {STALLED} Event for PyTorchJob {NS}/{job}")
-    run.note("stalled", stalled.message[:200], stalled.at)
+    run.note("stalled", sc.clip(stalled.message, 200), stalled.at)
     run.check("the recovery is reported Stalled: Unschedulable", "Stalled: Unschedulable" in stalled.message,
-              stalled.message[:160])
+              sc.clip(stalled.message, 160))
     run.check("the Stalled Event carries the scheduler's message", "0/2 nodes are available" in stalled.message
-              or f"0/{len(c.nodes)} nodes are available" in stalled.message, stalled.message[:200])
+              or f"0/{len(c.nodes)} nodes are available" in stalled.message, sc.clip(stalled.message, 200))
     person = await c.until(lambda: next((e for e in run.api_events(ESCALATED, job) if "a person" in e.message), None),
                            sc.WAIT, f"a {ESCALATED} Event (a person) for PyTorchJob {NS}/{job}")
-    run.note("escalated", person.message[:160], person.at)
+    run.note("escalated", sc.clip(person.message, 160), person.at)
     counted = c.metric("kcover_recovery_stalled_total", {"cause": "Unschedulable"})
     run.check(f"kcover_recovery_stalled_total{{cause=\"Unschedulable\"}} counted it ({counted:g})", counted == 1)
     run.check("no second restart", len(run.api_events(sc.RESTARTED, job)) == 1)
@@ -115,7 +115,7 @@ async def node_repaired(run: sc.Run) -> None:
     back = await c.until(lambda: c.api_event(lambda e: e.reason == UNCORDONED and e.name == node, f.injected_at),
                          sc.WAIT * 2, f"a {UNCORDONED} Event for {node}")
     f.recovered_at = back.at
-    run.note("uncordon", back.message[:160], back.at)
+    run.note("uncordon", sc.clip(back.message, 160), back.at)
     await asyncio.sleep(sc.SETTLE)
     obj = c.srv.store.get("nodes", "", node)
     spec, annotations = obj["spec"], obj["metadata"].get("annotations") or {}
@@ -152,9 +152,9 @@ def _validated_before_return(run: sc.Run, node: str, obj: dict[str, Any], back: 
     asked = next((e for e in steps if e.action == "RequestValidation"), None)
     passed = next((e for e in steps if e.action == "ValidationPassed"), None)
     run.check(f"kcover asked for `dcgmi diag -r {level}`", asked is not None
-              and f"dcgmi diag -r {level}" in asked.message, asked.message[:160] if asked else "no request")
+              and f"dcgmi diag -r {level}" in asked.message, sc.clip(asked.message, 160) if asked else "no request")
     run.check("the pass names dcgmi's verdict", passed is not None and "every test passed" in passed.message,
-              passed.message[:160] if passed else "no ValidationPassed")
+              sc.clip(passed.message, 160) if passed else "no ValidationPassed")
     calls = c.agents[node].dcgmi.calls
     ran = [" ".join(call.argv[1:]) for call in calls]
     run.check(f"the agent on {node} ran the diagnostic once, at level {level}, and it passed",
@@ -163,7 +163,7 @@ def _validated_before_return(run: sc.Run, node: str, obj: dict[str, Any], back: 
     answer: dict[str, Any] = next((cond for cond in obj.get("status", {}).get("conditions") or []
                                    if cond.get("type") == codec.VALIDATION_CONDITION), {})
     run.check(f"the agent's answer: {codec.VALIDATION_CONDITION}=True (Passed)",
-              (answer.get("status"), answer.get("reason")) == ("True", "Passed"), str(answer.get("message", ""))[:160])
+              (answer.get("status"), answer.get("reason")) == ("True", "Passed"), sc.clip(str(answer.get("message", "")), 160))
     annotations = obj["metadata"].get("annotations") or {}
     run.check("the validation request annotations are gone",
               codec.VALIDATE_REQUEST not in annotations and codec.VALIDATE_LEVEL not in annotations)
@@ -195,7 +195,7 @@ async def pause(run: sc.Run) -> None:
             return e.reason == HELD and e.name == job and "Paused" in e.message and scope in e.message
 
         found = await run.acted(f, held, f"a Paused {HELD} Event for PyTorchJob {NS}/{job}")
-        run.note("held", found.message[:140], found.at)
+        run.note("held", sc.clip(found.message, 140), found.at)
         await asyncio.sleep(sc.SETTLE)
         run.check(f"nothing was restarted while {scope} was paused", len(run.api_events(sc.RESTARTED, job)) == before)
         _set_annotation(c, resource, namespace, name, controls.PAUSED, None)
@@ -230,7 +230,7 @@ async def breaker_latch(run: sc.Run) -> None:
     g = run.fault("gpu-xid-79", f"Node {second}", "XID 79 on the second node: past max_cordoned_fraction")
     c.agents[second].nvml.xid(79, 0)
     latched = await run.acted(g, lambda e: e.reason == LATCHED, f"a {LATCHED} Event")
-    run.note("latched", latched.message[:160], latched.at)
+    run.note("latched", sc.clip(latched.message, 160), latched.at)
     run.check("the ledger holds the latched breaker", _breaker(c).latched)
     await asyncio.sleep(sc.SETTLE)
     job = c.jobs[0]
@@ -259,6 +259,9 @@ async def breaker_latch(run: sc.Run) -> None:
     sc._fail(c, pod, "worker group failed (exitcode: 1)")
     await run.acted(k, sc._is_restart_of(job), f"a {sc.RESTARTED} Event for PyTorchJob {NS}/{job}")
     await run.recovered(k, job, old)
+    # as every scenario: watch for a second restart, and let kcover finish recording this one (stopping it
+    # mid-write dropped the Recovery record with an error-level log)
+    await asyncio.sleep(sc.SETTLE)
     restarted = [e for e in run.api_events(sc.RESTARTED, job) if e.at >= latched.at]
     run.check("restarted exactly once after the latch (after the reset and cooldown)", len(restarted) == 1,
               str(len(restarted)))

@@ -324,6 +324,19 @@ def job(obj: Obj, now: dt.datetime) -> Cells:
             ",".join(str(c.get("image") or "") for c in containers), label_selector(spec.get("selector"))]
 
 
+def daemonset(obj: Obj, now: dt.datetime) -> Cells:
+    spec, st = _d(obj.get("spec")), _d(obj.get("status"))
+    pod_spec = _d(_d(spec.get("template")).get("spec"))
+    selector = _d(pod_spec.get("nodeSelector"))
+    containers = [_d(c) for c in _l(pod_spec.get("containers"))]
+    counts = [int(st.get(k) or 0) for k in ("desiredNumberScheduled", "currentNumberScheduled", "numberReady",
+                                            "updatedNumberScheduled", "numberAvailable")]
+    # labels.FormatLabels: keys sorted, "<none>" when empty
+    return [_name(obj), *counts, ",".join(f"{k}={selector[k]}" for k in sorted(selector)) or "<none>",
+            _age(obj, now), ",".join(str(c.get("name") or "") for c in containers),
+            ",".join(str(c.get("image") or "") for c in containers), label_selector(spec.get("selector"))]
+
+
 def _int_or_string(value: Any) -> str:
     return "N/A" if value is None else str(value)
 
@@ -351,6 +364,6 @@ PRINTERS: dict[str, Printer] = {
     "pods": pod, "nodes": node, "events": event, "namespaces": namespace, "configmaps": configmap,
     "secrets": secret, "leases.coordination.k8s.io": lease, "jobs.batch": job,
     "poddisruptionbudgets.policy": pdb, "resourceslices.resource.k8s.io": resource_slice,
-    "devicetaintrules.resource.k8s.io": device_taint_rule,
+    "devicetaintrules.resource.k8s.io": device_taint_rule, "daemonsets.apps": daemonset,
 }
 """Resource key -> its printer; each matches the recorded columns of that key."""

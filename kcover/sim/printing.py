@@ -7,7 +7,7 @@ cells; for a custom resource, what kube-apiserver's custom-resource table conver
 `additionalPrinterColumns` (`registry.Column`), each cell read with its simple JSONPath; `date` cells
 rendered as a human age (`5m10s`, `3h`, as `duration.HumanDuration`), absent values as null; each row
 carrying the object as `PartialObjectMetadata` (`includeObject=Metadata`, the default), the whole
-object (`Object`) or nothing (`None`). Kinds with neither keep plain JSON (kubectl prints NAME and AGE
+object (`Object`) or null (`None`). Kinds with neither keep plain JSON (kubectl prints NAME and AGE
 itself). It holds no state and never raises on a malformed object (the cell is null).
 """
 
@@ -88,9 +88,7 @@ def table(resource: registry.Resource, objects: list[Obj], *, include: str, now:
         cells = [(obj.get("metadata") or {}).get("name")]
         cells += [_cell(c, _lookup(obj, c.json_path), now) for c in resource.columns]
         row: Obj = {"cells": cells}
-        embedded = _row_object(obj, include or "Metadata")
-        if embedded is not None:
-            row["object"] = embedded
+        row["object"] = _row_object(obj, include or "Metadata")  # null with includeObject=None, as Go encodes it
         rows.append(row)
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {},
             "columnDefinitions": definitions, "rows": rows}
@@ -106,9 +104,7 @@ def _builtin_table(resource: registry.Resource, objects: list[Obj], *, include: 
         conditions = printers.pod_conditions(obj) if resource.key == "pods" else None
         if conditions:
             row["conditions"] = conditions
-        embedded = _row_object(obj, include or "Metadata")
-        if embedded is not None:
-            row["object"] = embedded
+        row["object"] = _row_object(obj, include or "Metadata")  # null with includeObject=None, as Go encodes it
         rows.append(row)
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta or {},
             "columnDefinitions": printers.recorded_columns()[resource.key], "rows": rows}

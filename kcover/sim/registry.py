@@ -177,6 +177,8 @@ RESOURCES: tuple[Resource, ...] = (
              field_labels=NEW_EVENT_FIELDS, store_key="events"),
     Resource(plural="leases", kind="Lease", group="coordination.k8s.io", put_without_rv=False),
     Resource(plural="jobs", kind="Job", group="batch", subresources=("status",), has_generation=True),
+    Resource(plural="daemonsets", kind="DaemonSet", group="apps", subresources=("status",), short_names=("ds",),
+             has_generation=True),
     Resource(plural="poddisruptionbudgets", kind="PodDisruptionBudget", group="policy", subresources=("status",),
              short_names=("pdb",), has_generation=True),
     Resource(plural="resourceslices", kind="ResourceSlice", group="resource.k8s.io", namespaced=False,

@@ -2,11 +2,12 @@
 
 Owns the command's arguments, running one scenario (`run_scenario`) under its timeout, the report
 (a readable timeline with millisecond offsets plus a summary, or one JSON document with
-`--report json`) and `--serve` (keep the cluster up for kubectl until Ctrl-C). Exit code 0 exactly
-when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
+`--report json`) and `--serve` (keep the cluster up for kubectl and `kcover sim inject`, whose
+endpoint `control` installs, until Ctrl-C). Exit code 0 exactly when the scenario's expectations held. Scenarios live in `scenarios`, the cluster in `cluster`.
 
-How it fails: a scenario step that times out is a failed check, not a crash; a scenario whose plugin
-is missing is reported as skipped (and passes); errors starting the cluster propagate.
+How it fails: a scenario step that times out is a failed check, not a crash; a scenario that cannot
+run (a detector plugin it needs is not installed) is reported as not run, with the reason, and exits
+`NOT_RUN` (3), never 0; errors starting the cluster propagate.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from kcover import logs, settings
 from kcover.detectors import registry
 from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
+from kcover.sim import control
 from kcover.sim import scenarios as scenarios_
 
 log = structlog.get_logger()
+NOT_RUN = 3
+"""Exit code of a scenario that could not run (0 passed, 1 failed, 2 bad usage)."""
 
 
 @dataclass
@@ -107,7 +111,7 @@ def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
         tag = "act" if e.reason.startswith("Kcover") else "event"
         about = f"{e.kind} {e.namespace + '/' if e.namespace else ''}{e.name}"
         who = e.instance or e.reporter
-        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {e.message[:140]}"))
+        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {scenarios_.clip(e.message, 140)}"))
     return sorted(entries, key=lambda item: item[0])
 
 
@@ -121,11 +125,12 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
     if scenario.nodes > size.nodes:
         size = dataclasses.replace(size, nodes=scenario.nodes)
     if scenario.plugin and scenario.plugin not in registry.discover().names():
-        return Report(scenario.name, True, dt.datetime.now(dt.UTC),
+        return Report(scenario.name, False, dt.datetime.now(dt.UTC),
                       skipped=f"detector plugin {scenario.plugin!r} is not installed "
-                              f"(pip install -e plugins/kcover-{scenario.plugin}); scenario skipped", size=size)
-    async with cluster_.SimCluster(size, overrides=scenario.overrides,
-                                   agent_overrides=scenario.agent_overrides) as cluster:
+                              f"(pip install -e plugins/kcover-{scenario.plugin}); the scenario cannot run", size=size)
+    made = cluster_.SimCluster(size, overrides=scenario.overrides, agent_overrides=scenario.agent_overrides)
+    control.install(made)  # `kcover sim inject` against the served cluster
+    async with made as cluster:
         if kubeconfig_out:
             cluster.srv.write_kubeconfig(kubeconfig_out)
         run = scenarios_.Run(cluster)
@@ -152,12 +157,13 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
 
 
 def render(report: Report) -> str:
-    summary = CHAOS_SUMMARY if report.scenario == CHAOS else scenarios_.catalogue()[report.scenario].summary
+    known = scenarios_.catalogue().get(report.scenario)
+    summary = CHAOS_SUMMARY if report.scenario == CHAOS else known.summary if known else ""
     lines = [f"scenario {report.scenario}: {summary}",
              f"cluster: {report.size.nodes} nodes x {report.size.gpus_per_node} GPUs, {report.size.jobs} PyTorchJobs, "
              "2 controller replicas, 1 agent per node", ""]
     if report.skipped:
-        return "\n".join([*lines, f"SKIPPED: {report.skipped}"])
+        return "\n".join([*lines, f"NOT RUN: {report.skipped}", "result: NOT RUN"])
     for at, tag, text in report.timeline:
         lines.append(f"  +{report.ms(at) or 0.0:9.1f} ms  {tag:<8} {text}")
     lines.append("")
@@ -190,7 +196,8 @@ def render(report: Report) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", default=scenarios_.DEFAULT,
-                   help=f"scenario to play (default {scenarios_.DEFAULT}; see --list)")
+                   help=f"scenario to play (default {scenarios_.DEFAULT}; see --list); `kcover sim inject KIND ...` "
+                        "instead injects a fault into a cluster served with --serve (see `kcover sim inject --help`)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--nodes", type=int, default=4, help="GPU nodes (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
@@ -198,7 +205,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster's randomness")
     p.add_argument("--report", choices=["text", "json"], default="text",
                    help="text: timeline and summary; json: one JSON document")
-    p.add_argument("--serve", action="store_true", help="keep the cluster running after the scenario (Ctrl-C ends)")
+    p.add_argument("--serve", action="store_true", help="keep the cluster running after the scenario (Ctrl-C ends); "
+                   "use it with kubectl and `kcover sim inject`")
     p.add_argument("--kubeconfig-out", metavar="PATH", default="", help="write a kubeconfig for kubectl here")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="error",
                    help="kcover's own logs, on stderr (default error)")
@@ -249,6 +257,9 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(json.dumps(report.to_json(), indent=2), file=out)
     else:
         print(render(report), file=out)
+    if report.skipped:
+        print(f"kcover sim: scenario {report.scenario} did not run: {report.skipped}", file=sys.stderr)
+        return NOT_RUN
     return 0 if report.passed else 1
 
 

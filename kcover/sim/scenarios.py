@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import importlib.metadata as md
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ RESTARTED = "KcoverRestartedWorkload"
 CORDONED = "KcoverCordonedNode"
 SKIPPED = "KcoverRecoverySkipped"
 ACTION_NAMES = {RESTARTED: "restart-workload", CORDONED: "cordon-node", SKIPPED: "skip"}
+_WORD_END = re.compile(r"\b")
 WAIT = 10.0
 """Seconds any one expected step may take before the scenario fails."""
 SETTLE = 1.0
@@ -127,7 +129,7 @@ class Scenario:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     timeout: float = 45.0
     plugin: str = ""
-    """A detector plugin the scenario needs; skipped (with a message) when it is not installed."""
+    """A detector plugin the scenario needs; without it the scenario does not run (`kcover sim` exits 3, saying why)."""
     nodes: int = 0
     """Nodes the scenario needs at least; a smaller `--nodes` is raised to it."""
     agent_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -135,6 +137,26 @@ class Scenario:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+def clip(text: str, limit: int) -> str:
+    """`text` (whitespace runs made single spaces) cut to at most `limit` characters at a word boundary,
+    with " ..." where it was cut.
+
+    Timelines and check details show messages written by others (Events, conditions); a cut in the
+    middle of a word reads as a different word. The cut falls at the last space, comma or semicolon
+    in the second half of the room, else at the last word boundary (a label selector, a path), else at
+    `limit` (one word longer than half of it)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    room = max(1, limit - 4)
+    head = text[:room + 1]
+    cut = max(head.rfind(" "), head.rfind(",") + 1, head.rfind(";") + 1)
+    if cut <= room // 2:
+        bounds = [m.start() for m in _WORD_END.finditer(head) if m.start() <= room]
+        cut = bounds[-1] if bounds and bounds[-1] > room // 2 else room
+    return text[:cut].rstrip(" ,;:") + " ..."
+
 
 def _is_restart_of(job: str) -> Callable[[cluster_.ApiEvent], bool]:
     return lambda e: e.reason == RESTARTED and e.kind == "PyTorchJob" and e.name == job
@@ -292,7 +314,7 @@ async def restart_storm(run: Run) -> None:
         found = await run.acted(f, lambda e: e.reason in (RESTARTED, SKIPPED) and e.name == job,
                                 f"kcover to restart or refuse PyTorchJob {NS}/{job}")
         if found.reason == SKIPPED:
-            run.note("refused", found.message[:160], found.at)
+            run.note("refused", clip(found.message, 160), found.at)
             break
         await run.recovered(f, job, old)
     await asyncio.sleep(SETTLE)
@@ -300,7 +322,7 @@ async def restart_storm(run: Run) -> None:
     run.check(f"restarts stopped at the budget of {budget} ({restarts})", restarts == budget)
     why = [e.message for e in run.api_events(SKIPPED, job)]
     run.check(f"a {SKIPPED} Event says the budget is exhausted",
-              any("budget exhausted" in m for m in why), why[0][:120] if why else "none")
+              any("budget exhausted" in m for m in why), clip(why[0], 120) if why else "none")
     calls = c.srv.request_counts.get("DELETE pods", 0)
     run.check(f"{budget} restarts' uid-preconditioned pod deletes ({calls})", calls == budget * c.size.pods_per_job)
     run.check("the job's pods were left in place after the refusal",
@@ -360,7 +382,7 @@ async def leader_crash_after_intent(run: Run) -> None:
     await asyncio.sleep(SETTLE)
     run.check(f"the successor finished the restart ({found.instance})", found.instance == successor.identity)
     run.check("its Event says it finished the dead leader's restart", "finishing the restart" in found.message,
-              found.message[:160])
+              clip(found.message, 160))
     _once(run, job)
 
 

@@ -72,6 +72,11 @@ class SimServer:
         """A `kcover.kube.client.KubeClient` talking to this server in-process (no socket, no HTTP)."""
         return self.front.client(request_timeout=request_timeout, retry=retry)
 
+    def add_http_middleware(self, middleware: Any) -> None:
+        """An aiohttp middleware in front of the loopback HTTP front (paths of the simulated cluster's own, such
+        as `kcover sim inject`'s control endpoint); before `start`: aiohttp freezes its middlewares then."""
+        self._app.middlewares.append(middleware)
+
     async def _http(self, request: web.Request) -> web.StreamResponse:
         """The loopback HTTP front: an aiohttp request in, the API server's answer out."""
         transport = request.transport

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kcover.aio import clock as clocks
-from kcover.sim import deepjson, managedfields, registry, selectors, status
+from kcover.sim import collecting, deepjson, managedfields, registry, selectors, status
 from kcover.sim.tables import Change, Entry, Filter, ListResult, Watcher, _Table
 
 Obj = dict[str, Any]
@@ -204,10 +204,12 @@ class Store:
     def generate_name(self, prefix: str) -> str:
         return prefix + "".join(self._rng.choice(_SUFFIX_ALPHABET) for _ in range(5))
 
-    def create(self, key: str, obj: Obj, *, keep_uid: bool = False) -> Obj:
+    def create(self, key: str, obj: Obj, *, keep_uid: bool = False,
+               admit: Callable[[Obj], None] | None = None) -> Obj:
         """Store a new object as given (status included) and return it with server-set fields. `keep_uid`
         (seeding a scenario, never the API): a uid the object carries is kept, so seeded owner references
-        and uid labels hold."""
+        and uid labels hold. `admit` changes it once it has its uid, before it is stored (a strategy rule
+        that needs the uid: a Job's generated selector)."""
         table = self.table(key)
         res = table.resource
         obj = dict(obj)
@@ -246,6 +248,8 @@ class Store:
             meta["generation"] = 1
         else:
             meta.pop("generation", None)
+        if admit is not None:
+            admit(obj)
         meta["resourceVersion"] = str(self._bump())
         entry = self._entry(table, obj)
         table.put(k, entry)
@@ -320,8 +324,11 @@ class Store:
                 self._remove(table, entry, obj)
 
     def delete(self, key: str, namespace: str, name: str, *, grace_seconds: int | None = None,
-               uid: str | None = None, resource_version: str | None = None) -> tuple[Obj, bool]:
-        """Delete (or start deleting) an object; returns (object, whether it is gone now)."""
+               uid: str | None = None, resource_version: str | None = None,
+               policy: str | None = None) -> tuple[Obj, bool]:
+        """Delete (or start deleting) an object; returns (object, whether it is gone now). `policy` is the
+        DELETE's propagationPolicy (None: not given), turned into garbage-collector finalizers
+        (`collecting.deletion_finalizers`)."""
         table = self.table(key)
         res = table.resource
         entry = self.entry(key, namespace, name)
@@ -344,18 +351,30 @@ class Store:
                 grace = 0
         elif key == "namespaces":
             return self._delete_namespace(table, entry, obj)
-        finalizers = meta.get("finalizers") or []
+        finalizers = list(meta.get("finalizers") or [])
+        refinalized = False
+        if not (key == "pods" and meta.get("deletionTimestamp")):  # a pod already terminating keeps its finalizers
+            wanted = collecting.deletion_finalizers(res, finalizers, policy)
+            if wanted != finalizers:
+                finalizers, refinalized = wanted, True
+                if wanted:
+                    meta["finalizers"] = wanted
+                else:
+                    meta.pop("finalizers", None)
         if grace == 0 and not finalizers:
             return self._remove(table, entry, obj), True
         now = self.clock.now()
+        shorter = True
         if meta.get("deletionTimestamp"):
             current = int(meta.get("deletionGracePeriodSeconds", 0))
-            if grace >= current:
+            shorter = grace < current
+            if not shorter and not refinalized:
                 return obj, False
             if grace == 0 and not finalizers:
                 return self._remove(table, entry, obj), True
-        meta["deletionTimestamp"] = clocks.rfc3339(now + dt.timedelta(seconds=grace))
-        meta["deletionGracePeriodSeconds"] = grace
+        if shorter:  # a second delete may shorten the grace period, never lengthen it
+            meta["deletionTimestamp"] = clocks.rfc3339(now + dt.timedelta(seconds=grace))
+            meta["deletionGracePeriodSeconds"] = grace
         if res.has_generation:
             meta["generation"] = int(meta.get("generation", 1)) + 1
         meta["resourceVersion"] = str(self._bump())

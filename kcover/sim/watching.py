@@ -3,7 +3,8 @@
 Owns the watch query options (resourceVersion, allowWatchBookmarks, timeoutSeconds,
 sendInitialEvents with resourceVersionMatch) and the stream itself: HTTP 200, then one JSON event
 per line, written as soon as it exists; initial ADDEDs, then changes with selector transitions,
-BOOKMARKs when asked for, a 410 ERROR event for a resourceVersion that is too old, and a clean end
+BOOKMARKs when asked for, a 410 ERROR event for a resourceVersion that is too old, objects as
+meta.k8s.io/v1 Tables when the Accept header asks for them (`kubectl get -w`), and a clean end
 at `timeoutSeconds` or when the store closes the watcher (fault injection, slow consumer). A client
 that goes away ends the stream at the next write or periodic check (`Request.connected`).
 """
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kcover.sim import exchange, status, tables
+from kcover.sim import exchange, printing, status, tables
 
 if TYPE_CHECKING:
     from kcover.sim import apiserver
@@ -67,12 +68,37 @@ def _line(kind: str, raw: bytes) -> bytes:
     return b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n"
 
 
-def _bookmark(t: apiserver.Target, rv: int, initial_end: bool = False) -> bytes:
-    meta: dict[str, Any] = {"resourceVersion": str(rv)}
-    if initial_end:
-        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-    return _line("BOOKMARK", orjson.dumps({"kind": t.resource.kind, "apiVersion": t.resource.api_version,
-                                           "metadata": meta}))
+class _Encoder:
+    """Each event's object as the client asked: as stored, or (`as=Table`) a meta.k8s.io/v1 Table of that one
+    object, as kube-apiserver's watchEmbeddedEncoder writes it: the Table's resourceVersion the object's,
+    column definitions on the first event only (null after), bookmarks converted like objects."""
+
+    def __init__(self, request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target) -> None:
+        self._server, self._t = server, t
+        self._table = printing.wants_table(request.headers.get("Accept", ""), t.resource)
+        self._include = request.query.get("includeObject", "")
+        if self._table and self._include not in ("", "None", "Metadata", "Object"):
+            raise status.bad_request(f'includeObject: unsupported value "{self._include}"')
+        self._headers = True
+
+    def line(self, kind: str, raw: bytes) -> bytes:
+        raw = self._server._render(self._t, raw)
+        if not self._table:
+            return _line(kind, raw)
+        obj = orjson.loads(raw)
+        table = printing.table(self._t.resource, [obj], include=self._include, now=self._server.store.clock.now())
+        table["metadata"] = {"resourceVersion": str((obj.get("metadata") or {}).get("resourceVersion") or "")}
+        if not self._headers:
+            table["columnDefinitions"] = None
+        self._headers = False
+        return _line(kind, orjson.dumps(table))
+
+    def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return self.line("BOOKMARK", orjson.dumps({"kind": self._t.resource.kind,
+                                                   "apiVersion": self._t.resource.api_version, "metadata": meta}))
 
 
 async def serve(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: tables.Filter,
@@ -105,10 +131,16 @@ async def serve(request: exchange.Request, server: apiserver.ApiServer, t: apise
             if err.status != 410:
                 raise
             expired = err
+    try:
+        encoder = _Encoder(request, server, t)
+    except status.ApiError:
+        if watcher is not None:
+            watcher.close()
+        raise
     if watcher is None:
         assert expired is not None
         return exchange.Stream(_one(_line("ERROR", orjson.dumps(expired.status_obj))))
-    return exchange.Stream(_events(request, server, t, watcher, options))
+    return exchange.Stream(_events(request, server, t, watcher, options, encoder))
 
 
 async def _one(chunk: bytes) -> AsyncIterator[bytes]:
@@ -116,7 +148,7 @@ async def _one(chunk: bytes) -> AsyncIterator[bytes]:
 
 
 async def _events(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target,
-                  watcher: tables.Watcher, options: WatchOptions) -> AsyncIterator[bytes]:
+                  watcher: tables.Watcher, options: WatchOptions, encoder: _Encoder) -> AsyncIterator[bytes]:
     store = server.store
     loop = asyncio.get_running_loop()
     timeout = options.timeout_seconds
@@ -125,17 +157,17 @@ async def _events(request: exchange.Request, server: apiserver.ApiServer, t: api
     deadline = loop.time() + timeout
     snapshot_rv = store.resource_version
     try:
-        for chunk in _initial(server, t, watcher):
+        for chunk in _initial(encoder, watcher):
             yield chunk
         if options.send_initial_events:
-            yield _bookmark(t, snapshot_rv, initial_end=True)
+            yield encoder.bookmark(snapshot_rv, initial_end=True)
         next_bookmark = loop.time() + server.bookmark_interval
         while True:
             now = loop.time()
             if now >= deadline:
                 break
             if options.bookmarks and now >= next_bookmark and watcher.queue.empty():
-                yield _bookmark(t, store.resource_version)
+                yield encoder.bookmark(store.resource_version)
                 next_bookmark = now + server.bookmark_interval
             wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
             try:
@@ -150,7 +182,7 @@ async def _events(request: exchange.Request, server: apiserver.ApiServer, t: api
             while change is not None:
                 event = watcher.translate(change)
                 if event is not None:
-                    lines.append(_line(event[0], server._render(t, event[1].raw)))
+                    lines.append(encoder.line(event[0], event[1].raw))
                 if len(lines) >= BATCH or watcher.queue.empty():
                     break
                 change = watcher.queue.get_nowait()
@@ -162,13 +194,13 @@ async def _events(request: exchange.Request, server: apiserver.ApiServer, t: api
         watcher.close()
 
 
-def _initial(server: apiserver.ApiServer, t: apiserver.Target, watcher: tables.Watcher) -> Iterator[bytes]:
+def _initial(encoder: _Encoder, watcher: tables.Watcher) -> Iterator[bytes]:
     lines: list[bytes] = []
     while watcher.initial:
         change = watcher.initial.popleft()
         event = watcher.translate(change)
         if event is not None:
-            lines.append(_line(event[0], server._render(t, event[1].raw)))
+            lines.append(encoder.line(event[0], event[1].raw))
         if len(lines) >= BATCH:
             yield b"".join(lines)
             lines = []

@@ -49,6 +49,10 @@ def _map(raw: list[dict[str, Any]], uuid: str) -> list[model.DraDevice] | dradev
 
 MIXED = _slice([_gpu(0, "GPU-a"), _gpu(1, "GPU-b"), _mig(1, "MIG-b0", "GPU-b"), _mig(1, "MIG-b1", "GPU-b")])
 
+BASIC = _slice([{"name": d["name"], "basic": {"attributes": d["attributes"]}}
+                for d in (_gpu(0, "GPU-a"), _mig(1, "MIG-b0", "GPU-b"))])
+"""A ResourceSlice as resource.k8s.io/v1beta1 and v1alpha3 carry it: each device's attributes under `basic`."""
+
 CASES = [
     ("whole GPU", [MIXED], "GPU-a", [_dev("gpu-0")]),
     ("a MIG device by its own UUID", [MIXED], "MIG-b1", [_dev("gpu-1-mig-19-1-1")]),
@@ -63,6 +67,9 @@ CASES = [
     ("attributes not a map", [_slice([{"name": "gpu-0", "attributes": ["uuid", "GPU-a"]}])], "GPU-a", []),
     ("device without a name", [_slice([{"attributes": {"uuid": {"string": "GPU-a"}}}])], "GPU-a", []),
     ("devices not a list", [_slice({"gpu-0": 1})], "GPU-a", []),  # type: ignore[arg-type]
+    ("v1beta1 and v1alpha3 slices (1.31-1.33): attributes under `basic`", [BASIC], "GPU-b",
+     [_dev("gpu-1-mig-19-0-1")]),
+    ("a v1beta1 whole GPU", [BASIC], "GPU-a", [_dev("gpu-0")]),
     ("a device name past the API's limits", [_slice([_gpu(0, "GPU-a") | {"name": "g" * 300}])], "GPU-a", []),
     ("slice without a driver", [_slice([_gpu(0, "GPU-a")], driver="")], "GPU-a", []),
     ("two devices claim one UUID", [_slice([_gpu(0, "GPU-a")]), _slice([_gpu(7, "GPU-a")], uid="s2", pool="p2")],

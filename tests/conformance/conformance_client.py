@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 from collections.abc import Callable
 from typing import Any
 
@@ -78,3 +79,40 @@ class Api:
         finally:
             resp.close()
         return 200, events
+
+    async def served_versions(self, group: str, plural: str) -> list[str]:
+        """The versions of `group` whose discovery lists `plural` (a test asks this of the server instead of
+        assuming a Kubernetes version): [] when the group is not served."""
+        code, body = await self.request("GET", f"/apis/{group}")
+        if code == 404:
+            return []
+        assert code == 200, (group, code, body)
+        out = []
+        for version in (v["version"] for v in body.get("versions") or []):
+            code, listing = await self.request("GET", f"/apis/{group}/{version}")
+            if code == 200 and any(r.get("name") == plural for r in listing.get("resources") or []):
+                out.append(version)
+        return out
+
+    async def schema_fields(self, schema: str, document: str = "api/v1") -> set[str]:
+        """The properties of `schema` (`io.k8s.api.core.v1.ContainerStatus`) in the server's OpenAPI v3
+        document: the fields this server's version has (a field a feature gate turns off is still listed)."""
+        body = await self.ok("GET", f"/openapi/v3/{document}")
+        return set(((body.get("components") or {}).get("schemas") or {}).get(schema, {}).get("properties") or {})
+
+    async def server_version(self) -> str:
+        """`gitVersion` from /version, for a skip reason ("" on a server without it)."""
+        code, body = await self.request("GET", "/version")
+        return str(body.get("gitVersion") or "") if code == 200 and isinstance(body, dict) else ""
+
+
+def recorded_version() -> str:
+    """The kube-apiserver version the simulated server's recordings (Table columns, OpenAPI documents) were
+    made from: kcover/sim/recorded/VERSION."""
+    return importlib.resources.files("kcover.sim").joinpath("recorded/VERSION").read_text().strip()
+
+
+def minor(version: str) -> tuple[int, int]:
+    """`v1.29.6` or `1.36.3` -> (1, 29)."""
+    major, minor_, *_ = version.lstrip("v").split(".")
+    return int(major), int("".join(c for c in minor_ if c.isdigit()) or 0)

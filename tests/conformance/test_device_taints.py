@@ -9,6 +9,10 @@ selectors work; DELETE answers with the deleted object (not a Status), and a sec
 DELETE with a stale uid precondition is 409. Then kcover's own writer (`recovery.devicetainting`)
 against the same server: discovery finds v1beta2, the rule it writes selects exactly one device, a
 rule of that name it did not write is left alone, and it removes only its own.
+
+Each test first asks the server whether it serves what the test covers (`Api.served_versions`) and is
+skipped, saying so, where it does not (Kubernetes before 1.33, or a server without the gate and the
+runtime-config): kcover falls back to the node there (tests/integration/recovery).
 """
 
 # ruff: noqa: PT018  (compound asserts read as one expectation about one answer)
@@ -17,14 +21,25 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import pytest
 from conformance_client import Api
 
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import client as kubeclient
+from kcover.kube import gateway
 from kcover.recovery import devicetainting
 
 BASE = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+
+
+@pytest.fixture
+async def v1beta2(conformance_api: Api) -> None:
+    """Skip unless the server serves DeviceTaintRules in resource.k8s.io/v1beta2 (what these tests observed)."""
+    served = await conformance_api.served_versions("resource.k8s.io", "devicetaintrules")
+    if "v1beta2" not in served:
+        pytest.skip(f"kube-apiserver {await conformance_api.server_version()} serves no resource.k8s.io/v1beta2 "
+                    f"devicetaintrules (served in: {', '.join(served) or 'no version'})")
 
 
 def _rule(name: str, *, effect: str = "NoSchedule", key: str = "kcover.io/unhealthy",
@@ -35,6 +50,7 @@ def _rule(name: str, *, effect: str = "NoSchedule", key: str = "kcover.io/unheal
                      "taint": {"key": key, "value": "XID79", "effect": effect}}}
 
 
+@pytest.mark.usefixtures("v1beta2")
 async def test_discovery_lists_device_taint_rules(conformance_api: Api) -> None:
     group = await conformance_api.ok("GET", "/apis/resource.k8s.io")
     assert "v1beta2" in {v["version"] for v in group["versions"]}
@@ -45,6 +61,7 @@ async def test_discovery_lists_device_taint_rules(conformance_api: Api) -> None:
     assert {"create", "delete", "get", "list", "watch"} <= set(names["devicetaintrules"]["verbs"])
 
 
+@pytest.mark.usefixtures("v1beta2")
 async def test_create_defaults_and_conflicts(conformance_api: Api) -> None:
     name = "conf-" + secrets.token_hex(4)
     code, created = await conformance_api.request("POST", BASE, body=_rule(name))
@@ -70,6 +87,7 @@ async def test_create_defaults_and_conflicts(conformance_api: Api) -> None:
     assert code == 404 and gone["reason"] == "NotFound"
 
 
+@pytest.mark.usefixtures("v1beta2")
 async def test_invalid_rules_are_refused_with_causes(conformance_api: Api) -> None:
     cases: list[tuple[dict[str, Any], set[tuple[str, str]]]] = [
         (_rule("conf-bad-effect", effect="PreferNoSchedule"), {("FieldValueNotSupported", "spec.taint.effect")}),
@@ -90,12 +108,12 @@ async def test_invalid_rules_are_refused_with_causes(conformance_api: Api) -> No
     await conformance_api.ok("DELETE", f"{BASE}/{answer['metadata']['name']}")
 
 
+@pytest.mark.usefixtures("v1beta2")
 async def test_kcovers_writer_taints_one_device_and_removes_only_its_own(conformance_api: Api) -> None:
     kube = kubeclient.from_configuration(conformance_api.client.configuration)
     options = settings.DeviceTaintSettings(effect=settings.DeviceTaintEffect.NO_SCHEDULE)
-    taints = devicetainting.DeviceTaints(kube, options=lambda: options,
-                                         metrics_=metrics.Metrics(),
-                                         clock=clock_.SystemClock(), guard=lambda: None)
+    taints = devicetainting.DeviceTaints(kube, gateway.Http(kube), options=lambda: options,
+                                         metrics_=metrics.Metrics(), clock=clock_.SystemClock())
     suffix = secrets.token_hex(3)
     ours = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-3")
     foreign = model.DraDevice(driver="gpu.example.com", pool=f"conf-{suffix}", device="gpu-5")
@@ -126,3 +144,23 @@ async def test_kcovers_writer_taints_one_device_and_removes_only_its_own(conform
             except errors.NotFoundError:
                 pass
         await kube.close()
+
+
+async def test_where_none_is_served_kcovers_writer_writes_nothing_and_says_so(conformance_api: Api) -> None:
+    served = await conformance_api.served_versions("resource.k8s.io", "devicetaintrules")
+    if served:
+        pytest.skip(f"this server serves devicetaintrules (resource.k8s.io {served}): the tests above cover it")
+    kube = kubeclient.from_configuration(conformance_api.client.configuration)
+    registry = metrics.Metrics()
+    taints = devicetainting.DeviceTaints(kube, gateway.Http(kube), options=settings.DeviceTaintSettings,
+                                         metrics_=registry, clock=clock_.SystemClock())
+    device = model.DraDevice(driver="gpu.example.com", pool="conf-" + secrets.token_hex(3), device="gpu-3")
+    try:
+        assert await taints.served_version() is None
+        assert await taints.taint(device, node="conf-node", reason="XID79", cause="c1") is devicetainting.Outcome.UNSERVED
+        assert await taints.untaint(device) is devicetainting.Outcome.UNSERVED
+    finally:
+        await kube.close()
+    assert not [k for k in kube.request_counts if not k.startswith("GET ")]  # only discovery was asked
+    assert registry.registry.get_sample_value("kcover_device_taints_served") == 0
+    assert registry.registry.get_sample_value("kcover_api_capability", {"capability": "device_taint_rules"}) == 0

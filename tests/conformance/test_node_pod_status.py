@@ -8,6 +8,11 @@ Observed on kube-apiserver 1.36.3 (ResourceHealthStatus and ResourceHealthStatus
 * A `/status` write (PUT or PATCH) whose `containerStatuses[].allocatedResourcesStatus[].name` is
   not a resource of that container is 422 Invalid: `claim:<claim>` or `claim:<claim>/<request>` of
   its `resources.claims`, else a resource name of its requests (which default from limits).
+
+The allocatedResourcesStatus tests first ask the server (`health_status`) and are skipped, saying why,
+where it cannot hold what they check: no such field in its schema (before 1.31), a pod's DRA claims
+dropped (the DynamicResourceAllocation gate off, as by default before 1.34), or the field dropped from
+a status write (the ResourceHealthStatus gate off, as by default before 1.36).
 """
 
 # ruff: noqa: PT018  (compound asserts read as one expectation about one answer)
@@ -83,6 +88,26 @@ async def pods(conformance_api: Api, ns: str) -> AsyncIterator[str]:
     await conformance_api.request("DELETE", path, query={"gracePeriodSeconds": 0})
 
 
+@pytest.fixture
+async def health_status(conformance_api: Api, pods: str) -> None:
+    """Skip unless this server keeps DRA claims on a pod and `allocatedResourcesStatus` in its status."""
+    server = await conformance_api.server_version()
+    if "allocatedResourcesStatus" not in await conformance_api.schema_fields("io.k8s.api.core.v1.ContainerStatus"):
+        pytest.skip(f"kube-apiserver {server}: core/v1 ContainerStatus has no allocatedResourcesStatus (KEP-4680)")
+    created = await conformance_api.ok("POST", pods, body=_pod("probe"))
+    try:
+        if not created["spec"].get("resourceClaims"):
+            pytest.skip(f"kube-apiserver {server} dropped the pod's spec.resourceClaims (its DynamicResourceAllocation "
+                        f"feature gate is off): no DRA claim to name")
+        got = await conformance_api.ok("PATCH", f"{pods}/probe/status", content_type=SMP, body={
+            "status": {"containerStatuses": [_status("dp", "nvidia.com/gpu")]}})
+        if not got["status"]["containerStatuses"][0].get("allocatedResourcesStatus"):
+            pytest.skip(f"kube-apiserver {server} dropped allocatedResourcesStatus from a status write (its "
+                        f"ResourceHealthStatus feature gate is off)")
+    finally:
+        await conformance_api.request("DELETE", f"{pods}/probe", query={"gracePeriodSeconds": 0})
+
+
 def _pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {
         "resourceClaims": [{"name": "gpu", "resourceClaimName": "rc-gpu"},
@@ -112,6 +137,7 @@ def _causes(body: Any) -> list[tuple[str, str, str]]:
     return [(c["reason"], c["field"], c["message"]) for c in body["details"]["causes"]]
 
 
+@pytest.mark.usefixtures("health_status")
 @pytest.mark.parametrize(("container", "name"), [
     ("dra", "claim:gpu"), ("dra", "claim:multi/r1"), ("dra", "cpu"), ("dp", "nvidia.com/gpu"),
     ("ghost", "anything"),  # a status of no such container is not checked
@@ -125,6 +151,7 @@ async def test_allocated_resources_status_valid_names(conformance_api: Api, pods
     assert got["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["name"] == name
 
 
+@pytest.mark.usefixtures("health_status")
 @pytest.mark.parametrize(("container", "name", "message"), [
     ("dra", "claim:multi", CLAIM_MESSAGE),  # the claim has a request: it must be named
     ("dra", "claim:gpu/x", CLAIM_MESSAGE),
@@ -160,6 +187,7 @@ async def test_allocated_resources_status_invalid_name(conformance_api: Api, pod
     assert not stored["status"].get("containerStatuses")
 
 
+@pytest.mark.usefixtures("health_status")
 async def test_allocated_resources_status_every_rule_at_once(conformance_api: Api, pods: str) -> None:
     path = pods
     await conformance_api.ok("POST", path, body=_pod("p"))

@@ -23,6 +23,8 @@ async def test_discovery(conformance_api: Api) -> None:
     assert by_name["pods"]["namespaced"] is True and "po" in by_name["pods"]["shortNames"]
     assert by_name["nodes"]["namespaced"] is False and "watch" in by_name["nodes"]["verbs"]
     assert "pods/status" in by_name and "pods/log" in by_name
+    eviction = by_name["pods/eviction"]  # what kubectl drain checks before it evicts instead of deleting
+    assert (eviction["group"], eviction["version"], eviction["kind"]) == ("policy", "v1", "Eviction")
     groups = await conformance_api.ok("GET", "/apis")
     names = {g["name"] for g in groups["groups"]}
     assert {"coordination.k8s.io", "events.k8s.io", "batch", "kubeflow.org"} <= names

@@ -7,14 +7,37 @@
 #
 # Env overrides:
 #   KCOVER_CONTROLPLANE_BIN  use this dir if it holds both binaries (no build)
-#   KCOVER_K8S_VERSION       Kubernetes version (default pinned below)
-#   KCOVER_ETCD_VERSION      etcd version (default pinned below)
+#   KCOVER_K8S_VERSION       Kubernetes version (default pinned below; the test matrix's older
+#                            version is KCOVER_K8S_VERSION=1.29.6)
+#   KCOVER_ETCD_VERSION      etcd version (default: pinned per Kubernetes minor below)
 #   KCOVER_CACHE             cache root
 set -euo pipefail
 
-# Pinned versions: newest patch releases served by the Go module proxy when this was written.
+# Pinned Kubernetes version: the newest patch release served by the Go module proxy when this was written.
 K8S_VERSION="${KCOVER_K8S_VERSION:-1.36.3}"
-ETCD_VERSION="${KCOVER_ETCD_VERSION:-3.6.16}"
+# etcd per Kubernetes minor: the version each pinned patch release names in its build/dependencies.yaml
+# (what upstream tested it with, and what kubeadm installs beside it), read from the k8s.io/kubernetes
+# module of that patch: v1.29.6 -> 3.5.12, v1.30.14 -> 3.5.15, v1.31.14 / v1.32.13 / v1.33.13 -> 3.5.24.
+# 1.36 keeps 3.6.16, a newer patch of the 3.6 minor that v1.36.3 names (3.6.8). A patch release other than
+# the one named here gets its minor's etcd; the build warns when the module names another one.
+etcd_for_minor() {
+  case "$1" in
+    1.29) echo 3.5.12 ;;
+    1.30) echo 3.5.15 ;;
+    1.31|1.32|1.33) echo 3.5.24 ;;
+    1.34) echo 3.6.4 ;;
+    1.35) echo 3.6.6 ;;
+    1.36) echo 3.6.16 ;;
+    *) return 1 ;;
+  esac
+}
+K8S_MINOR="$(echo "$K8S_VERSION" | cut -d. -f1,2)"
+if [[ -n "${KCOVER_ETCD_VERSION:-}" ]]; then
+  ETCD_VERSION="$KCOVER_ETCD_VERSION"
+elif ! ETCD_VERSION="$(etcd_for_minor "$K8S_MINOR")"; then
+  echo "[build.sh] no etcd pinned for Kubernetes ${K8S_MINOR}; set KCOVER_ETCD_VERSION" >&2
+  exit 2
+fi
 
 log() { echo "[build.sh] $*" >&2; }
 
@@ -104,6 +127,11 @@ step "kubernetes v${K8S_VERSION}: resolve modules"
 cd "$WORK/k8s"
 K8S_GOMOD="$(go mod download -json "k8s.io/kubernetes@v${K8S_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
 [[ -f "$K8S_GOMOD" ]] || { log "could not download k8s.io/kubernetes@v${K8S_VERSION} go.mod"; exit 1; }
+K8S_DIR="$(go mod download -json "k8s.io/kubernetes@v${K8S_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+NAMED_ETCD="$(grep -A1 'name: "etcd"$' "$K8S_DIR/build/dependencies.yaml" 2>/dev/null | sed -n 's/^[[:space:]]*version: //p' || true)"
+if [[ -n "$NAMED_ETCD" && "$NAMED_ETCD" != "$ETCD_VERSION" ]]; then
+  log "    note: k8s.io/kubernetes v${K8S_VERSION} names etcd ${NAMED_ETCD}; building etcd ${ETCD_VERSION}"
+fi
 # Every `k8s.io/x => ./staging/src/k8s.io/x` replace in k8s.io/kubernetes' go.mod gets pinned to the
 # published staging version. sample-* modules are not published for every release and not needed.
 mapfile -t STAGING < <(grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$K8S_GOMOD" \

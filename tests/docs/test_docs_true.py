@@ -68,9 +68,11 @@ def invocations() -> list[tuple[str, list[str], list[str]]]:
         path: list[str] = []
         current = parser
         rest = list(words)
-        while rest and (sub := _subparsers(current)).get(rest[0]) is not None:
+        while rest and ((sub := _subparsers(current)).get(rest[0]) is not None or path + rest[:1] == ["sim", "inject"]):
             path.append(rest[0])
-            current = sub[rest.pop(0)]
+            current = cli.sim_inject_parser() if path == ["sim", "inject"] else sub[rest.pop(0)]
+            if path == ["sim", "inject"]:
+                rest.pop(0)
         if not path:
             continue  # `kcover` as a word (a prose span, the package name), not a command
         flags = [w.split("=", 1)[0] for w in rest if w.startswith("--") and len(w) > 2]
@@ -80,14 +82,15 @@ def invocations() -> list[tuple[str, list[str], list[str]]]:
 
 def _command(path: list[str]) -> argparse.ArgumentParser:
     current = cli.build_parser(wiring.ROLES)
-    for word in path:
-        current = _subparsers(current)[word]
+    for i, word in enumerate(path):
+        current = cli.sim_inject_parser() if path[:i + 1] == ["sim", "inject"] else _subparsers(current)[word]
     return current
 
 
 def test_the_docs_show_commands() -> None:
     paths = {" ".join(p) for _, p, _ in invocations()}
-    assert {"status", "config show", "breaker reset", "sim", "bench"} <= paths, "found too few: is the scan right?"
+    assert {"status", "config show", "breaker reset", "sim", "bench", "sim inject xid"} <= paths, \
+        "found too few: is the scan right?"
 
 
 def test_every_flag_the_docs_show_is_one_its_command_accepts() -> None:
@@ -102,6 +105,8 @@ def test_the_flag_scan_catches_a_flag_a_command_does_not_take() -> None:
     assert "--timeout" in _options(_command(["status"]))
     assert "--timeout" not in _options(_command(["config", "show"]))
     assert "--kubeconfig-out" in _options(_command(["sim"]))
+    assert "--gpu" in _options(_command(["sim", "inject", "xid"]))
+    assert "--gpu" not in _options(_command(["sim", "inject", "pod-error"]))
 
 
 def test_the_readme_command_table_lists_every_command() -> None:

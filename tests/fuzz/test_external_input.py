@@ -133,7 +133,7 @@ def test_annotations_decode_to_a_fault_or_a_refusal(annotations: dict[str, str])
 
 # ------------------------------------------------------------------------------------------ the ledger
 
-LEDGER_KEYS = ["i", "f", "l", "e", "t", "w", "u", "m", "s", "p", "n", "d", "c", "r", "h", "x", "o", "k", "a"]
+LEDGER_KEYS = ["i", "f", "l", "e", "t", "w", "u", "m", "s", "p", "n", "d", "c", "r", "h", "x", "o", "k", "a", "j", "v"]
 ledger_entries = json_like(LEDGER_KEYS)
 
 

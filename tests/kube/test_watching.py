@@ -197,3 +197,65 @@ async def test_inactive_watch_is_restarted(served: tuple[Any, client.KubeClient]
         await until(lambda: len(rec.changes) == 2)
     finally:
         await finish(stop, task)
+
+
+class Locations:
+    """A reflector's `locate`: answers the paths it is given, one per call, the last one from then on."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    async def __call__(self) -> str | None:
+        self.calls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+async def test_an_unserved_collection_is_never_requested_yet_counts_as_synced(
+        served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
+    srv.store.create("pods", raw_pod("p0"))
+    locate = Locations(None)
+    rec = Recorder()
+    reflector = watching.Reflector(kube, "/api/v1/pods", proj.pod, sink=rec, name="pods", options=FAST,
+                                   locate=locate)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reflector.run(stop), name="reflector")
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 10)
+        await until(lambda: locate.calls >= 3)  # asked again every missing_retry_seconds
+        assert reflector.unserved
+        assert reflector.missing
+        assert reflector.store == {}
+        assert rec.changes == []
+        assert kube.request_counts["LIST pods"] == 0
+        assert kube.request_counts["WATCH pods"] == 0
+    finally:
+        await finish(stop, task)
+
+
+async def test_a_collection_served_later_is_listed_at_the_path_located(
+        served: tuple[Any, client.KubeClient]) -> None:
+    srv, kube = served
+    srv.store.create("pods", raw_pod("p0"))
+    locate = Locations(None, "/api/v1/pods")  # not served at first; then served (an upgrade, a runtime-config)
+    rec = Recorder()
+    options = watching.ReflectorOptions(watch_timeout_seconds=30, inactivity_timeout_seconds=0.2,
+                                        backoff_initial_seconds=0.05, missing_retry_seconds=0.2)
+    reflector = watching.Reflector(kube, "/apis/example.com/v1/widgets", proj.pod, sink=rec, name="pods",
+                                   options=options, locate=locate)
+    stop = asyncio.Event()
+    task = asyncio.create_task(reflector.run(stop), name="reflector")
+    try:
+        await until(lambda: rec.changes == [("ADDED", "p0", server_pods(srv)["p0"])])
+        assert not reflector.unserved
+        assert not reflector.missing
+        assert reflector.path == "/api/v1/pods"
+        srv.store.create("pods", raw_pod("p1"))
+        await until(lambda: store_pods(reflector) == server_pods(srv))
+        assert kube.request_counts["LIST widgets"] == 0  # the constructor's path was never used
+        calls, watches = locate.calls, reflector.watches
+        await until(lambda: reflector.watches >= watches + 3)  # idle watches restarted: the loop went round
+        assert locate.calls == calls == 2  # found: not asked again while it is served
+    finally:
+        await finish(stop, task)

@@ -23,7 +23,8 @@ from kcover.sim import scenarios
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "scenarios"))
 import recordkit
 
-SIZE = cluster_.Size(nodes=3, gpus_per_node=2, jobs=2, seed=3)
+SIZE = cluster_.Size(nodes=3, gpus_per_node=3, jobs=2, seed=3)
+"""Room on two nodes for all six 1-GPU pods: the scheduler counts GPUs, and gpu-xid cordons one node."""
 WAIT = 10.0
 
 

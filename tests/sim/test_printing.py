@@ -50,6 +50,6 @@ def test_rows_carry_name_columns_and_metadata() -> None:
     assert cells["Cause"] is None
     assert row["object"] == {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
     assert printing.table(RECOVERIES, [obj], include="Object", now=NOW)["rows"][0]["object"] == obj
-    assert "object" not in printing.table(RECOVERIES, [obj], include="None", now=NOW)["rows"][0]
+    assert printing.table(RECOVERIES, [obj], include="None", now=NOW)["rows"][0]["object"] is None  # Go: null
     with pytest.raises(status.ApiError):
         printing.table(RECOVERIES, [obj], include="Everything", now=NOW)

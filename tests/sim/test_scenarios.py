@@ -3,16 +3,21 @@ cluster, small sizes. What a user sees: the scenario passes, and `--report json`
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+import structlog.testing
 
+from kcover import cli, wiring
+from kcover.detectors import registry
 from kcover.sim import cluster, running, scenarios
 
-SMALL = cluster.Size(nodes=2, gpus_per_node=2, jobs=2, seed=7)
+SMALL = cluster.Size(nodes=2, gpus_per_node=4, jobs=2, seed=7)
+"""Room for one node's pods on the other: the scheduler counts GPUs, and a cordon must not strand a job."""
 LATENCY_KEYS = {"detect_p50", "detect_p99", "act_p50", "act_p99"}
 FAULT_KEYS = {"kind", "target", "injected_at", "detected_at", "acted_at", "recovered_at", "action"}
 STEPS = {"node-repaired": ["KcoverValidation RequestValidation, then ValidationPassed, then the un-cordon",
@@ -33,15 +38,19 @@ def _shape(doc: dict[str, Any], name: str) -> None:
 
 @pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
 async def test_scenario_passes(name: str) -> None:
-    report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
+    plugin = scenarios.SCENARIOS[name].plugin
+    if plugin and plugin not in registry.discover().names():
+        pytest.skip(f"the {plugin} plugin is not installed (pip install -e plugins/kcover-{plugin})")
+    with structlog.testing.capture_logs() as logged:
+        report = await running.run_scenario(scenarios.SCENARIOS[name], SMALL)
     failed = [c.text for c in report.checks if not c.ok]
     assert report.passed, f"{name}: {failed}\n{running.render(report)}"
+    errors = [entry for entry in logged if entry.get("log_level") in ("error", "critical")]
+    assert not errors, f"{name} passed but logged errors: {errors}"
     for step in STEPS.get(name, []):
         assert any(step in c.text and c.ok for c in report.checks), f"{name}: no passed check {step!r}"
     doc = report.to_json()
     _shape(doc, name)
-    if report.skipped:
-        return
     assert doc["faults"], "every scenario injects at least one fault"
     first = doc["faults"][0]
     assert first["detected_at"] is not None
@@ -82,13 +91,32 @@ def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
     assert "unknown scenario" in unknown.stderr
 
 
-async def test_a_scenario_whose_plugin_is_missing_is_skipped_with_a_message() -> None:
+async def test_a_scenario_whose_plugin_is_missing_does_not_pass_and_says_why() -> None:
     needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
                                plugin="no-such-plugin")
     report = await running.run_scenario(needs, SMALL)
-    assert report.passed
+    assert not report.passed
     assert "'no-such-plugin' is not installed" in report.to_json()["skipped"]
+    assert report.to_json()["passed"] is False
     assert report.faults == []
+    assert running.render(report).splitlines()[-1] == "result: NOT RUN"
+
+
+def test_cli_exits_non_zero_for_a_scenario_that_cannot_run(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`kcover sim log-classified` without the logscan plugin once printed SKIPPED and exited 0."""
+    needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
+                               plugin="no-such-plugin")
+    monkeypatch.setitem(scenarios.SCENARIOS, needs.name, needs)
+    args = cli.build_parser(wiring.ROLES, command="sim").parse_args(["sim", needs.name, "--nodes", "2"])
+    args.config_given = False
+    buf = io.StringIO()
+    assert running.main(args, buf) == running.NOT_RUN == 3
+    _, err = capsys.readouterr()
+    out = buf.getvalue()
+    assert "NOT RUN: detector plugin 'no-such-plugin' is not installed" in out
+    assert "did not run" in err
+    assert "pip install -e plugins/kcover-no-such-plugin" in err
 
 
 @pytest.mark.parametrize("name", ["breaker-latch", "pause", "restart-stalled", "node-repaired"])
@@ -97,3 +125,42 @@ async def test_the_closed_loop_scenarios_pass_at_the_clis_default_size(name: str
     size, where the simulated cluster's cordon fraction happened to refuse the second node."""
     report = await running.run_scenario(scenarios.SCENARIOS[name], cluster.Size())
     assert report.passed, f"{name}: {[c.text for c in report.checks if not c.ok]}\n{running.render(report)}"
+
+
+@pytest.mark.parametrize(("text", "limit", "want"), [
+    ("restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/job-name=train-0,training.kubeflow.org/"
+     "operator-name=pytorchjob-controller)", 100,
+     "restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/job-name=train-0 ..."),
+    ("0/4 nodes are available: 4 node(s) were unschedulable. no new claims to deallocate", 60,
+     "0/4 nodes are available: 4 node(s) were unschedulable. ..."),
+    ("short enough", 40, "short enough"),
+    ("spaces   and\nnewlines   fold", 40, "spaces and newlines fold"),
+    ("x" * 50, 20, "x" * 16 + " ..."),
+])
+def test_clip_cuts_on_a_word_boundary(text: str, limit: int, want: str) -> None:
+    assert scenarios.clip(text, limit) == want
+    assert len(scenarios.clip(text, limit)) <= limit
+
+
+def test_timeline_event_messages_end_on_a_word() -> None:
+    """Timelines once cut an Event's message at 140 characters, mid-word ("...operator-name=pytorchjob-contr")."""
+
+    class Cluster:
+        detections: ClassVar[list[Any]] = []
+        api_events: ClassVar[list[cluster.ApiEvent]] = [cluster.ApiEvent(at=running.dt.datetime.now(running.dt.UTC), reason="KcoverRestartedWorkload",
+                                       kind="PyTorchJob", namespace="ml", name="train-0", reporter="kcover",
+                                       instance="kcover-controller-a", annotations={},
+                                       message="restarted PyTorchJob ml/train-0: deleted 4 pods (training.kubeflow.org/"
+                                               "job-name=train-0,training.kubeflow.org/operator-name=pytorchjob-"
+                                               "controller) after ContainerError from pod-status: the worker exited")]
+
+    started = running.dt.datetime.now(running.dt.UTC) - running.dt.timedelta(seconds=1)
+    run = scenarios.Run(Cluster(), started=started)  # type: ignore[arg-type]
+    [(_, tag, text)] = running.timeline(run)
+    event = Cluster.api_events[0]
+    full = f"Event {event.reason} on PyTorchJob ml/train-0 by kcover-controller-a: {event.message}"
+    assert tag == "act"
+    assert text.endswith(" ...")
+    body = text.removesuffix(" ...")
+    assert full.startswith(body)
+    assert full[len(body)] in " ,;", text  # the cut falls between words

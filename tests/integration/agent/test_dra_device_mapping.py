@@ -58,6 +58,14 @@ DRIVER = "gpu.nvidia.com"
 RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
 
 
+@pytest.fixture(autouse=True)
+async def _dra_served(cluster: Cluster) -> None:
+    """Every test here publishes v1 ResourceSlices and reads kcover's v1beta2 DeviceTaintRules: skipped,
+    saying so, on a server that serves them not (before Kubernetes 1.34, or without the runtime-config)."""
+    await cluster.require("resource.k8s.io/v1", "resourceslices")
+    await cluster.require("resource.k8s.io/v1beta2", "devicetaintrules")
+
+
 async def _until(probe: Callable[[], Awaitable[bool]], what: str, within: float = WAIT) -> None:
     try:
         async with asyncio.timeout(within):

@@ -9,6 +9,8 @@ unschedulable and tainted by kcover, which pods were deleted, what the ledger re
   `recovery.max_cordoned_fraction` of those nodes and refuses past it. CPU nodes (one of them with a
   non-GPU DRA driver, one labelled `nvidia.com/gpu.present` without any GPU) are in each cluster and
   must not count: counted, the breaker would let one more cordon through.
+  On a server that serves no `resource.k8s.io/v1` ResourceSlices (before Kubernetes 1.34 without the
+  runtime-config) the DRA-only cluster is skipped, saying so, and the others are built without slices.
 * A JobSet restart deletes, and records in its ledger intent, every pod of the JobSet (through its
   Jobs), not only the faulting pod.
 """
@@ -25,6 +27,7 @@ from kcover.kube import projections as proj
 from kcover.recovery import steps as st
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def node_fault(node: str, clock: Clock) -> model.CollectorEvent:
@@ -49,6 +52,9 @@ CPU nodes counted (2/9 < 0.4), the third would pass; were no node counted, the f
 
 async def _make_nodes(cluster: Cluster, flavour: str) -> tuple[list[str], list[str]]:
     capacity, driver = CLUSTERS[flavour]
+    if driver:
+        await cluster.require("resource.k8s.io/v1", "resourceslices")
+    dra = await cluster.serves("resource.k8s.io/v1", "resourceslices")
     prefix = cluster.namespace
     gpu_nodes = [f"{prefix}-gpu-{i}" for i in range(GPU_NODES)]
     cpu_nodes = [f"{prefix}-cpu-{i}" for i in range(4)]
@@ -62,8 +68,8 @@ async def _make_nodes(cluster: Cluster, flavour: str) -> tuple[list[str], list[s
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
             "status": {"capacity": {"cpu": "96", "memory": "1Ti", "pods": "110"}}})
     slices = [(name, driver) for name in gpu_nodes if driver] + [(cpu_nodes[1], "nic.example.com")]
-    for node, slice_driver in slices:
-        await cluster.harness.kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body={
+    for node, slice_driver in slices if dra else ():
+        await cluster.harness.kube.request("POST", SLICES, body={
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{node}-{slice_driver.replace('.', '-')}"},
             "spec": {"driver": slice_driver, "nodeName": node,
@@ -73,11 +79,13 @@ async def _make_nodes(cluster: Cluster, flavour: str) -> tuple[list[str], list[s
 
 
 async def _drop_slices(cluster: Cluster) -> None:
-    for item in await items(cluster, "/apis/resource.k8s.io/v1/resourceslices"):
+    if not await cluster.serves("resource.k8s.io/v1", "resourceslices"):
+        return
+    for item in await items(cluster, SLICES):
         if item["metadata"]["name"].startswith(cluster.namespace):
             with contextlib.suppress(errors.NotFoundError):
                 await cluster.harness.kube.request(
-                    "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{item['metadata']['name']}")
+                    "DELETE", f"{SLICES}/{item['metadata']['name']}")
 
 
 @pytest.mark.parametrize("flavour", sorted(CLUSTERS))

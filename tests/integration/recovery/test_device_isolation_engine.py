@@ -101,6 +101,10 @@ async def _node_events(cluster: Cluster, node: str) -> list[str]:
 
 
 async def test_an_unhealthy_device_is_tainted_its_job_restarted_and_the_node_left_schedulable(cluster: Cluster) -> None:
+    await cluster.require("resource.k8s.io/v1", "resourceslices")
+    await cluster.require("resource.k8s.io/v1beta2", "devicetaintrules")
+    if why := await cluster.device_health_refused():
+        pytest.skip(why)
     node = "dra-" + cluster.namespace
     await _seed(cluster, node)
     kube = cluster.harness.kube

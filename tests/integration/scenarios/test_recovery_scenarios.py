@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from kcover import metrics as metrics_
 from kcover import serving, settings
 from kcover.aio import clock as clock_
@@ -281,6 +283,8 @@ async def test_pod_error_restarts_its_job_once_and_nothing_else(cluster: Cluster
 
 
 async def test_dra_unhealthy_device_restarts_its_job(cluster: Cluster, tmp_path: Path) -> None:
+    if why := await cluster.device_health_refused():
+        pytest.skip(why)
     node = f"scn-{secrets.token_hex(3)}"
     await _node(cluster.client, node)
     train = await _job(cluster, "train", node)
