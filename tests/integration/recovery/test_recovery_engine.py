@@ -268,7 +268,7 @@ async def test_with_the_controller_cache_as_snapshot(cluster: Cluster) -> None:
 
 
 async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applies_on_reload(cluster: Cluster) -> None:
-    """One restart may be in flight: a second job's restart is held (BreakerOpen) while a cordon still
+    """One restart may be in flight: a second job's restart is held (Throttled) while a cordon still
     proceeds; after a reload to two, the second job restarts while the first is still in flight."""
     await seed(cluster)
     ns = cluster.namespace
@@ -297,7 +297,7 @@ async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applie
     assert rig.engine.in_flight_restarts == 1
 
     outcomes = await asyncio.wait_for(rig.handle(await pod_fault(cluster, "other-worker-0", clock)), 5)
-    assert done(outcomes) == ["hold:BreakerOpen"]
+    assert done(outcomes) == ["hold:Throttled"]
     # a node fault on a node without pods: the cordon is not held back by the restart in flight
     await asyncio.wait_for(rig.handle(node_fault("gpu-8", clock)), 5)
     assert (await get(cluster, "/api/v1/nodes/gpu-8"))["spec"]["unschedulable"] is True
