@@ -143,8 +143,9 @@ def _backend_of(item: pytest.Item) -> str | None:
     if callspec is None:
         return None
     for name in PARAMS:
-        if name in callspec.params:
-            return str(callspec.params[name])
+        value = callspec.params.get(name)
+        if isinstance(value, str):  # a fixture parametrised by others holds pytest's NOTSET here
+            return value
     return None
 
 

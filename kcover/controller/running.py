@@ -164,10 +164,13 @@ class Controller:
             tg.create_task(self.answers.run(stop), name="refusal-answers")
             background: Callable[[asyncio.Event], Coroutine[Any, Any, None]] | None = getattr(
                 self.engine, "background", None)
-            if background is not None:
-                tg.create_task(background(stop), name="recovery-records")
+            drained = asyncio.Event()  # the records' writer ends after the bus drained, before the Lease goes
+            records = tg.create_task(background(drained), name="recovery-records") if background else None
             await stop.wait()
             await self.bus.close(drain_timeout_seconds=self.settings.bus.drain_timeout_seconds)
+            drained.set()
+            if records is not None:  # its last flush writes what the drained faults recorded, still leading
+                await asyncio.wait({records}, timeout=self.settings.bus.drain_timeout_seconds)
             inner.set()
         log.info("controller_stopped", identity=self.identity)
 

@@ -92,12 +92,18 @@ class SaveResult:
     """Logs that could not be fetched (listed in index.json); not a failure of the save."""
 
 
+FAILURE_REASONS = ("timeout", "write")
+"""`kcover_log_save_failures_total{reason}`: the logs could not be fetched in time, or the sink not written."""
+
+
 class LogSaveMetrics:
     """The sink's counters, registered once per process on its registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.failures = Counter("kcover_log_save_failures", "Log saves that failed or timed out, by reason.",
-                                ["reason"], registry=registry)
+        self.failures = Counter("kcover_log_save_failures", "Log saves that failed or timed out, by reason "
+                                "(timeout, write).", ["reason"], registry=registry)
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason)
         self.bytes = Counter("kcover_log_saved_bytes", "Bytes of container logs written to the sink.",
                              registry=registry)
         self.pruned = Counter("kcover_log_folders_pruned", "Recovery folders removed by retention.",

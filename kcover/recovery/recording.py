@@ -356,7 +356,9 @@ class Recorder:
 
     def _drop(self, reason: str, namespace: str, name: str, error: str = "") -> None:
         self.metrics.failed.labels(reason=reason).inc()
-        log.error("recovery_record_dropped", reason=reason, namespace=namespace, name=name, error=error)
+        # a replica that lost the Lease has a successor that records its own: worth a warning, not an error
+        emit = log.warning if reason == "not_leader" else log.error
+        emit("recovery_record_dropped", reason=reason, namespace=namespace, name=name, error=error)
 
     # ------------------------------------------------------------------------------------------ writing
 

@@ -41,6 +41,8 @@ HISTORY = 1000
 """Outcomes kept in `Verifier.history` (newest last)."""
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 CRASH_REASONS = frozenset({"CrashLoopBackOff", "RunContainerError", "CreateContainerError"})
+WORKLOAD_STEPS = ("restart", "stop", "person")
+"""`kcover_escalation_steps_total{ladder="workload"}` steps: restart again, stop restarting, call a person."""
 MTTR_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -150,6 +152,8 @@ class VerifyMetrics:
                                "by cause.", ["cause"], registry=registry)
         self.steps = Counter("kcover_escalation_steps", "Steps of the escalation ladder taken, by ladder "
                              "(workload, node) and step.", ["ladder", "step"], registry=registry)
+        for step in WORKLOAD_STEPS:
+            self.steps.labels(ladder="workload", step=step)  # at 0 before the first, so increase() sees it
         for outcome in Outcome:
             self.outcomes.labels(outcome=outcome.value)
         for cause in StallCause:

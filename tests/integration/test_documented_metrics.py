@@ -22,6 +22,7 @@ from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.kube import client
 from kcover.nvml import fake
+from kcover.recovery import steps
 
 simserver = pytest.importorskip("kcover.sim.server")
 
@@ -198,6 +199,15 @@ async def test_labelled_counters_start_at_zero_for_their_known_values(scrapes: d
     assert value(a, "kcover_xid_classes_total", **{"class": "hardware"}) == 0
     assert value(a, "kcover_nvml_polls_total", result="failed") == 0
     assert value(a, "kcover_dcgm_polls_total", mode="health", result="failed") == 0
+    assert value(c, "kcover_escalation_steps_total", ladder="workload", step="person") == 0
+    assert value(c, "kcover_faults_given_up_total") == 0
+
+
+def test_the_pre_initialised_action_labels_are_those_recovery_counts() -> None:
+    """`kcover_actions_total` starts at 0 for action and result names the recovery steps really use: a name
+    the steps never count would be a series that stays 0 while the real one is born at 1."""
+    assert set(metrics.ACTIONS) <= set(steps.ACTION_NAMES), set(metrics.ACTIONS) - set(steps.ACTION_NAMES)
+    assert set(metrics.ACTION_RESULTS) <= set(steps.RESULT_NAMES)
 
 
 async def test_the_agent_reports_its_health_checks(scrapes: dict[str, str]) -> None:

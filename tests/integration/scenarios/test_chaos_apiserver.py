@@ -180,8 +180,7 @@ async def test_chaos_on_a_real_apiserver_loses_nothing_and_duplicates_nothing(ow
         ledger = Ledger(names)
         tally = {"apiserver_restarts": 0, "compactions": 0, "mid_recovery": 0}
         async with _background(stage, ledger), base._controllers(  # type: ignore[arg-type]
-                stage, tmp_path, ("a", "b"), workload_cooldown_seconds=COOLDOWN, max_restarts_per_window=10_000,
-                escalation={"repeat_count": 0}) as replicas:
+                stage, tmp_path, ("a", "b"), workload_cooldown_seconds=COOLDOWN, max_restarts_per_window=10_000) as replicas:
             n = 0
             deadline = time.monotonic() + 240
             while n < FAULTS and time.monotonic() < deadline:

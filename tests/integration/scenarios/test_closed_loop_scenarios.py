@@ -495,17 +495,27 @@ async def test_three_jobs_failing_on_one_node_make_it_suspect_and_only_a_failed_
 
 
 async def test_dry_run_names_the_ladder_and_touches_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    """A node fault under dry run: every step of the ladder is told in a `KcoverDryRun...` Event (the cordon,
+    the drain, the remediation request) and none is done: no eviction, no cordon, no label, no real Event."""
     gpu = _gpu_resource()
     node = await _gpu_node(cluster, gpu)
     await base._job(cluster, "train", node)
     recovery = {"dry_run": True, "escalation": {"drain_mode": "all", "remediation_enabled": True}}
     async with base._controllers(cluster, tmp_path, extra=_node_settings(gpu), **recovery):
         await _gpu_condition(cluster, node, healthy=False)
-        ladder = await _until_node_event(cluster, node, ESCALATED, "DryRunEscalate")
+        cordon = await _until_node_event(cluster, node, "KcoverDryRunCordonedNode", "DryRunCordonNode")
+        drain = await _until_node_event(cluster, node, "KcoverDryRunEscalated", "DryRunDrain")
+        remediation = await _until_node_event(cluster, node, "KcoverDryRunEscalated", "DryRunRequestRemediation")
+        person = await _until_node_event(cluster, node, "KcoverDryRunEscalated", "DryRunPerson")
         await asyncio.sleep(base.SETTLE)
         took = await _evicted(cluster)
         obj = await _node_obj(cluster, node)
-    assert "drain (all), request remediation, call a person" in ladder["message"]
+        real = [e for e in await base._events(cluster, "default")
+                if e["involvedObject"].get("name") == node and e.get("reason") in (base.CORDONED, ESCALATED)]
+    for event in (cordon, drain, remediation, person):
+        assert event["message"].startswith("dry run, nothing was changed: ")
+    assert "cordoned, drain (all) started, remediation requested" in person["message"]
     assert took == set()
     assert not obj["spec"].get("unschedulable")
     assert REMEDIATION_LABEL not in (obj["metadata"].get("labels") or {})
+    assert real == []
