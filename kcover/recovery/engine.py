@@ -105,6 +105,8 @@ class RecoveryEngine:
         self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
         """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._retries: dict[str, _Retry] = {}
+        self._expiry_recorded: set[str] = set()
+        """resourceIDs whose removal past `device_taints.max_hold_seconds` was recorded only (record-only mode)."""
         """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._unavailable_said = False
         self.ledger_problem = ""
@@ -343,11 +345,20 @@ class RecoveryEngine:
                 await self.coordinator.drop_hold(key, "its restart is record only")
 
     async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
-        """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed."""
+        """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed;
+        while `device-taint` is record only, each removal is recorded once (not at every pass) and the taint
+        kept until the class is acted on again."""
         limit = rs.device_taints.max_hold_seconds
-        for node, taint in self.ledger.tainted_devices():
+        held = self.ledger.tainted_devices()
+        self._expiry_recorded &= {t.device.resource_id for _, t in held}
+        record_only = settings.RecordOnly.DEVICE_TAINT in rs.record_only
+        for node, taint in held:
             if now.timestamp() - taint.at < limit:
                 break  # oldest first
+            if record_only:
+                if taint.device.resource_id in self._expiry_recorded:
+                    continue
+                self._expiry_recorded.add(taint.device.resource_id)
             await self.coordinator.run([st.UntaintDevice(
                 device=taint.device, node=node, cause=None,
                 why=f"kcover held it tainted since {_when(taint.at)}, {limit:g}s "

@@ -16,7 +16,7 @@ import pytest
 from harness import engines
 from harness import objects as o
 
-from kcover import model
+from kcover import model, settings
 from kcover.recovery import ledger
 
 pytestmark = pytest.mark.looptime
@@ -111,3 +111,26 @@ async def test_a_replayed_device_fault_taints_once_and_counts_once() -> None:
         await r.handle(fault("n1", "gpu-1"))
         assert tainted(r) == ["n0/gpu-3", "n1/gpu-0"]
         assert [e for e in r.events("KcoverRecoverySkipped") if "max_per_window" in e["message"]]
+
+
+async def test_an_expired_taint_under_record_only_is_recorded_once_and_removed_once_acted_on_again() -> None:
+    """`recovery.record_only: [device-taint]` set after kcover tainted a device: past `max_hold_seconds` the
+    removal is recorded (once, not at every pass), the rule stays; with the class acted on again it goes."""
+    async with engines.rig(world(), overrides={"recovery": {"device_taints": {"max_hold_seconds": 600.0}}}) as r:
+        await r.handle(fault("n0", "gpu-3"))
+        assert tainted(r) == ["n0/gpu-3"]
+        acting = r.settings.recovery
+        r.leader.reconfigure(acting.model_copy(update={"record_only": [settings.RecordOnly.DEVICE_TAINT]}))
+        await asyncio.sleep(610.0)
+        for _ in range(3):
+            await r.tick()
+        assert tainted(r) == ["n0/gpu-3"], "record only: the rule stays"
+        assert recorded(r, "n0") == [f"{DRIVER}/n0/gpu-3"]
+        assert not untainted(r)
+        (would,) = r.events("KcoverRecordOnlyUntaintedDevice")
+        assert "max_hold_seconds" in would["message"]
+        r.leader.reconfigure(acting)
+        await r.tick()
+        assert tainted(r) == []
+        assert recorded(r, "n0") == []
+        assert len(untainted(r)) == 1
