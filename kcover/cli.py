@@ -85,6 +85,13 @@ def _cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "agent.node_name": getattr(args, "node_name", None),
         "lease.identity": getattr(args, "identity", None),
     }
+    pairs.update(_set_values(args))
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def _set_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The `--set KEY=VALUE` options, as dotted paths to values."""
+    pairs: dict[str, Any] = {}
     for item in getattr(args, "set", None) or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -119,15 +126,18 @@ def cmd_detectors(args: argparse.Namespace) -> int:
 
 
 def _running_detectors(url: str, output: str) -> int:
-    """`kcover detectors --url`: a running process's detectors (its /detectors); 1 when one failed, 3 unreachable."""
+    """`kcover detectors --url`: a running process's detectors (its /detectors); 1 when one failed or the process
+    says it is degraded (an agent that cannot see its GPUs), 3 unreachable."""
     import urllib.request  # imported by the command that runs it (roles stay lean)
 
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/detectors", timeout=10) as answer:
-            states: dict[str, dict[str, Any]] = json.loads(answer.read())["detectors"]
-    except (OSError, ValueError, KeyError) as exc:
+            doc = json.loads(answer.read())
+            states: dict[str, dict[str, Any]] = doc["detectors"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: cannot read {url}/detectors: {exc}", file=sys.stderr)
         return 3
+    degraded = {str(k): str(v) for k, v in (doc.get("degraded") or {}).items()}
     if output == "json":
         print(json.dumps(states, indent=2))
     else:
@@ -138,7 +148,9 @@ def _running_detectors(url: str, output: str) -> int:
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
         for row in (heads, *rows):
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return 1 if any(s.get("state") == "failed" for s in states.values()) else 0
+        for name, text in sorted(degraded.items()):
+            print(f"DEGRADED ({name}): {text}")
+    return 1 if degraded or any(s.get("state") == "failed" for s in states.values()) else 0
 
 
 ONE_SHOT_TIMEOUT_SECONDS = 3.0
@@ -184,16 +196,30 @@ def one_shot(cfg: settings.Settings, timeout: float, work: Callable[[Any], Await
     return asyncio.run(run())
 
 
+async def _deployed(kube: Any, args: argparse.Namespace, local: settings.Settings) -> tuple[settings.Settings, Any]:
+    """The controllers' settings (`status.deployed`), from the ConfigMap `--namespace`/`--config-map` name."""
+    from kcover.status import deployed  # imported by the command that runs it (roles stay lean)
+
+    return await deployed.read(kube, namespace=args.namespace or deployed.RELEASE_NAMESPACE,
+                               config_map=args.config_map or deployed.CONFIG_MAP,
+                               overrides=_set_values(args), fallback=local)
+
+
 def cmd_breaker_reset(args: argparse.Namespace) -> int:
-    """`kcover breaker reset`: ask the leader to close the latched breaker; on a closed one, change nothing."""
+    """`kcover breaker reset`: ask the leader to close the latched breaker; on a closed one, change nothing.
+    It reads the breaker where the controllers keep it, with their settings (the chart's config ConfigMap)."""
     from kcover.kube import gateway  # imported by the command that runs it (roles stay lean)
     from kcover.recovery import controls, ledger
 
-    cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
-    rs = cfg.recovery
-    where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
+    local = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
+    used: dict[str, settings.RecoverySettings] = {}
 
     async def reset(kube: Any) -> str:
+        cfg, source = await _deployed(kube, args, local)
+        if not source.found:  # the names that matter are the release namespace's, whatever the file says
+            print(f"kcover breaker reset: the controllers' settings were not read ({source.problem}): using this "
+                  "command's", file=sys.stderr)
+        rs = used["rs"] = cfg.recovery
         gw = gateway.Http(kube)
         book = ledger.Ledger(gw, namespace=rs.ledger_namespace, name=rs.ledger_name,
                              retention_seconds=lambda: rs.restart_window_seconds)
@@ -211,10 +237,12 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
         return "requested"
 
     try:
-        outcome = one_shot(cfg, args.timeout, reset)
+        outcome = one_shot(local, args.timeout, reset)
     except errors.KcoverError as exc:
         print(f"kcover breaker reset: {exc}", file=sys.stderr)
         return 1
+    rs = used["rs"]
+    where = f"ConfigMap {rs.ledger_namespace}/{rs.controls_name}"
     if outcome == "closed":
         print("the breaker is not latched: nothing to reset, nothing was changed")
     elif outcome == "reset":
@@ -228,21 +256,23 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`kcover status`: leader, breaker, cordons, recent recoveries, budgets; exit 1 when a person is needed."""
-    from kcover import status
+    """`kcover status`: leader, breaker, limits, pauses, held restarts, suspects, cordons, recent recoveries,
+    budgets, judged with the controllers' settings; exit 1 when a person is needed."""
+    from kcover.status import gathering, report  # imported by the command that runs it (roles stay lean)
 
-    cfg = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
+    local = load_settings(args.config, _cli_overrides(args), required=args.config_given).settings
 
-    async def read(kube: Any) -> status.Report:
-        return await status.gather(kube, cfg, now=clock_.utcnow())
+    async def read(kube: Any) -> report.Report:
+        cfg, source = await _deployed(kube, args, local)
+        return await gathering.gather(kube, cfg, now=clock_.utcnow(), source=source)
 
     try:
-        report = one_shot(cfg, args.timeout, read)
+        found = one_shot(local, args.timeout, read)
     except errors.KcoverError as exc:
         print(f"kcover status: {exc}", file=sys.stderr)
         return 3
-    print(json.dumps(report.to_json(), indent=2) if args.output == "json" else status.render(report))
-    return 1 if report.problems() else 0
+    print(json.dumps(found.to_json(), indent=2) if args.output == "json" else report.render(found))
+    return 1 if found.problems() else 0
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -467,6 +497,14 @@ def _add_common(p: argparse.ArgumentParser, *, long_running: bool = False) -> No
     p.add_argument("--log-format", choices=["auto", "json", "console"])
 
 
+def _add_release(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--namespace", help="the chart's release namespace: where the controllers' config ConfigMap, "
+                                       "Lease, ledger and controls ConfigMap are (default kcover-system)")
+    p.add_argument("--config-map", help="the chart's config ConfigMap, whose config.yaml the controllers run with "
+                                        "(default kcover-config: `<release>-config` for a release named kcover); "
+                                        "--set overrides it; --config is used only where it cannot be read")
+
+
 def _add_timeout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=ONE_SHOT_TIMEOUT_SECONDS, metavar="SECONDS",
                    help="give up when the API server has not answered within this many seconds, connecting and "
@@ -529,14 +567,18 @@ def build_parser(roles: Mapping[str, tuple[str, wiring.RoleMain, wiring.AddArgs]
                                       "nothing and say so")
     _add_common(b)
     b.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+    _add_release(b)
     b.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the leader to close it (default 15; "
                                                            "exit 1 when it did not)")
     _add_timeout(b)
 
-    p = sub.add_parser("status", help="what kcover is doing: leader, breaker, cordons, recoveries of the last 24 h, "
-                                      "budgets; exit 1 when something needs a person, 3 when the cluster cannot be read")
+    p = sub.add_parser("status", help="what kcover is doing, judged with the controllers' settings: leader, breaker, "
+                                      "limits and their use, pauses, held restarts, suspect nodes, cordons, recoveries "
+                                      "of the last 24 h, budgets; exit 1 when something needs a person, 3 when the "
+                                      "cluster cannot be read")
     _add_common(p)
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG, ~/.kube/config)")
+    _add_release(p)
     _add_timeout(p)
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 

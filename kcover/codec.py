@@ -111,6 +111,10 @@ AGENT_CONDITION_TYPE = "KcoverGPUHealthy"
 """The Node condition kcover's agent sets (`agent.condition_type`)."""
 CONDITION_HEALTHY = "True"
 CONDITION_FAULTY = "False"
+CONDITION_BLIND = "Unknown"
+"""The agent's condition where it cannot see the node's GPUs (`kcover.agent.sight`): no signal either way, so
+the controller neither cordons nor returns a node on it (`condition_recommendation`, the node-condition
+detector's `is_good`, `recovery.judgement.hardware_conditions`)."""
 
 _DECIMAL = re.compile(r"[0-9]{1,19}")
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"

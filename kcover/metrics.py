@@ -6,7 +6,8 @@ simulated cluster can run several kcover processes in one interpreter, and what 
 * Each role exports only its own series. `Metrics(role=...)` registers the metrics both roles update
   (configuration reloads, detectors), `kcover_build_info` and the process metrics (`process_*`,
   `python_*`), then only the controller's (leadership, breaker, actions, refused Events, device taints)
-  or only the agent's (XIDs seen, NVML and DCGM polls, the age of the last good health check). The
+  or only the agent's (XIDs seen, NVML and DCGM polls, the age of the last good health check, whether it
+  is blind). The
   other role's metric objects still exist, unregistered, so shared code may update them; they never
   reach /metrics. `role=None` (tests, the bench) registers both.
 * Labelled counters are pre-initialised at 0 for the label values known up front (`ACTIONS` x
@@ -154,6 +155,9 @@ class Metrics:
             self.nvml_polls.labels(result=result)
             for mode in DCGM_MODES:
                 self.dcgm_polls.labels(mode=mode, result=result)
+        self.agent_blind = Gauge("kcover_agent_blind", "1 while the agent runs on a GPU node (kube.gpu_resources "
+                                 "capacity) where none of its GPU detectors (agent.gpu_detectors) runs: it cannot "
+                                 "see GPU faults, and its Node condition says Unknown.", ["node"], registry=agt)
         self.health_checks = HealthChecks(clock)
         """The age of each detector's last successful health check (`kcover_health_check_age_seconds`)."""
         if agt is not None:

@@ -5,10 +5,13 @@ the time, and a watchdog thread, outside the loop, compares it with the clock; /
 the loop has not ticked for `server.loop_stall_seconds`, and for as long again after such a stall,
 so a probe that could not be answered during the stall sees it afterwards; every stall is logged
 from the watchdog thread with where the loop was stuck, and counted in `kcover_event_loop_stalls`)
-and readiness (every registered check passes: required detectors running, caches synced, ...). It does not decide what is ready;
+and readiness (every registered check passes: required detectors running, caches synced, ...), with
+degradations beside it (a check that says what works less well, such as an agent that cannot see its
+GPUs: /readyz still answers 200, names it and ends `ready (degraded)`). It does not decide what is ready;
 components register checks. /metrics renders the process's own registry in Prometheus text format.
 /detectors answers, as JSON, each detector's runtime state (running, failed, unavailable, ...; what
-`kcover detectors --url` shows), or 404 when the process registered none.
+`kcover detectors --url` shows) and the degradations (`degraded`, name to text), or 404 when the process
+registered no detectors.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kcover.aio import waiting
 log = structlog.get_logger()
 
 Check = Callable[[], tuple[bool, str]]
+Degradation = Callable[[], str]
 
 
 class Health:
@@ -39,6 +43,7 @@ class Health:
 
     def __init__(self, *, stall_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._checks: dict[str, Check] = {}
+        self._degradations: dict[str, Degradation] = {}
         self.stall_seconds = stall_seconds
         self._clock = clock
         self._beat: float | None = None
@@ -65,6 +70,26 @@ class Health:
 
     def remove_readiness(self, name: str) -> None:
         self._checks.pop(name, None)
+
+    def add_degradation(self, name: str, check: Degradation) -> None:
+        """A check that says the process works less well than it should ("" when it does not), without making
+        it not ready: /readyz answers 200 and names it, /detectors carries it."""
+        self._degradations[name] = check
+
+    def remove_degradation(self, name: str) -> None:
+        self._degradations.pop(name, None)
+
+    def degraded(self) -> dict[str, str]:
+        """Name to what is degraded, for the degradations that say so now."""
+        out: dict[str, str] = {}
+        for name, check in sorted(self._degradations.items()):
+            try:
+                text = check()
+            except Exception as exc:  # a broken check reports, it does not crash the server
+                text = f"check raised {type(exc).__name__}: {exc}"
+            if text:
+                out[name] = text
+        return out
 
     def readiness(self) -> tuple[bool, dict[str, str]]:
         results: dict[str, str] = {}
@@ -171,14 +196,17 @@ def make_app(health: Health, metrics: metrics_.Metrics) -> web.Application:
 
     async def readyz(_: web.Request) -> web.Response:
         ok, results = health.readiness()
+        degraded = health.degraded()
         body = "".join(f"[{'+' if v.startswith('ok') else '-'}] {k} {v}\n" for k, v in results.items())
-        return web.Response(status=200 if ok else 503, text=body + ("ready\n" if ok else "not ready\n"))
+        body += "".join(f"[!] {k} degraded: {v}\n" for k, v in degraded.items())
+        last = ("ready" + (" (degraded)" if degraded else "")) if ok else "not ready"
+        return web.Response(status=200 if ok else 503, text=f"{body}{last}\n")
 
     async def detectors_view(_: web.Request) -> web.Response:
         if health.detectors is None:
             return web.Response(status=404, text="no detectors in this process\n")
         states = {name: dict(state) for name, state in health.detectors().items()}
-        return web.json_response({"detectors": states})
+        return web.json_response({"detectors": states, "degraded": health.degraded()})
 
     async def metrics_view(_: web.Request) -> web.Response:
         payload = generate_latest(metrics.exposition())

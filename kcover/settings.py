@@ -167,6 +167,7 @@ class DetectorsSettings(_Group):
         merged.update(value)
         return merged
     restart_max_seconds: float = Field(60.0, gt=0, description="Seconds: ceiling of the exponential restart backoff, so a broken detector costs at most one attempt a minute.")
+    settle_seconds: float = Field(5.0, gt=0, description="Seconds a detector's attempt must run before it counts as watching: the agent's GPU sight (`agent.gpu_detectors`) waits for it before it says the node's GPUs are healthy, and a detector that was unavailable returns to `kcover_detector_available 1` only then. A missing driver or tool fails within moments of the start, and NVML's own initialisation takes a second or two on an 8-GPU node without persistence mode: five seconds tells the two apart, and delays only the agent's first `True`.")
     plugin_rate_per_second: float = Field(100.0, gt=0, description="Events per second an isolated detector may publish (token bucket); more are dropped and counted in `kcover_detector_dropped_total`. Far above any real fault rate, low enough that a flooding plugin costs the main loop little.")
     plugin_burst: int = Field(1000, ge=1, description="Events an isolated detector may publish at once above its rate (the bucket's size): a node-wide burst of one event per pod.")
     plugin_queue_capacity: int = Field(1000, ge=1, description="Events an isolated detector may have waiting for the main loop; past it new ones are dropped and counted.")
@@ -429,6 +430,8 @@ class AgentSettings(_Group):
     event_dedupe_seconds: float = Field(300.0, ge=0, description="Seconds: the agent posts one Event per reason, GPU and recommended action within this window; repeats (an XID storm) are only counted in the log.")
     max_events_per_minute: int = Field(30, ge=1, description="Events the agent may create per minute (token bucket), so a flapping GPU cannot flood the API server.")
     event_retry_seconds: float = Field(120.0, gt=0, description="Seconds the agent keeps retrying, with backoff, an Event asking for recovery whose write failed (the API client's own retries already given up); then it is dropped with an error log. Keep it below the controller's event-watcher `staleness_seconds` (180 s), which ignores older Events.")
+    gpu_detectors: list[str] = Field(default_factory=lambda: ["nvml", "dcgm"], description="Detectors whose running means the agent sees this node's GPU faults. On a GPU node (`kube.gpu_resources` in its capacity) where none of them runs (NVML cannot load and no `dcgmi`: a broken driver rollout or a missing runtime class; or they failed, or are disabled), the agent is blind and says so: its condition is `Unknown` (reason `NoGPUDetector`), `kcover_agent_blind` is 1 and /readyz says degraded. Add a plugin that watches GPUs (`metax`) where it is the one that does.")
+    gpu_node_recheck_seconds: float = Field(60.0, gt=0, description="Seconds between reads of the agent's Node while it does not count as a GPU node: a device plugin may publish the GPUs' capacity after the agent started. Only agents on nodes without GPU capacity read it again, so a fleet's GPU nodes cost nothing.")
     validation: AgentValidationSettings = Field(default_factory=AgentValidationSettings, description="Running the validation the controller asks for before it returns this node to service.")
 
 

@@ -19,7 +19,11 @@ agent's `dradevices.DraDevices.attach`, fills in for a GPU its node publishes th
 the device's, isolated by the controller with a device taint, so it leaves the condition alone. A fault with a `check` (a health poll, a DCGM check, a plugin's
 check) lasts until its detector publishes it `cleared`; one without (an XID) clears when it has not
 recurred. Either way the condition returns to True only once every fault stayed cleared for
-`agent.condition_hold_seconds`. Condition writes happen only on change and at most once per
+`agent.condition_hold_seconds`. With no fault, an agent that cannot see the node's GPUs (`sight`: a GPU
+node where no GPU detector runs) writes the condition `Unknown` (reason `NoGPUDetector`, the message says
+what is missing), not `True`; while its GPU detectors are still settling it writes nothing new. A fault
+still sets it False: what another detector found outranks what the GPU detectors cannot see.
+Condition writes happen only on change and at most once per
 `agent.min_write_interval_seconds`; Events are deduplicated per (reason, GPU, action, cleared) within
 `agent.event_dedupe_seconds` and limited to `agent.max_events_per_minute`. Everything is read from
 the events' typed fields; their `attributes` are never consulted. The Event annotations are the
@@ -47,6 +51,7 @@ import structlog
 from kcover import bus as bus_
 from kcover import codec, errors, model, settings
 from kcover.agent import devicehealth
+from kcover.agent import sight as sight_
 from kcover.aio import backoff, limiting
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
@@ -114,12 +119,20 @@ def apply(faults: dict[str, Fault], event: model.CollectorEvent, now: float) -> 
                         last_seen=now, cleared_at=None if persistent else now)
 
 
-def condition(faults: dict[str, Fault], now: float, hold_seconds: float) -> Condition:
-    """The condition the faults call for; drops faults cleared for longer than the hold (pure, mutates)."""
+def condition(faults: dict[str, Fault], now: float, hold_seconds: float,
+              sight: sight_.Sight | None = None) -> Condition | None:
+    """The condition the faults and the agent's GPU sight call for; drops faults cleared for longer than the
+    hold (pure, mutates). None: no fault and the GPU detectors still settling, so no judgement yet."""
     for key in [k for k, f in faults.items() if not f.active and f.cleared_at is not None
                 and now - f.cleared_at > hold_seconds]:
         del faults[key]
     if not faults:
+        seeing = sight.seeing if sight is not None else sight_.Seeing.SEES
+        if seeing is sight_.Seeing.SETTLING:
+            return None
+        if seeing is sight_.Seeing.BLIND:
+            assert sight is not None
+            return Condition(codec.CONDITION_BLIND, sight_.BLIND_REASON, model.fit(sight.message, model.MESSAGE_MAX))
         return Condition(codec.condition_status(False), HEALTHY_REASON, "kcover agent sees no GPU fault on this node")
     ordered = sorted(faults.values(), key=lambda f: (not f.active, f.reason, f.gpu))
     reasons = sorted({f.reason for f in ordered})
@@ -169,6 +182,8 @@ class Reporter:
     """Events asking for recovery whose write failed, oldest first: (monotonic time it first failed, event)."""
     _recovery_backoff: backoff.Backoff = field(default_factory=lambda: backoff.Backoff(initial=0.5, maximum=15.0))
     _recovery_retry_at: float = 0.0
+    sight: Callable[[], sight_.Sight] | None = None
+    """What the agent's GPU detectors see now (`sight.GpuSight.current`); None: they see (tests of the reporter alone)."""
 
     async def run(self, sub: bus_.Subscription, stop: asyncio.Event) -> None:
         await self._load_current()
@@ -223,9 +238,10 @@ class Reporter:
 
     async def sync_condition(self) -> None:
         now = self.clock.monotonic()
-        want = condition(self.faults, now, self.config.condition_hold_seconds)
+        want = condition(self.faults, now, self.config.condition_hold_seconds,
+                         self.sight() if self.sight is not None else None)
         written = self._written
-        if want == written.condition:
+        if want is None or want == written.condition:
             return
         if now - written.at < self.config.min_write_interval_seconds or now < self._retry_at:
             return  # the next tick writes it

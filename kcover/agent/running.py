@@ -3,6 +3,7 @@
 Owns wiring one agent process (and, with `agent.validation.enabled`, the validator that answers the
 controller's return-to-service checks, `validating`): loads the XID policy (`agent.xid_policy_file` over the shipped one),
 builds the detector context (NVML backend, Kubernetes client, pod lookup, XID policy, the node's capacity;
+the agent's GPU sight (`sight`: a GPU node none of whose GPU detectors runs makes the condition Unknown);
 the DCGM detector and the plugins run their tools as subprocesses, `kcover.aio.commands`), runs the supervisor, the reporter and the watch of its node's DRA
 ResourceSlices (`dradevices`: a fault on a GPU published through DRA is reported as that device's)
 until `stop` is set, then closes the bus
@@ -13,7 +14,8 @@ controller.
 
 Fails with `errors.ConfigError` on an invalid XID policy or detector settings before anything runs,
 and from `reconfigure()` before anything is changed (the old policy and detectors stay); a detector
-that cannot run here (no GPU, no DCGM) is only marked unavailable.
+that cannot run here (no GPU, no DCGM) is only marked unavailable (on a GPU node where no GPU detector runs,
+the agent says it is blind).
 """
 
 from __future__ import annotations
@@ -21,17 +23,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from kcover import bus as bus_
 from kcover import errors, metrics, serving, settings
-from kcover.agent import dradevices, podresources, reporting, validating
+from kcover.agent import dradevices, podresources, reporting, sight, validating
 from kcover.aio import clock as clock_
 from kcover.aio import commands
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
-from kcover.kube import decoding, events, retrying
+from kcover.kube import decoding, events, gpus, retrying
+from kcover.kube import projections as proj
 from kcover.nvml import backend, xid_policy
 
 log = structlog.get_logger()
@@ -44,14 +48,19 @@ def node_name(config: settings.Settings, environ: Mapping[str, str]) -> str:
     return name
 
 
-async def node_capacity(client: client_.KubeClient, node: str) -> dict[str, str]:
-    """The node's `status.capacity`, for plugins that run only on some hardware (`context.node_capacity`)."""
+async def read_node(client: client_.KubeClient, node: str) -> dict[str, Any] | None:
+    """The agent's Node as the API server holds it, or None (logged) when it cannot be read."""
     try:
-        obj = await client.request("GET", f"/api/v1/nodes/{node}")
+        obj: dict[str, Any] = await client.request("GET", f"/api/v1/nodes/{node}")
     except errors.KubeError as exc:
         log.warning("node_capacity_unknown", node=node, error=str(exc))
-        return {}
-    capacity = (obj.get("status") or {}).get("capacity") or {}
+        return None
+    return obj
+
+
+def capacity_of(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    """A Node's `status.capacity`, for plugins that run only on some hardware (`context.node_capacity`)."""
+    capacity = ((obj or {}).get("status") or {}).get("capacity") or {}
     return {str(k): str(v) for k, v in capacity.items()}
 
 
@@ -112,8 +121,12 @@ class Agent:
         self.supervisor.wanted(config.detectors)  # fail on bad detector settings before starting anything
         self.supervisor.on_failure = self._detector_failed
         self.devices = dradevices.DraDevices(client, node, pods_for_devices=pods_for_devices)
+        self.sight = sight.GpuSight(node, rule=gpus.GpuRule.of(config.kube.gpu_resources, config.kube.gpu_dra_drivers),
+                                    gpu_detectors=config.agent.gpu_detectors, statuses=self.supervisor.statuses,
+                                    gauge=metrics.agent_blind, recheck_seconds=config.agent.gpu_node_recheck_seconds)
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
-                                           tick_seconds=reporter_tick_seconds, devices=self.devices.attach)
+                                           tick_seconds=reporter_tick_seconds, devices=self.devices.attach,
+                                           sight=self.sight.current)
         self.validator = (validating.Validator(client, node, config.agent.validation, runner=dcgmi, clock=self.clock)
                           if config.agent.validation.enabled else None)
 
@@ -146,14 +159,23 @@ class Agent:
         self.bus.configure(dedupe_window_seconds=new.bus.dedupe_window_seconds,
                            block_timeout_seconds=new.bus.block_timeout_seconds)
         self.reporter.config = new.agent
+        self.sight.gpu_detectors = tuple(new.agent.gpu_detectors)
+        self.sight.recheck_seconds = new.agent.gpu_node_recheck_seconds
         if self.validator is not None:
             self.validator.config = new.agent.validation
         self.config = new
 
+    async def _read_node(self) -> proj.Node | None:
+        raw = await read_node(self.client, self.node)
+        return proj.node(raw) if raw is not None else None
+
     async def run(self, stop: asyncio.Event) -> None:
-        self.context.node_capacity = await node_capacity(self.client, self.node)
+        raw = await read_node(self.client, self.node)
+        self.context.node_capacity = capacity_of(raw)
+        self.sight.learn(proj.node(raw) if raw is not None else None)
         if self.health is not None:
             self.health.add_readiness("detectors", self.supervisor.readiness)
+            self.health.add_degradation("gpu-sight", self.sight.degraded)
         log.info("agent_starting", node=self.node, xid_policy=self.config.agent.xid_policy_file or "shipped")
         detectors_stop = asyncio.Event()
         reporter_stop = asyncio.Event()
@@ -162,6 +184,7 @@ class Agent:
                 group.create_task(self.supervisor.run(detectors_stop), name="agent:detectors")
                 group.create_task(self.reporter.run(self.subscription, reporter_stop), name="agent:reporter")
                 group.create_task(self.devices.run(reporter_stop), name="agent:dra-devices")
+                group.create_task(self.sight.run(self._read_node, reporter_stop), name="agent:gpu-sight")
                 if self.validator is not None:
                     group.create_task(self.validator.run(detectors_stop), name="agent:validation")
                 await stop.wait()
@@ -171,6 +194,7 @@ class Agent:
         finally:
             if self.health is not None:
                 self.health.remove_readiness("detectors")
+                self.health.remove_degradation("gpu-sight")
         log.info("agent_stopped", node=self.node)
 
 

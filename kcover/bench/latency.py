@@ -148,12 +148,12 @@ class Result:
 def bench_settings(log_dir: str, *, node: str = "", namespace: str = NS) -> settings.Settings:
     """Product defaults, but: no Lease (one replica; keeps renewals out of the counts), only the
     PyTorchJob workload kind (the others' CRDs are absent), a breaker that lets every sample node be
-    cordoned, its own ledger and the agent's Node Events in the bench namespace (never an installed
+    cordoned and every sample job restarted (`objects.BREAKER_OFF`), its own ledger and the agent's Node Events in the bench namespace (never an installed
     kcover's), and the log sink in a temporary folder."""
     return settings.Settings.model_validate({
         "lease": {"enabled": False},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
-        "recovery": {"max_cordoned_fraction": 1.0, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
+        "recovery": {**objects.BREAKER_OFF, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
                      "save_logs": {"directory": log_dir}},
         "agent": {"node_name": node, "event_namespace": namespace},
         "detectors": {"entries": {"dcgm": {"enabled": False}}},

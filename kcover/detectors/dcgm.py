@@ -76,7 +76,7 @@ class DcgmDetector:
         try:
             await self.runner.run([self.config.dcgmi_path, "--version"], timeout_seconds=10)
         except commands.CommandNotFoundError as exc:
-            raise errors.DetectorUnavailableError(f"{self.config.dcgmi_path} not found: {exc}") from exc
+            raise errors.DetectorUnavailableError(str(exc)) from exc
         self.context.metrics.health_checks.started(self.name)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._every(stop, self.config.diag_interval_seconds, lambda: self._diag(bus)),

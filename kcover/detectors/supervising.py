@@ -15,6 +15,12 @@ process stays ready; so does an enabled optional plugin that cannot even be impo
 its import error the detail, retried with backoff). Stopping waits for inline detectors; isolated ones get `stop_grace_seconds`.
 `describe()` is each detector's runtime state (served at /detectors, shown by `kcover detectors --url`),
 and `on_failure` lets the role leave a `KcoverDetectorFailed` Event when one fails.
+
+An attempt is *settled* once it has run `detectors.settle_seconds` without ending (`statuses()`): what the
+agent's GPU sight (`kcover.agent.sight`) counts as a detector that watches, since a detector that cannot
+run says so within moments of its start. A detector that was unavailable stays `kcover_detector_available 0`
+and `unavailable` (with why) through its retries until one settles, so neither the gauge nor /detectors
+blinks on every retry.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+import prometheus_client
 import structlog
 from pydantic import BaseModel
 
@@ -52,6 +59,26 @@ class _Running:
     told: str = ""
     """The failure last handed to `Supervisor.on_failure`."""
     backoff: backoff.Backoff = field(default_factory=backoff.Backoff)
+    settled: bool = False
+    """The current attempt has run `detectors.settle_seconds` without ending."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """One detector's runtime state as the agent's GPU sight reads it."""
+
+    state: str
+    """starting, running, failed, unavailable or stopped."""
+    detail: str
+    settled: bool
+    """Running, and its attempt has lasted `detectors.settle_seconds`."""
+
+
+def _begin(running: _Running) -> None:
+    """An attempt starts: `running`, except that a detector that was unavailable stays `unavailable` (with why)
+    through its retries until one settles, as its gauge does, so /detectors does not blink on every retry."""
+    if running.state != "unavailable":
+        running.state, running.detail = "running", ""
 
 
 class Supervisor:
@@ -129,15 +156,17 @@ class Supervisor:
         available.set(1)
         unavailable_logged = False
         while not running.stop.is_set():
+            settle = asyncio.get_running_loop().call_later(self._settings.settle_seconds, self._settle, running,
+                                                           available)
             try:
                 cls = self._registry.load(name)
                 if running.isolated:
-                    running.state, running.detail = "running", ""
+                    _begin(running)
                     up.set(1)
                     await self._isolated(running, cls).run(running.stop)
                 else:
                     detector = cls(name, running.config, self._context)
-                    running.state, running.detail = "running", ""
+                    _begin(running)
                     up.set(1)
                     await detector.run(self._bus, running.stop)
                 if not running.stop.is_set():
@@ -171,9 +200,22 @@ class Supervisor:
                 up.set(0)
                 running.state = "stopped"
                 return
+            finally:
+                settle.cancel()
+                running.settled = False
             await waiting.sleep_or_stop(running.stop, delay)
         running.state = "stopped"
         up.set(0)
+
+    @staticmethod
+    def _settle(running: _Running, available: prometheus_client.Gauge) -> None:
+        """The attempt has run `detectors.settle_seconds`: it watches (and is available again, if it was not).
+        Called only while the attempt runs (its end cancels it before any await), so `unavailable` here is a
+        retry's, not the attempt's end."""
+        if running.state in ("running", "unavailable"):
+            running.state, running.detail = "running", ""
+            running.settled = True
+            available.set(1)
 
     async def _tell_failure(self, running: _Running) -> None:
         if self.on_failure is None:
@@ -224,6 +266,10 @@ class Supervisor:
     def health(self) -> dict[str, str]:
         """Detector name to state: starting, running, failed, unavailable, stopped."""
         return {name: r.state for name, r in self._running.items()}
+
+    def statuses(self) -> dict[str, Status]:
+        """Detector name to its state, detail and whether its attempt settled (for the agent's GPU sight)."""
+        return {name: Status(r.state, r.detail, r.settled) for name, r in self._running.items()}
 
     def describe(self) -> dict[str, dict[str, str | bool | int]]:
         """Per detector: state, detail, isolated, required, restarts (for `/detectors` and `kcover detectors`)."""

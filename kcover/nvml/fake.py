@@ -40,7 +40,8 @@ class FakeNvml:
                                                        compute_instance_id=0)
                                      for n in range((mig or {}).get(i, 0))))
                       for i in range(gpus)]
-        self._init_error = init_error
+        self.init_error = init_error
+        """The code `init()` fails with ("" succeeds): clear it to play a driver that loaded after a fix."""
         self._initialised = False
         self._registered = backend.EventType(0)
         self._events: collections.deque[backend.NvmlEvent] = collections.deque()
@@ -51,8 +52,8 @@ class FakeNvml:
 
     def init(self) -> None:
         self.init_calls += 1
-        if self._init_error:
-            raise errors.NvmlError(f"fake NVML init failed: {self._init_error}", code=self._init_error)
+        if self.init_error:
+            raise errors.NvmlError(f"fake NVML init failed: {self.init_error}", code=self.init_error)
         self._initialised = True
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ Pure: plain values in, a `Refusal` or None out.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 
 from kcover import settings
@@ -127,7 +128,7 @@ def cordon(node: ledger.Node | None, name: str, *, rs: settings.RecoverySettings
     if load.gpu_nodes <= 0:
         return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover counts no GPU nodes (kube.gpu_resources), so no "
                        f"fraction of them may be cordoned; Node {name} is not cordoned")
-    if held >= rs.max_cordoned_nodes or held >= rs.max_cordoned_fraction * load.gpu_nodes:
+    if held >= held_cordon_limit(rs, load.gpu_nodes):
         return Refusal(Code.BREAKER_OPEN, f"breaker tripped: kcover holds {load.cordoned} of {load.gpu_nodes} GPU "
                        f"nodes cordoned and {load.cordons_in_flight} cordons in flight (recovery.max_cordoned_fraction "
                        f"{rs.max_cordoned_fraction:g}, recovery.max_cordoned_nodes {rs.max_cordoned_nodes}); Node "
@@ -140,6 +141,12 @@ def cordon(node: ledger.Node | None, name: str, *, rs: settings.RecoverySettings
                        f"recovery.max_cordons_per_window_fraction {rs.max_cordons_per_window_fraction:g} of "
                        f"{load.gpu_nodes} GPU nodes); Node {name} is not cordoned")
     return None
+
+
+def held_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
+    """Nodes kcover may hold cordoned at once: `max_cordoned_nodes` or `max_cordoned_fraction` of the GPU nodes
+    (rounded up), the smaller; a cordon while this many are held trips the breaker."""
+    return min(rs.max_cordoned_nodes, math.ceil(rs.max_cordoned_fraction * gpu_nodes)) if gpu_nodes > 0 else 0
 
 
 def window_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:

@@ -2,7 +2,7 @@
 
 Owns `DryRun`, a `kube.gateway.Gateway` over the real one. What a person reads passes through: Events
 (with a reason and message of their own, `KcoverDryRun...` / "dry run, nothing was changed: ...", so no
-alert or script mistakes them for the real action) and Recovery resources. What acts is recorded in
+alert or script mistakes them for the real action) and Recovery resources (marked `decision.dryRun`). What acts is recorded in
 `would` and not sent: node rewrites, labels and conditions, evictions and deletes, DeviceTaintRules, the
 controls ConfigMap. The ledger is kept in memory over the real one (`_Overlay`): a dry run honours
 cooldowns, budgets and signals it recorded itself, as the real run would act once, without writing.
@@ -123,6 +123,9 @@ class DryRun:
         await self._real.post_event(out)
 
     async def create_recovery(self, body: gateway.SpecBody) -> None:
+        if self.dry:  # the record says what kcover would have done: marked so nobody reads it as done
+            body = copy.deepcopy(body)
+            body.setdefault("spec", {}).setdefault("decision", {})["dryRun"] = True
         await self._real.create_recovery(body)
 
     async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:

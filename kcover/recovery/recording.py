@@ -278,8 +278,6 @@ class Recorder:
         source = st.cause_of(step)
         spec: dict[str, Any] = {"target": target.spec(),
                                 "decision": {"action": decision(step), "leader": self.identity}}
-        if rs.dry_run:
-            spec["decision"]["dryRun"] = True
         if isinstance(step, st.RecordOnly):
             spec["decision"]["recordOnly"] = model.fit(step.why, 256)
             step = step.step

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 import structlog
+import yaml
 
 from kcover import bus as bus_
 from kcover import metrics, model, serving, settings
@@ -45,6 +46,8 @@ log = structlog.get_logger()
 NAMESPACE = "ml"
 AGENT_NAMESPACE = "kcover-system"
 """Where the agent DaemonSet runs and writes its Node Events (the release namespace)."""
+CONFIG_MAP = "kcover-config"
+"""The controllers' settings as the chart holds them (`<release>-config`, key config.yaml), in AGENT_NAMESPACE."""
 CONTAINER = "pytorch"
 GPU_CLAIM = "gpu-claim"
 GPU_REQUEST = "gpu"
@@ -130,11 +133,11 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def controller_settings(identity: str, log_dir: str, overrides: Mapping[str, Any]) -> settings.Settings:
-    """Production defaults, with timings short enough for a simulation (4/3/1 s lease)."""
+def controller_config(log_dir: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The controllers' config.yaml: production defaults, with timings short enough for a simulation (4/3/1 s
+    lease). The cluster holds it as the chart would (`CONFIG_MAP`), so `kcover status` reads what they run with."""
     base: dict[str, Any] = {
-        "lease": {"identity": identity, "lease_duration_seconds": 4.0, "renew_deadline_seconds": 3.0,
-                  "retry_period_seconds": 1.0},
+        "lease": {"lease_duration_seconds": 4.0, "renew_deadline_seconds": 3.0, "retry_period_seconds": 1.0},
         "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"], "gc_freeze_after_sync": False},
         "bus": {"drain_timeout_seconds": 0.5},
         "detectors": {"entries": {"node-condition": {"config": {"min_duration_seconds": 0.0, "tick_seconds": 0.2}},
@@ -142,7 +145,13 @@ def controller_settings(identity: str, log_dir: str, overrides: Mapping[str, Any
         "recovery": {"workload_cooldown_seconds": 30.0, "max_cordoned_fraction": 0.5,
                      "save_logs": {"directory": log_dir, "timeout_seconds": 2.0}},
     }
-    return settings.Settings.model_validate(_merge(base, overrides))
+    return _merge(base, overrides)
+
+
+def controller_settings(identity: str, log_dir: str, overrides: Mapping[str, Any]) -> settings.Settings:
+    """`controller_config` with this replica's Lease identity (the chart's POD_NAME)."""
+    return settings.Settings.model_validate(_merge(controller_config(log_dir, overrides),
+                                                   {"lease": {"identity": identity}}))
 
 
 def agent_settings(node: str, overrides: Mapping[str, Any] | None = None) -> settings.Settings:
@@ -289,6 +298,10 @@ class SimCluster:
 
     def _seed(self) -> None:
         store = self.srv.store
+        store.create("configmaps", {"metadata": {"name": CONFIG_MAP, "namespace": AGENT_NAMESPACE,
+                                                 "labels": {"app.kubernetes.io/name": "kcover"}},
+                                    "data": {"config.yaml": yaml.safe_dump(controller_config(self.log_dir,
+                                                                                             self.overrides))}})
         store.create("namespaces", {"metadata": {"name": NAMESPACE}, "spec": {"finalizers": ["kubernetes"]},
                                     "status": {"phase": "Active"}})
         agents = store.create("daemonsets.apps", agent_daemonset(len(self.nodes)))

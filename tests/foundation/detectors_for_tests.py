@@ -65,6 +65,25 @@ class Missing:
         raise errors.DetectorUnavailableError("no GPU on this node")
 
 
+class Appearing:
+    """Unavailable on its first `unavailable_for` attempts (a driver not loaded yet), then runs until stopped."""
+
+    roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.CONTROLLER})
+    config_model: ClassVar[type[BaseModel]] = contract.EmptyConfig
+    unavailable_for: ClassVar[int] = 2
+    attempts: ClassVar[list[float]] = []
+
+    def __init__(self, name: str, config: BaseModel, context: contract.DetectorContext) -> None:
+        pass
+
+    async def run(self, bus: bus_.Bus, stop: asyncio.Event) -> None:
+        self.attempts.append(asyncio.get_running_loop().time())
+        if len(self.attempts) <= self.unavailable_for:
+            await asyncio.sleep(0.01)  # finding out takes a moment: the supervisor says "running" meanwhile
+            raise errors.DetectorUnavailableError("driver not loaded")
+        await stop.wait()
+
+
 class AgentOnly(Ticker):
     roles: ClassVar[frozenset[contract.Role]] = frozenset({contract.Role.AGENT})
 

@@ -81,3 +81,44 @@ def test_loop_lag_is_how_late_the_heartbeat_is_not_its_interval() -> None:
     health.watch(now=16.0)
     assert not health.liveness(now=16.0)[0]
     assert health.stalls == 1
+
+
+async def test_a_degradation_keeps_the_process_ready_and_says_so_at_readyz_and_detectors() -> None:
+    health = serving.Health()
+    health.add_readiness("detectors", lambda: (True, "2 detectors"))
+    blind = {"text": ""}
+    health.add_degradation("gpu-sight", lambda: blind["text"])
+    health.detectors = lambda: {"nvml": {"state": "unavailable", "detail": "no driver"}}
+    server = serving.Server(health, metrics.Metrics(), host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{server.port}") as http:
+            async with http.get("/readyz") as r:
+                assert (r.status, await r.text()) == (200, "[+] detectors ok: 2 detectors\nready\n")
+            async with http.get("/detectors") as r:
+                assert (await r.json())["degraded"] == {}
+            blind["text"] = "kcover agent cannot see this node's GPUs"
+            async with http.get("/readyz") as r:
+                assert r.status == 200
+                assert await r.text() == ("[+] detectors ok: 2 detectors\n"
+                                          "[!] gpu-sight degraded: kcover agent cannot see this node's GPUs\n"
+                                          "ready (degraded)\n")
+            async with http.get("/detectors") as r:
+                doc = await r.json()
+            assert doc == {"detectors": {"nvml": {"state": "unavailable", "detail": "no driver"}},
+                           "degraded": {"gpu-sight": "kcover agent cannot see this node's GPUs"}}
+    finally:
+        await server.stop()
+
+
+def test_a_degradation_check_that_raises_says_so() -> None:
+    health = serving.Health()
+
+    def broken() -> str:
+        raise RuntimeError("boom")
+
+    health.add_degradation("x", broken)
+    assert health.degraded() == {"x": "check raised RuntimeError: boom"}
+    assert health.readiness()[0]
+    health.remove_degradation("x")
+    assert health.degraded() == {}

@@ -1,8 +1,12 @@
 """`kcover status`: what a person reads, and the exit code that says whether they must act.
 
-The gpu-xid scenario runs on the simulated cluster (real controllers and agents); `kcover status` then
-reads it through a kubeconfig, as a person would, and must name the cordoned node and the restarted
-jobs. What needs a person is a table over the report's parts.
+The gpu-xid scenario runs on the simulated cluster (real controllers and agents, their settings in the
+cluster's `kcover-config` ConfigMap as the chart holds them); `kcover status` then reads it through a
+kubeconfig, as a person would, and must name the cordoned node and the restarted jobs and show the limits the
+controllers run with (the simulation's 50 %, not the default 5 %). Where the ConfigMap cannot be used, status
+says so and judges with its own settings. What needs a person is a table over the report's parts.
+tests/integration/recovery/test_status_reads.py reads the breaker, limits, pauses, held restarts and suspects
+on both backends.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from kcover import cli
-from kcover import status as status_
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios
+from kcover.status import deployed, gathering
+from kcover.status import report as status_
 
 SIZE = cluster_.Size(nodes=4, gpus_per_node=4, jobs=2, seed=5)
 
@@ -39,15 +44,21 @@ async def test_status_names_the_cordoned_node_and_the_restarted_jobs_during_gpu_
         jobs = c.jobs_on_node(node)
         await scenario.play(scenarios.Run(c))
         kubeconfig = str(c.srv.write_kubeconfig(tmp_path / "kubeconfig"))
-        fraction = f"recovery.max_cordoned_fraction={c.replicas[0].controller.settings.recovery.max_cordoned_fraction}"
+        running = c.replicas[0].controller.settings.recovery
         for _ in range(50):  # the Recovery writer runs beside the engine
-            code, text = await asyncio.to_thread(_status, "--kubeconfig", kubeconfig, "--set", fraction)
+            code, text = await asyncio.to_thread(_status, "--kubeconfig", kubeconfig)
             if text.count("RestartWorkload") == len(jobs):
                 break
             await asyncio.sleep(0.1)
-        code_json, doc_text = await asyncio.to_thread(_status, "--kubeconfig", kubeconfig, "--set", fraction,
-                                                      "-o", "json")
+        code_json, doc_text = await asyncio.to_thread(_status, "--kubeconfig", kubeconfig, "-o", "json")
     assert code == 0, text
+    assert "settings:   ConfigMap kcover-system/kcover-config (the controllers')" in text
+    assert "acting:     on everything it decides\n" in text
+    assert running.max_cordoned_fraction == 0.5  # the simulation's, unlike the default 0.05
+    assert (f"  nodes cordoned at once:              1 of 2  (recovery.max_cordoned_fraction 0.5 of "
+            f"{SIZE.nodes} GPU nodes, recovery.max_cordoned_nodes 50)\n") in text
+    assert ("breaker:    closed, at its limit on cordons in 3600s: the next action counted there is refused and "
+            "latches it\n") in text  # one cordon an hour on four GPU nodes (1 %, at least one)
     assert f"cordoned by kcover (1):\n  {node}  since" in text
     assert "XID 79" in text
     for job in jobs:
@@ -61,10 +72,15 @@ async def test_status_names_the_cordoned_node_and_the_restarted_jobs_during_gpu_
     assert doc["needs_a_person"] is False
 
 
+def _limits(cordoned: int = 0) -> list[status_.Limit]:
+    return [status_.Limit("nodes cordoned at once", cordoned, 1, "recovery.max_cordoned_fraction 0.1 of 10 GPU nodes"),
+            status_.Limit("restarts in flight", None, 10, "recovery.max_concurrent_restarts 10", trips=False)]
+
+
 def _report(**kw: object) -> status_.Report:
     leader = status_.Leader(holder="a", renewed_seconds_ago=1.0, held_seconds=60.0, duration_seconds=15)
     report = status_.Report(lease="kcover-system/kcover-controller", leader=leader, gpu_nodes=10,
-                            max_cordoned_fraction=0.1)
+                            settings=deployed.Source("kcover-system/kcover-config", found=True), limits=_limits())
     for key, value in kw.items():
         setattr(report, key, value)
     return report
@@ -78,8 +94,19 @@ def _row(phase: str) -> status_.Row:
     ({}, None),
     ({"leader": status_.Leader()}, "no controller leads"),
     ({"leader": status_.Leader(holder="a", renewed_seconds_ago=40.0, duration_seconds=15)}, "last renewed by a 40s ago"),
-    ({"breaker_latched": True, "breaker_reason": "too many restarts"}, "latched open (too many restarts)"),
-    ({"cordoned": [status_.Cordon("n1", "XID79", "")]}, "the breaker is open"),
+    ({"breaker": status_.Breaker(latched=True, since="2026-05-01T13:00:00Z", reason="too many restarts",
+                                 cooldown_seconds=300)},
+     "latched open since 2026-05-01T13:00:00Z (too many restarts); `kcover breaker reset` closes the latch; then "
+     "restarts and cordons stay refused for 300s"),
+    ({"limits": _limits(cordoned=1)}, None),  # the next cordon latches it: then a person is needed
+    ({"limits": _limits(cordoned=1), "breaker": status_.Breaker(latch=False)},
+     "the breaker's limit on nodes cordoned at once is reached (1 of 1"),
+    ({"breaker": status_.Breaker(reset_at="2026-05-01T13:00:00Z", cooling_seconds_left=100)}, None),  # cooling
+    ({"held": [status_.Held("w.u", "PyTorchJob ml/train", "Paused", "paused", "t0", "t1")]}, None),
+    ({"suspects": [status_.Suspect("n1", "t0", "3 different workloads")]}, None),
+    ({"settings": deployed.Source("kcover-system/kcover-config", problem="ConfigMap kcover-system/kcover-config "
+                                  "not found")}, "the controllers' settings were not read (ConfigMap"),
+    ({"ledger_available": False}, "the LedgerEntry CRD (ledgerentries.kcover.io) is not served"),
     ({"recoveries": [_row("Recovered"), _row("Verifying"), _row("Refused")]}, None),
     ({"recoveries": [_row("Stalled")]}, "is Stalled"),
     ({"recoveries": [_row("Failed")]}, "is Failed"),
@@ -123,6 +150,6 @@ async def test_a_workload_out_of_budget_is_read_from_the_per_unit_ledger() -> No
         await led.update("w.u1", restarted([now.timestamp() - 60, now.timestamp() - 30], "PyTorchJob ml/train"),
                          now=now.timestamp())
         await led.update("w.u2", restarted([now.timestamp() - 30], ""), now=now.timestamp())
-        report = await status_.gather(kube, cfg, now=now)
+        report = await gathering.gather(kube, cfg, now=now)
     assert [(w.key, w.what, w.restarts) for w in report.out_of_budget] == [("w.u1", "PyTorchJob ml/train", 2)]
     assert any("out of its restart budget" in p for p in report.problems())

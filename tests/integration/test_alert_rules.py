@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from test_documented_metrics import scrapes  # noqa: F401 -- a fixture
+from test_documented_metrics import BLIND_NODE, blind_scrape, scrapes  # noqa: F401 -- fixtures
+from test_documented_metrics import NODE as AGENT_NODE
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "helm" / "kcover" / "files" / "prometheus-rules.yaml"
@@ -112,6 +113,8 @@ CASES = [
     Case("KcoverAgentSilent", [Change("agent", "up", set=0)],
          {k: v for k, v in TARGETS["agent"].items()}, 6),
     Case("KcoverAgentConditionMissing", [Change("controller", "kcover_agent_condition_missing_nodes", set=1)], NS, 16),
+    Case("KcoverAgentBlind", [Change("agent", "kcover_agent_blind", {"node": AGENT_NODE}, set=1)],
+         {**NS, "pod": TARGETS["agent"]["pod"], "node": AGENT_NODE}, 11),
     Case("KcoverEventLoopStalled", [Change("agent", "kcover_event_loop_lag_seconds", set=6)],
          {**NS, "pod": TARGETS["agent"]["pod"]}, 3),
     Case("KcoverDetectorFailing", [Change("agent", "kcover_detector_up", {"detector": "nvml"}, set=0)],
@@ -144,8 +147,10 @@ def idle_series(texts: dict[str, str]) -> dict[tuple[str, frozenset[tuple[str, s
 
 
 def input_series(series: dict[tuple[str, frozenset[tuple[str, str]]], float],
-                 changes: list[Change]) -> list[dict[str, str]]:
-    after = dict(series)
+                 changes: list[Change], *, then: dict[tuple[str, frozenset[tuple[str, str]]], float] | None = None,
+                 ) -> list[dict[str, str]]:
+    """`series` for IDLE_MINUTES, then with `changes` (or, `then`, another scrape's series over them)."""
+    after = dict(series) if then is None else {**series, **then}
     for change in changes:
         target = TARGETS[change.role]
         key = (change.name, frozenset({**change.labels, **target}.items()))
@@ -228,3 +233,26 @@ async def test_each_alert_fires_on_the_first_failure(promtool: str, tmp_path: Pa
                            "exp_alerts": [expected]}]})
     proc = await asyncio.to_thread(run_promtool, promtool, tmp_path, tests)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+
+
+async def test_the_blind_alert_fires_on_a_real_blind_agents_metrics(promtool: str, tmp_path: Path,
+                                                                     scrapes: dict[str, str],  # noqa: F811
+                                                                     blind_scrape: str) -> None:  # noqa: F811
+    """A GPU node's agent restarts without NVML or dcgmi (a broken driver rollout): its target's series become those
+    the blind agent exported, and KcoverAgentBlind fires for that node past its `for`, and only it."""
+    series = idle_series(scrapes)
+    blind = scraped(blind_scrape, TARGETS["agent"])
+    assert blind[("kcover_agent_blind", frozenset({"node": BLIND_NODE, **TARGETS["agent"]}.items()))] == 1
+    severities = dict(alerts())
+    expected = {"alertname": "KcoverAgentBlind", "severity": severities["KcoverAgentBlind"], "namespace": NAMESPACE,
+                "pod": TARGETS["agent"]["pod"], "node": BLIND_NODE}
+    test = {"interval": "1m", "input_series": input_series(series, [], then=blind),
+            "alert_rule_test": [
+                {"eval_time": f"{IDLE_MINUTES - 2}m", "alertname": "KcoverAgentBlind", "exp_alerts": []},
+                {"eval_time": f"{IDLE_MINUTES + 5}m", "alertname": "KcoverAgentBlind", "exp_alerts": []},  # its `for`
+                {"eval_time": f"{IDLE_MINUTES + 11}m", "alertname": "KcoverAgentBlind",
+                 "exp_alerts": [{"exp_labels": {k: v for k, v in expected.items() if k != "alertname"}}]},
+                # a blind agent is not a failing detector: the unavailable ones stay out of KcoverDetectorFailing
+                {"eval_time": f"{IDLE_MINUTES + 11}m", "alertname": "KcoverDetectorFailing", "exp_alerts": []}]}
+    proc = await asyncio.to_thread(run_promtool, promtool, tmp_path, [test])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

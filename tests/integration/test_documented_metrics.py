@@ -97,8 +97,11 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
             async with asyncio.timeout(15):
                 while not all(health.readiness()[0] for health, _ in roles.values()):  # noqa: ASYNC110 -- polled, as a kubelet probe would
                     await asyncio.sleep(0.05)
-                # the agent's first NVML poll and both watchdogs' first look, as a scrape a while after start sees
+                # the agent's first NVML poll, its condition in the controller's cache (written once NVML has run
+                # detectors.settle_seconds) and both watchdogs' first look, as a scrape a while after start sees
                 while not (roles["agent"][1].registry.get_sample_value("kcover_nvml_polls_total", {"result": "ok"})  # noqa: ASYNC110 -- polled, as a scrape would
+                           and roles["controller"][1].registry.get_sample_value(
+                               "kcover_agent_condition_missing_nodes") == 0
                            and all(health.watched for health, _ in roles.values())):
                     await asyncio.sleep(0.05)
             yield {role: await scrape(server) for role, server in servers.items()}
@@ -109,6 +112,42 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
                 await server.stop()
             for kube in kubes:
                 await kube.close()
+
+
+BLIND_NODE = "gpu-node-blind"
+
+
+@pytest.fixture
+async def blind_scrape() -> AsyncIterator[str]:
+    """/metrics of an agent on a GPU node that has no NVML (the fake's `init()` fails as the real adapter's does on a
+    node without the driver) and no `dcgmi`, scraped over HTTP once the agent says it is blind."""
+    async with simserver.SimServer() as srv:
+        srv.store.create("nodes", {"metadata": {"name": BLIND_NODE}, "spec": {},
+                                   "status": {"capacity": {"nvidia.com/gpu": "8"},
+                                              "conditions": [{"type": "Ready", "status": "True"}]}})
+        cfg = settings.layer(file_data={
+            "agent": {"node_name": BLIND_NODE},
+            "detectors": {"entries": {"dcgm": {"config": {"dcgmi_path": "/nonexistent/kcover-test/dcgmi"}}}},
+        }).settings
+        health, mets = serving.Health(), metrics.Metrics(role=metrics.AGENT)
+        kube = client.from_configuration(srv.kube_configuration())
+        agent = agent_running.Agent(cfg, client=kube, metrics=mets, health=health, node=BLIND_NODE,
+                                    nvml=fake.FakeNvml(8, init_error="library_missing"), reporter_tick_seconds=0.05)
+        server = serving.Server(health, mets, host="127.0.0.1", port=0)
+        stop = asyncio.Event()
+        await server.start()
+        tasks = [asyncio.create_task(agent.run(stop), name="agent"),
+                 asyncio.create_task(health.heartbeat(stop), name="heartbeat")]
+        try:
+            async with asyncio.timeout(15):
+                while not (health.degraded() and health.watched):  # noqa: ASYNC110 -- polled, as a probe would
+                    await asyncio.sleep(0.05)
+            yield await scrape(server)
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 15)
+            await server.stop()
+            await kube.close()
 
 
 def queryable(text: str) -> set[str]:
@@ -153,9 +192,9 @@ def value(text: str, name: str, **labels: str) -> float | None:
 
 CONTROLLER_ONLY = ("kcover_leader", "kcover_breaker_open", "kcover_fault_to_action_seconds_bucket", "kcover_actions_total",
                    "kcover_events_rejected_total", "kcover_device_taints_served", "kcover_gpu_nodes",
-                   "kcover_recovery_stalled_total")
+                   "kcover_recovery_stalled_total", "kcover_agent_condition_unknown_nodes")
 AGENT_ONLY = ("kcover_nvml_polls_total", "kcover_dcgm_polls_total", "kcover_xid_classes_total",
-              "kcover_health_check_age_seconds")
+              "kcover_health_check_age_seconds", "kcover_agent_blind")
 
 
 async def test_each_role_exports_only_its_own_series(scrapes: dict[str, str]) -> None:
@@ -226,3 +265,11 @@ async def test_the_idle_event_loop_lag_reads_near_zero(scrapes: dict[str, str]) 
         lag = value(text, "kcover_event_loop_lag_seconds")
         assert lag is not None, role
         assert lag < 0.5, f"{role}: an idle loop reads {lag:.3f}s of lag"
+
+
+async def test_a_blind_agent_says_so_and_a_seeing_one_does_not(blind_scrape: str, scrapes: dict[str, str]) -> None:
+    assert value(blind_scrape, "kcover_agent_blind", node=BLIND_NODE) == 1
+    assert value(scrapes["agent"], "kcover_agent_blind", node=NODE) == 0  # the series exists before it turns 1
+    for detector in ("nvml", "dcgm"):
+        assert value(blind_scrape, "kcover_detector_available", detector=detector) == 0, detector
+    assert value(scrapes["controller"], "kcover_agent_condition_unknown_nodes") == 0

@@ -16,7 +16,7 @@ import pytest
 from kcover import kinds, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import recording
+from kcover.recovery import dryrun, recording
 from kcover.recovery import steps as st
 from kcover.sim import server as simserver
 
@@ -42,7 +42,8 @@ def _recorder(srv: simserver.SimServer, *, leading: Any = None, **settings_: Any
               ) -> tuple[recording.Recorder, metrics.Metrics]:
     mets = metrics.Metrics()
     rs = settings.RecoverySettings.model_validate({"ledger_namespace": "kcover-system", **settings_})
-    rec = recording.Recorder(gateway.Http(srv.client()), recording.RecordMetrics(mets.registry),
+    gw = dryrun.DryRun(gateway.Http(srv.client()), active=lambda: rs.dry_run)  # as the controller builds it
+    rec = recording.Recorder(gw, recording.RecordMetrics(mets.registry),
                              recovery=lambda: rs, clock=clock_.FakeClock(NOW, follow_loop=True), identity="ctl-a",
                              is_leader=leading or (lambda: True))
     return rec, mets

@@ -208,12 +208,16 @@ async def _xid13_once(world: World) -> None:
 
 
 async def _xid13_thrice(world: World) -> None:
+    """XID 13 is an application fault (config/xid-policy.yaml): repeated on one GPU it restarts the job
+    holding that GPU and never moves the node."""
     for _ in range(3):
         world.nvml.xid(13, gpu_index=0)
         await asyncio.sleep(0.3)
-    await _until(world.cordoned, "the node to be cordoned after the third XID 13 on one GPU")
+    await _until(lambda: world.replaced("hit"), "job hit to come back after XID 13 on its GPU")
+    await asyncio.sleep(SETTLE)
     assert "hit" in await world.restarted()
     assert await world.untouched("spared")
+    assert await world.schedulable()
 
 
 async def _xid79(world: World) -> None:

@@ -92,8 +92,8 @@ async def _drop_slices(cluster: Cluster) -> None:
 async def test_the_breaker_counts_gpu_nodes_by_the_one_rule(cluster: Cluster, flavour: str) -> None:
     try:
         gpu_nodes, cpu_nodes = await _make_nodes(cluster, flavour)
-        # the window's own cap (1% of the GPU nodes, at least one) out of the way: this is the held fraction's
-        rig = await Rig.make(cluster, Clock(), max_cordoned_fraction=FRACTION, max_cordons_per_window_fraction=1.0,
+        rig = await Rig.make(cluster, Clock(), max_cordoned_fraction=FRACTION,  # the window's limits out of the way
+                             max_cordons_per_window=100, max_cordons_per_window_fraction=1.0,
                              rules=[{"detector": "node-condition", "action": "cordon-node"}])
         ours = {n for n in rig.snap.nodes if n.startswith(cluster.namespace)}
         assert {n for n in ours if rig.snap.is_gpu_node(rig.snap.nodes[n])} == set(gpu_nodes)

@@ -268,7 +268,7 @@ async def test_with_the_controller_cache_as_snapshot(cluster: Cluster) -> None:
 
 
 async def test_max_concurrent_restarts_bounds_restarts_in_flight_only_and_applies_on_reload(cluster: Cluster) -> None:
-    """One restart may be in flight: a second job's restart is held (Throttled) while a cordon still
+    """One restart may be in flight: a second job's restart is held (Throttled, never latching the breaker) while a cordon still
     proceeds; after a reload to two, the second job restarts while the first is still in flight."""
     await seed(cluster)
     ns = cluster.namespace
