@@ -26,7 +26,7 @@ import collections
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,14 +145,16 @@ class Result:
     """Scenario -> process ("controller", "agent") -> "<VERB> <resource>" -> count."""
 
 
-def bench_settings(log_dir: str, *, node: str = "", namespace: str = NS) -> settings.Settings:
+def bench_settings(log_dir: str, *, node: str = "", namespace: str = NS,
+                   workload_kinds: Sequence[str] = ("pytorchjobs.kubeflow.org",)) -> settings.Settings:
     """Product defaults, but: no Lease (one replica; keeps renewals out of the counts), only the
-    PyTorchJob workload kind (the others' CRDs are absent), a breaker that lets every sample node be
-    cordoned and every sample job restarted (`objects.BREAKER_OFF`), its own ledger and the agent's Node Events in the bench namespace (never an installed
-    kcover's), and the log sink in a temporary folder."""
+    PyTorchJob workload kind (the others' CRDs may be absent; the fleet bench adds its background kind), a
+    breaker that lets every sample node be cordoned and every sample job restarted (`objects.BREAKER_OFF`),
+    its own ledger and the agent's Node Events in the bench namespace (never an installed kcover's), and the
+    log sink in a temporary folder."""
     return settings.Settings.model_validate({
         "lease": {"enabled": False},
-        "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
+        "kube": {"workload_kinds": list(workload_kinds)},
         "recovery": {**objects.BREAKER_OFF, "ledger_namespace": namespace, "ledger_name": "kcover-bench-ledger",
                      "save_logs": {"directory": log_dir}},
         "agent": {"node_name": node, "event_namespace": namespace},
@@ -197,16 +199,29 @@ class Floor:
         return self.seen[key] - started, answered
 
 
+COST_SCENARIO = "pod_error_restart_4_pods"
+"""The API cost of one fault, as issue 30 counts it: a pod error in a 4-pod job, every request until the
+controller has been quiet for `SETTLED_SECONDS` (the Recovery record written off the critical path included)."""
+SETTLED_SECONDS = 1.0
+
+
 async def measure(kubeconfig: str, *, samples: int, xid_samples: int, sample_timeout: float = 30.0,
-                  run_id: str = "") -> Result:
-    """Seed, run controller (and agents), and take `samples` pod/DRA/floor and `xid_samples` XID samples.
+                  run_id: str = "", controller_kubeconfig: str = "", cost_pods: int = 4,
+                  workload_kinds: Sequence[str] = ("pytorchjobs.kubeflow.org",), job_kind: str = "PyTorchJob") -> Result:
+    """Seed, run controller (and agents), and take `samples` pod/DRA/floor and `xid_samples` XID samples, and
+    the cost of one fault in a job of `cost_pods` pods (0: not taken).
 
     `run_id` suffixes the namespace and node names: a real API server without kube-controller-manager
-    never finishes deleting a namespace, so a second run needs a new one."""
+    never finishes deleting a namespace, so a second run needs a new one. `controller_kubeconfig`: the
+    controller's (and agents') credentials, if not the bench's own (a ServiceAccount's token, so the API
+    server's priority and fairness treats them as it treats an installed kcover). `job_kind`: the Kubeflow kind
+    of the sample jobs, whose pods the bench writes (on a cluster that runs the training operator, one it does
+    not manage: the operator would create pods of the same names)."""
     with tempfile.TemporaryDirectory(prefix="kcover-bench-logs-") as log_dir:
         async with await rawapi.open_api(kubeconfig) as api:
-            return await _measure(api, kubeconfig, log_dir, samples=samples, xid_samples=xid_samples,
-                                  sample_timeout=sample_timeout, run_id=run_id)
+            return await _measure(api, controller_kubeconfig or kubeconfig, log_dir, samples=samples,
+                                  xid_samples=xid_samples, sample_timeout=sample_timeout, run_id=run_id,
+                                  cost_pods=cost_pods, workload_kinds=workload_kinds, job_kind=job_kind)
 
 
 def namespace_of(run_id: str) -> str:
@@ -214,7 +229,8 @@ def namespace_of(run_id: str) -> str:
 
 
 async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples: int,
-                   xid_samples: int, sample_timeout: float, run_id: str) -> Result:
+                   xid_samples: int, sample_timeout: float, run_id: str, cost_pods: int,
+                   workload_kinds: Sequence[str], job_kind: str) -> Result:
     started = time.perf_counter()
     ns = namespace_of(run_id)
     suffix = f"-{run_id}" if run_id else ""
@@ -226,12 +242,18 @@ async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples
         await seeding.running_pod(api, objects.agent_pod(ns, node))
     specs = ([(ns, f"pe-{i}", 2) for i in range(samples)] + [(ns, f"dra-{i}", 2) for i in range(samples)]
              + [(ns, "floor", 1)])
-    jobs = await seeding.jobs(api, specs[:samples], node_names=gpu_nodes)
-    jobs += await seeding.jobs(api, specs[samples:], node_names=gpu_nodes, dra=True)
+    jobs = await seeding.jobs(api, specs[:samples], node_names=gpu_nodes, kind=job_kind)
+    jobs += await seeding.jobs(api, specs[samples:], node_names=gpu_nodes, dra=True, kind=job_kind)
     floor_pod = jobs[-1].pods[0]
+    # on nodes of its own: the samples' restarts on the shared nodes make them suspect (three different
+    # workloads), and a suspect node's validation request is not the cost of one fault
+    cost_nodes = [f"bench-cost-{i}{suffix}" for i in range(cost_pods)]
+    await seeding.nodes(api, cost_nodes)
+    cost = ((await seeding.jobs(api, [(ns, "cost", cost_pods)], node_names=cost_nodes, kind=job_kind))[0]
+            if cost_pods else None)
     log.info("bench_latency_seeded", seconds=round(time.perf_counter() - started, 1))
 
-    config = bench_settings(log_dir, namespace=ns)
+    config = bench_settings(log_dir, namespace=ns, workload_kinds=workload_kinds)
     kube = TimedClient(await client_.open_transport(kubeconfig))
     controller = controller_running.Controller(config, client=kube, metrics=metrics.Metrics(),
                                                health=serving.Health())
@@ -253,6 +275,9 @@ async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples
                 await asyncio.sleep(0.5)  # detectors subscribe right after the sync
                 await _pod_faults(api, kube, controller, recorder, floor, jobs, result, samples=samples,
                                   timeout=sample_timeout)
+                if cost is not None:
+                    result.api_requests[COST_SCENARIO] = {"controller": await _cost(api, kube, cost,
+                                                                                    timeout=sample_timeout)}
                 await _xid_faults(kubeconfig, log_dir, kube, controller, recorder, xid_nodes, result,
                                   timeout=sample_timeout)
             finally:
@@ -287,6 +312,21 @@ async def _pod_faults(api: rawapi.RawApi, kube: TimedClient, controller: control
                 await asyncio.sleep(0.5)  # the Event and the ledger write follow the action
                 result.api_requests[f"{kind}_restart"] = {"controller": diff(kube.request_counts, before)}
         await asyncio.sleep(0.05)
+
+
+async def _cost(api: rawapi.RawApi, kube: TimedClient, job: seeding.Job, *, timeout: float) -> dict[str, int]:
+    """Every request one pod error in `job` costs, until the controller was quiet for `SETTLED_SECONDS`."""
+    before = dict(kube.request_counts)
+    t0 = time.perf_counter()
+    await seeding.write_pod_status(api, job.namespace, job.pods[1], objects.failed_status(1))
+    await kube.when(restarted(job), since=t0, timeout=timeout)
+    async with asyncio.timeout(timeout):
+        while True:
+            seen = sum(kube.request_counts.values())
+            await asyncio.sleep(SETTLED_SECONDS)
+            if sum(kube.request_counts.values()) == seen:
+                break
+    return {k: v for k, v in diff(kube.request_counts, before).items() if not k.startswith("WATCH")}
 
 
 async def _xid_faults(kubeconfig: str, log_dir: str, kube: TimedClient,

@@ -28,37 +28,59 @@ def namespace(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}}}
 
 
-def node(name: str, *, gpus: int = 8) -> Obj:
+KWOK_LABELS = {"type": "kwok"}
+"""What the tests' kwok manages (`--manage-nodes-with-label-selector=type=kwok`): the fleet's nodes carry it."""
+KWOK_ANNOTATIONS = {"kwok.x-k8s.io/node": "fake"}
+
+
+def node(name: str, *, gpus: int = 8, kwok: bool = False) -> Obj:
+    """A GPU node as its kubelet registers it; `kwok`: labelled and annotated for kwok to manage (heartbeats,
+    pod lifecycle) as a kubelet would."""
     now = "2026-01-01T00:00:00Z"
+    labels = {BENCH_LABEL: "true", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
+              "nvidia.com/gpu.product": "NVIDIA-H200", **(KWOK_LABELS if kwok else {})}
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {BENCH_LABEL: "true", "kubernetes.io/hostname": name,
-                                                  "nvidia.com/gpu.present": "true",
-                                                  "nvidia.com/gpu.product": "NVIDIA-H200"}},
+            "metadata": {"name": name, "labels": labels, **({"annotations": dict(KWOK_ANNOTATIONS)} if kwok else {})},
             "spec": {},
             "status": {"capacity": {"nvidia.com/gpu": str(gpus), "cpu": "192", "memory": "2Ti"},
-                       "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "190", "memory": "2000Gi"},
+                       "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "190", "memory": "2000Gi", "pods": "110"},
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
 
 
-def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = True) -> Obj:
+def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = True, kind: str = "PyTorchJob") -> Obj:
+    """A Kubeflow v1 job (`kind`: PyTorchJob, or XGBoostJob, ... of the same shape) whose pods the bench creates."""
     labels = {BENCH_LABEL: "true"}
     if opted_in:
         labels[OPT_IN] = "true"
-    return {"apiVersion": KF, "kind": "PyTorchJob",
+    replicas, container = KUBEFLOW_SHAPES[kind]
+    template = {"spec": {"containers": [{"name": container, "image": "registry.example.com/ml/trainer:2026.01"}]}}
+    return {"apiVersion": KF, "kind": kind,
             "metadata": {"name": name, "namespace": namespace_, "labels": labels},
-            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": workers, "restartPolicy": "OnFailure"}}}}
+            "spec": {replicas: {"Worker": {"replicas": workers, "restartPolicy": "OnFailure", "template": template}}}}
+
+
+KUBEFLOW_SHAPES = {"PyTorchJob": ("pytorchReplicaSpecs", "pytorch"), "XGBoostJob": ("xgbReplicaSpecs", "xgboost"),
+                   "TFJob": ("tfReplicaSpecs", "tensorflow"), "PaddleJob": ("paddleReplicaSpecs", "paddle")}
+"""Kubeflow v1 kinds the bench seeds: where the replicas are, and the container the operator requires (its
+defaulting fails on a template without it, and the training operator 1.8 crashes on one with no container)."""
+
+
+def plural(kind: str) -> str:
+    """A Kubeflow v1 kind's resource name (`PyTorchJob` -> `pytorchjobs`)."""
+    return f"{kind.lower()}s"
 
 
 def owner_ref(job: Obj) -> Obj:
-    return {"apiVersion": KF, "kind": "PyTorchJob", "name": job["metadata"]["name"],
+    return {"apiVersion": KF, "kind": job.get("kind") or "PyTorchJob", "name": job["metadata"]["name"],
             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
 def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | None, dra: bool = False) -> Obj:
     """A worker pod as the training operator writes it: labels, owner, one 8-GPU trainer container."""
+    operator = f"{str((owner or {}).get('kind') or 'PyTorchJob').lower()}-controller"
     meta: Obj = {"name": f"{job}-worker-{index}", "namespace": namespace_,
-                 "labels": {BENCH_LABEL: "true", JOB_NAME: job, OPERATOR: "pytorchjob-controller",
+                 "labels": {BENCH_LABEL: "true", JOB_NAME: job, OPERATOR: operator,
                             "training.kubeflow.org/replica-type": "worker",
                             "training.kubeflow.org/replica-index": str(index)},
                  "annotations": {"kubectl.kubernetes.io/default-container": CONTAINER}}

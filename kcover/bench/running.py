@@ -5,6 +5,8 @@
     kcover bench --report json
     kcover bench --kubeconfig PATH    # a real cluster: seeds through its API, cleans up after
     kcover bench --restarts 8,128,1024 [--kubeconfig PATH]   # only: one restart of a large job, per kind
+    kcover bench --fleet 2000x60000 --kubeconfig PATH --operator  # only: kcover at fleet size (kwok nodes)
+    kcover bench --ledger 100,1000,10000 [--kubeconfig PATH]  # only: ledger writes as the ledger grows
 
 Owns the options, the order of the scenarios and the report. The roles' own figures come first, on a
 cluster that is still empty (`footprint`: start-up to leading, idle RSS, CPU per fault), then latency,
@@ -34,7 +36,8 @@ from typing import Any
 import structlog
 
 from kcover import errors
-from kcover.bench import footprint, latency, rawapi, reporting, restarts, scale, seeding, simproc
+from kcover.bench import fleet as fleet_
+from kcover.bench import footprint, latency, ledgering, rawapi, reporting, restarts, scale, seeding, simproc
 from kcover.kube import client as client_
 
 log = structlog.get_logger()
@@ -59,6 +62,10 @@ class Options:
     """Keep the raw samples (seconds) in the report, for plots."""
     restarts: list[int] = field(default_factory=list)
     """Pod counts of the restart scenario (`restarts`); set, it is the only scenario run."""
+    fleet: fleet_.Options | None = None
+    """The fleet scenario (`fleet`); set, it is the only scenario run."""
+    ledger: list[int] = field(default_factory=list)
+    """Ledger sizes of the ledger scenario (`ledgering`); set (without `fleet`), it is the only scenario run."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
@@ -108,10 +115,26 @@ async def run_restarts(options: Options) -> dict[str, Any]:
     return {"restarts": restarts.section(rows), "environment": environment}
 
 
+async def run_alone(options: Options) -> dict[str, Any]:
+    """Only the fleet or only the ledger scenario: its report (JSON-able)."""
+    environment: dict[str, Any] = {"cluster": "real (kubeconfig)" if options.kubeconfig else "simulated (child process)"}
+    async with _cluster(options.kubeconfig) as kubeconfig:
+        if options.fleet is not None:
+            report = await fleet_.run(kubeconfig, options.fleet)
+            report["environment"] = {**environment, **report["environment"]}
+            return report
+        environment.update(cpus=os.cpu_count(), load_average_at_start=_load())
+        section = await ledgering.run(kubeconfig, options.ledger, writes=100)
+        environment["load_average_at_end"] = _load()
+        return {"ledger": section, "environment": environment}
+
+
 async def run(options: Options) -> dict[str, Any]:
     """Run every scenario and return the report (JSON-able)."""
     if options.restarts:
         return await run_restarts(options)
+    if options.fleet is not None or options.ledger:
+        return await run_alone(options)
     environment: dict[str, Any] = {"cluster": "real (kubeconfig)" if options.kubeconfig else "simulated (child process)",
                                    "cpus": os.cpu_count(), "python": platform.python_version(),
                                    "load_average_at_start": _load()}
@@ -169,6 +192,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true", help="include the raw samples in the JSON report")
     p.add_argument("--restarts", help="only one restart of a JobSet, a batch Job and a PyTorchJob of each of these "
                                       "pod counts (e.g. 8,128,1024): time to every pod taken away, requests made")
+    p.add_argument("--fleet", help="only kcover at fleet size, NODESxPODS (e.g. 2000x60000): sync, re-list, latency "
+                                   "under churn, a large restart, failover and ledger writes (docs/performance.md)")
+    p.add_argument("--churn", type=float, default=50.0, help="fleet: background pod status writes per second (50)")
+    p.add_argument("--restart-pods", type=int, default=2048, help="fleet: pods of the restarted jobs (2048; 0 none)")
+    p.add_argument("--failover-units", type=int, default=10_000,
+                   help="fleet: restart units in the failover's ledger (10000; 0 skips the failover)")
+    p.add_argument("--operator", action="store_true",
+                   help="fleet: the cluster runs the workloads' controllers and kwok manages nodes labelled type=kwok")
+    p.add_argument("--controller-kubeconfig", default="", help="fleet: kcover's own credentials (default: --kubeconfig)")
+    p.add_argument("--ledger", help="only (or, with --fleet, at) these ledger sizes, e.g. 100,1000,10000: a write's "
+                                    "p50 and p99 and a new leader's load")
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -181,6 +215,21 @@ def options_from(args: argparse.Namespace) -> Options:
         overrides["sizes"] = parse_sizes(args.sizes)
     if getattr(args, "restarts", None):
         overrides["restarts"] = [int(x) for x in str(args.restarts).split(",") if x.strip()]
+    ledger = [int(x) for x in str(getattr(args, "ledger", None) or "").split(",") if x.strip()]
+    if ledger:
+        overrides["ledger"] = ledger
+    if getattr(args, "fleet", None):
+        (size,) = parse_sizes(args.fleet)
+        base = Options.quick() if args.quick else Options()
+        fleet = fleet_.Options(
+            nodes=size.nodes, pods=size.pods, churn_rate=args.churn, restart_pods=args.restart_pods,
+            samples=args.samples if args.samples is not None else min(base.samples, 30),
+            xid_samples=args.xid_samples if args.xid_samples is not None else min(base.xid_samples, 10),
+            operator=bool(args.operator), failover=args.failover_units > 0, failover_units=args.failover_units,
+            controller_kubeconfig=args.controller_kubeconfig or "")
+        if ledger:
+            fleet.ledger_sizes = tuple(ledger)
+        overrides["fleet"] = fleet
     return Options.quick(**overrides) if args.quick else Options(**overrides)
 
 
@@ -194,8 +243,12 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if args.report == "json":
         print(json.dumps(report, indent=2))
+    elif "figures" in report:
+        print(fleet_.markdown(report))
     elif "restarts" in report:
         print(restarts.markdown(report["restarts"]))
+    elif "ledger" in report:
+        print(ledgering.markdown(report["ledger"]))
     else:
         print(reporting.markdown(report))
     return 0

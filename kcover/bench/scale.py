@@ -6,7 +6,9 @@ Owns both sides of the measurement. The orchestrator (`measure`) seeds the clust
 API server is another process (the simulated one, or a real cluster). The worker runs the whole
 controller without the recovery engine (cache, detectors, bus), prints one JSON line once synced,
 records when each pod-status event reaches its bus, and prints those arrivals when told `report` on
-stdin. For throughput the orchestrator writes container failures to distinct pods at a fixed rate
+stdin. Told `arm`, it resets its peak RSS and watches its reflectors; told `relisted`, it answers once
+each has listed again (the fleet bench expires every watch in between) with when each did and the peak
+RSS meanwhile. For throughput the orchestrator writes container failures to distinct pods at a fixed rate
 and joins its write times with the worker's arrivals (wall clock: same machine).
 
 How it fails: a worker that exits early or prints no JSON raises `errors.KcoverError` with its
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import sys
@@ -73,9 +76,9 @@ class Seeded:
         return time.perf_counter() - started
 
 
-def bench_settings() -> settings.Settings:
+def bench_settings(workload_kinds: tuple[str, ...] = ("pytorchjobs.kubeflow.org",)) -> settings.Settings:
     return settings.Settings.model_validate({"lease": {"enabled": False},
-                                             "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]}})
+                                             "kube": {"workload_kinds": list(workload_kinds)}})
 
 
 # --------------------------------------------------------------------------------------------- worker process
@@ -84,10 +87,56 @@ def _rss() -> int:
     return simproc.rss_bytes()
 
 
-async def worker(kubeconfig: str) -> None:
-    """The controller worker: sync, print the numbers, record bus arrivals until `report`."""
+def _reset_peak_rss() -> None:
+    """Set `VmHWM` back to the current RSS (Linux: `5` to /proc/self/clear_refs), to read a later peak alone."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class _Relist:
+    """The worker's watch on its own re-lists: armed before the API server expires every watch, answered
+    once the pod and node reflectors have listed again and the others had `GRACE_SECONDS` more (a collection
+    written since the compaction resumes its watch without a re-list), with when each listed, how long the
+    list took, and the RSS peak meanwhile."""
+
+    REQUIRED = ("pods", "nodes")
+    GRACE_SECONDS = 5.0
+
+    def __init__(self, controller: controller_running.Controller) -> None:
+        self.reflectors = list(controller.cache.reflectors)
+        self.before = {r.name: r.lists for r in self.reflectors}
+        self.done: dict[str, float] = {}
+        self.sampled = _rss()
+        _reset_peak_rss()
+        self._task = asyncio.create_task(self._watch(), name="bench:relist-watch")
+
+    async def _watch(self) -> None:
+        grace_until = float("inf")
+        while len(self.done) < len(self.reflectors) and time.monotonic() < grace_until:
+            for r in self.reflectors:
+                if r.name not in self.done and r.lists > self.before[r.name]:
+                    self.done[r.name] = time.time()
+            if grace_until == float("inf") and all(n in self.done for n in self.REQUIRED):
+                grace_until = time.monotonic() + self.GRACE_SECONDS
+            self.sampled = max(self.sampled, _rss())
+            await asyncio.sleep(0.02)
+
+    async def wait(self, timeout: float) -> dict[str, Any]:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        self._task.cancel()
+        gc.collect()
+        return {"relisted": {r.name: {"at": self.done[r.name], "list_seconds": round(r.list_seconds, 3),
+                                      "objects": len(r.store)} for r in self.reflectors if r.name in self.done},
+                "not_relisted": [r.name for r in self.reflectors if r.name not in self.done],
+                "peak_rss": simproc.peak_rss_bytes(), "sampled_max_rss": self.sampled, "rss": _rss()}
+
+
+async def worker(kubeconfig: str, workload_kinds: tuple[str, ...] = ("pytorchjobs.kubeflow.org",)) -> None:
+    """The controller worker: sync, print the numbers, then answer commands on stdin (`arm` and `relisted`
+    around an expiry of every watch; `report`: the bus arrivals, and exit)."""
     kube = await client_.connect(kubeconfig, request_timeout=300)
-    controller = controller_running.Controller(bench_settings(), client=kube, metrics=metrics.Metrics(),
+    controller = controller_running.Controller(bench_settings(workload_kinds), client=kube, metrics=metrics.Metrics(),
                                                health=serving.Health(), recover=False)
     gc.collect()
     rss0 = _rss()  # after imports and construction: the delta is what the cluster's objects cost
@@ -112,8 +161,18 @@ async def worker(kubeconfig: str) -> None:
         rss1 = _rss()
         print(json.dumps({"sync_seconds": sync_seconds, "rss_before": rss0, "rss_after": rss1,
                           "pods": len(controller.cache.pods), "nodes": len(controller.cache.nodes),
-                          "cpu_seconds": time.process_time()}), flush=True)
-        await loop.run_in_executor(None, sys.stdin.readline)
+                          "cpu_seconds": time.process_time(), "peak_rss": simproc.peak_rss_bytes()}), flush=True)
+        relist: _Relist | None = None
+        while True:
+            command = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+            if command == "arm":
+                relist = _Relist(controller)
+                print(json.dumps({"armed": time.time(), "rss": _rss()}), flush=True)
+            elif command.startswith("relisted") and relist is not None:
+                timeout = float(command.partition(" ")[2] or 600)
+                print(json.dumps(await relist.wait(timeout)), flush=True)
+            else:  # `report`, or stdin closed
+                break
         print(json.dumps({"arrivals": arrivals, "cpu_seconds": time.process_time(),
                           "peak_rss": simproc.peak_rss_bytes()}), flush=True)
         stop.set()
@@ -127,9 +186,10 @@ class Worker:
         self.proc = proc
 
     @classmethod
-    async def start(cls, kubeconfig: str) -> Worker:
+    async def start(cls, kubeconfig: str, *, workload_kinds: tuple[str, ...] = ()) -> Worker:
+        kinds_ = ("--workload-kinds", ",".join(workload_kinds)) if workload_kinds else ()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kcover.bench.scale", "--kubeconfig", kubeconfig,
+            sys.executable, "-m", "kcover.bench.scale", "--kubeconfig", kubeconfig, *kinds_,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             limit=1 << 28)  # the arrivals line holds one entry per updated pod
         return cls(proc)
@@ -148,11 +208,15 @@ class Worker:
             _, err = await self.proc.communicate()
             raise errors.KcoverError(f"the bench controller worker failed: {err.decode()[-2000:]}") from None
 
-    async def report(self, timeout: float) -> dict[str, Any]:
+    async def ask(self, command: str, timeout: float) -> dict[str, Any]:
+        """Send one command line; its JSON answer."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"report\n")
+        self.proc.stdin.write(command.encode() + b"\n")
         await self.proc.stdin.drain()
-        data = await self.line(timeout)
+        return await self.line(timeout)
+
+    async def report(self, timeout: float) -> dict[str, Any]:
+        data = await self.ask("report", timeout)
         await asyncio.wait_for(self.proc.wait(), 30)
         return data
 
@@ -238,9 +302,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kcover.bench.scale",
                                      description="the bench's controller worker process (started by `kcover bench`)")
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--workload-kinds", default="pytorchjobs.kubeflow.org",
+                        help="the workload kinds the controller watches, plural.group,...")
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    asyncio.run(worker(args.kubeconfig))
+    asyncio.run(worker(args.kubeconfig, tuple(k for k in args.workload_kinds.split(",") if k)))
 
 
 if __name__ == "__main__":

@@ -62,9 +62,9 @@ async def namespaces(api: rawapi.RawApi, names: Iterable[str]) -> None:
         await create(api, "/api/v1/namespaces", objects.namespace(name))
 
 
-async def nodes(api: rawapi.RawApi, names: list[str], *, concurrency: int = 32) -> None:
+async def nodes(api: rawapi.RawApi, names: list[str], *, concurrency: int = 32, kwok: bool = False) -> None:
     async def one(name: str) -> None:
-        await create(api, "/api/v1/nodes", objects.node(name))  # a Node keeps the status it is created with
+        await create(api, "/api/v1/nodes", objects.node(name, kwok=kwok))  # a Node keeps its created status
 
     await bounded([lambda n=n: one(n) for n in names], concurrency=concurrency)  # type: ignore[misc]
 
@@ -80,8 +80,8 @@ def pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"
 
 
-def jobs_path(namespace: str) -> str:
-    return f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs"
+def jobs_path(namespace: str, kind: str = "PyTorchJob") -> str:
+    return f"/apis/kubeflow.org/v1/namespaces/{namespace}/{objects.plural(kind)}"
 
 
 async def write_pod_status(api: rawapi.RawApi, namespace: str, name: str, status: objects.Obj) -> None:
@@ -90,11 +90,21 @@ async def write_pod_status(api: rawapi.RawApi, namespace: str, name: str, status
                       content_type=client_.MERGE_PATCH)
 
 
+ADDRESSES = ("hostIP", "hostIPs", "podIP", "podIPs")
+"""Status fields a kwok node's kubelet writes too (the API server refuses a patch that leaves `hostIPs` and
+`hostIP` apart): left out of the bench's write where kwok may have written them first."""
+
+
 async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_names: list[str],
-               dra: bool = False, concurrency: int = 32, first_index: int = 0) -> list[Job]:
-    """Create (namespace, job name, workers) jobs and their running pods, spread over `node_names`."""
+               dra: bool = False, concurrency: int = 32, first_index: int = 0, kind: str = "PyTorchJob",
+               write_status: bool = True, addresses: bool = True) -> list[Job]:
+    """Create (namespace, job name, workers) Kubeflow jobs of `kind` and their running pods, spread over
+    `node_names`. `write_status` False leaves the status to the nodes' kubelet (kwok), which would otherwise
+    race the bench's write; `addresses` False writes the status without `ADDRESSES` (kwok's, where it came
+    first)."""
     def make(spec: tuple[str, str, int]) -> Callable[[], Awaitable[Any]]:
-        return lambda: create(api, jobs_path(spec[0]), objects.pytorchjob(spec[0], spec[1], workers=spec[2]))
+        return lambda: create(api, jobs_path(spec[0], kind), objects.pytorchjob(spec[0], spec[1], workers=spec[2],
+                                                                                kind=kind))
 
     made = await bounded([make(s) for s in specs], concurrency=concurrency)
     out = [Job(s[0], s[1], m["metadata"]["uid"]) for s, m in zip(specs, made, strict=True)]
@@ -110,7 +120,10 @@ async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_na
 
             async def one(job: Job = job, body: objects.Obj = body) -> None:
                 await create(api, pods_path(job.namespace), body)
-                await write_pod_status(api, job.namespace, body["metadata"]["name"], body["status"])
+                if write_status:
+                    status = body["status"] if addresses else {k: v for k, v in body["status"].items()
+                                                                 if k not in ADDRESSES}
+                    await write_pod_status(api, job.namespace, body["metadata"]["name"], status)
 
             calls.append(one)
     await bounded(calls, concurrency=concurrency)

@@ -133,6 +133,10 @@ class ClusterCache:
         self._subscribers: list[Callback] = []
         self.pods: dict[str, proj.Pod] = {}
         self.nodes: dict[str, proj.Node] = {}
+        self._kcover_cordoned: set[str] = set()
+        """Names of the nodes carrying kcover's cordon annotation: recovery asks for them with every fault."""
+        self._gpu_nodes: int | None = None
+        """How many cached nodes are GPU nodes; None until asked again after a node or slice changed."""
         self.workloads: dict[str, proj.Workload] = {}
         self.events: dict[str, proj.KubeEvent] = {}
         self.resource_slices: dict[str, proj.ResourceSlice] = {}
@@ -332,8 +336,12 @@ class ClusterCache:
     def _on_node(self, old: proj.Node | None, new: proj.Node | None) -> None:
         if old is not None:
             self.nodes.pop(old.name, None)
+            self._kcover_cordoned.discard(old.name)
         if new is not None:
             self.nodes[new.name] = new
+            if new.cordoned_by_kcover:
+                self._kcover_cordoned.add(new.name)
+        self._gpu_nodes = None
         self._notify(Kind.NODE, old, new)
 
     def _on_workload(self, old: proj.Workload | None, new: proj.Workload | None) -> None:
@@ -370,6 +378,7 @@ class ClusterCache:
         self._notify(Kind.CONTROLS, old, new)
 
     def _on_slice(self, old: proj.ResourceSlice | None, new: proj.ResourceSlice | None) -> None:
+        self._gpu_nodes = None
         if old is not None:
             del self.resource_slices[old.uid]
             on_node = self._slices_by_node.get(old.node)
@@ -500,12 +509,16 @@ class ClusterCache:
         return self.gpu_rule.holds_gpus(pod)
 
     def gpu_node_count(self) -> int:
-        """Cached nodes that are GPU nodes by `gpus.GpuRule` (capacity or DRA ResourceSlices)."""
-        return sum(1 for n in self.nodes.values() if self.is_gpu_node(n))
+        """Cached nodes that are GPU nodes by `gpus.GpuRule` (capacity or DRA ResourceSlices); counted again
+        only after a node or a ResourceSlice changed (recovery asks with every fault: at 2,000 nodes a count
+        per fault made a 1,000-pod job failing at once cost millions of checks)."""
+        if self._gpu_nodes is None:
+            self._gpu_nodes = sum(1 for n in self.nodes.values() if self.is_gpu_node(n))
+        return self._gpu_nodes
 
     def cordoned_by_kcover(self) -> list[str]:
-        """Names of nodes carrying kcover's cordon annotation."""
-        return sorted(n.name for n in self.nodes.values() if n.cordoned_by_kcover)
+        """Names of nodes carrying kcover's cordon annotation (kept as nodes change, not searched for)."""
+        return sorted(self._kcover_cordoned)
 
 
 INDEXED_LABELS = kinds.INDEXED_LABELS

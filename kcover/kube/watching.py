@@ -115,6 +115,8 @@ class Reflector(Generic[T]):
         """True while `locate` says the server serves no version of the collection."""
         self.lists = 0
         self.watches = 0
+        self.list_seconds = 0.0
+        """How long the last complete list took, from its first page asked to the store replaced."""
 
     # ------------------------------------------------------------------------------------- run loop
 
@@ -234,6 +236,7 @@ class Reflector(Generic[T]):
     # ----------------------------------------------------------------------------------------- list
 
     async def _list(self) -> None:
+        started = asyncio.get_running_loop().time()
         items: dict[str, T] = {}
         query: dict[str, str | int] = {**self._query, "limit": self.options.page_size}
         list_rv = ""
@@ -265,6 +268,7 @@ class Reflector(Generic[T]):
         self.resource_version = list_rv
         self._replace(items)
         self._working()
+        self.list_seconds = asyncio.get_running_loop().time() - started
         self.listed.set()
         self.synced.set()
         log.debug("list_synced", reflector=self.name, objects=len(items), resource_version=list_rv)

@@ -61,6 +61,9 @@ MAX_ATTEMPTS = 5
 """Read-modify-write attempts of one entry before giving up on a contended ledger."""
 DELETES_PER_WRITE = 8
 """Expired entries deleted per write at most; the others go at later writes (harmless meanwhile)."""
+EXPIRY_SCAN_SECONDS = 60.0
+"""Entries past retention are looked for at most once a minute of ledger time: the look reads every entry
+(tens of milliseconds at 10,000 units), and an entry lingering a minute past an hour's retention is harmless."""
 SIGNALS = "signals"
 BREAKER_KEY = "breaker"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -460,6 +463,8 @@ class Ledger:
         self._at_node: collections.defaultdict[str, dict[str, list[Failure]]] = collections.defaultdict(dict)
         """Node -> unit key -> the unit's restarts for faults there: the evidence against a node."""
         self._doomed: list[str] = []
+        self._next_scan = float("-inf")
+        """Ledger time (`now` of a write) before which no write looks for expired entries again."""
         self.writes = 0
         self.conflicts = 0
 
@@ -690,14 +695,10 @@ class Ledger:
             del signals[signal]
 
     async def _write(self, key: str, held: _Held | None, entry: Entry, signals: dict[str, float]) -> _Held:
-        name = held.name if held is not None else object_name(self.name, key)
-        data = {key: orjson.dumps(entry.encode()).decode()}
-        if signals:
-            data[SIGNALS] = orjson.dumps({k: round(v, 3) for k, v in sorted(signals.items())}).decode()
-        meta: gateway.Meta = {"name": name, "namespace": self.namespace,
-                              "labels": {gateway.LEDGER_LABEL: self.name, "app.kubernetes.io/managed-by": "kcover"}}
-        body: gateway.DataBody = {"apiVersion": gateway.LEDGER_GROUP_VERSION, "kind": "LedgerEntry", "metadata": meta,
-                                  "data": data}
+        body = entry_body(self.name, self.namespace, key, entry, signals,
+                          name=held.name if held is not None else "")
+        meta = body["metadata"]
+        name = meta["name"]
         try:
             if held is None:
                 result = await self._gw.create_ledger_entry(body)
@@ -721,8 +722,11 @@ class Ledger:
         self._replace(key, parsed[1] if parsed is not None and parsed[0] == key else None)
 
     async def _delete_expired(self, now: float) -> None:
-        """Delete a few entries past retention (no pending intent, no hold): no object lingers for ever."""
-        if not self._doomed:
+        """Delete a few entries past retention (no pending intent, no hold): no object lingers for ever. The
+        entries are looked through at most every `EXPIRY_SCAN_SECONDS`, so a write's cost does not grow with
+        the ledger."""
+        if not self._doomed and now >= self._next_scan:
+            self._next_scan = now + EXPIRY_SCAN_SECONDS
             before = now - self._retention()
             self._doomed = [k for k, h in self._entries.items() if _expired(h.entry, before)][:64]
         for key in self._doomed[:DELETES_PER_WRITE]:
@@ -735,6 +739,17 @@ class Ledger:
                 continue  # written meanwhile: no longer expired
             self._replace(key, None)
         del self._doomed[:DELETES_PER_WRITE]
+
+
+def entry_body(ledger_name: str, namespace: str, key: str, entry: Entry, signals: Mapping[str, float], *,
+               name: str = "") -> gateway.DataBody:
+    """The LedgerEntry object holding `key`'s entry and signals (named `object_name` unless `name` is given)."""
+    data = {key: orjson.dumps(entry.encode()).decode()}
+    if signals:
+        data[SIGNALS] = orjson.dumps({k: round(v, 3) for k, v in sorted(signals.items())}).decode()
+    meta: gateway.Meta = {"name": name or object_name(ledger_name, key), "namespace": namespace,
+                          "labels": {gateway.LEDGER_LABEL: ledger_name, "app.kubernetes.io/managed-by": "kcover"}}
+    return {"apiVersion": gateway.LEDGER_GROUP_VERSION, "kind": "LedgerEntry", "metadata": meta, "data": data}
 
 
 class _Offline:

@@ -260,15 +260,17 @@ class _Planner:
         if own:
             return [] if sweep else [self.refuse(Code.OWN_POLICY, f"{what} is left to its own failure policy: {own}",
                                                  wref)]
-        restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
-                             members=members(self.snapshot, w, unit.selector), removal=table.removal,
-                             pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
-                             node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)))
         replay = admission.replayed(self.history.ledger.acted_on(self.event.signal, unit.key), self.event.signal, what)
         if replay is not None:
             return [self.refuse(replay.code, replay.text, wref)]
         if self.history.restarts_in_flight.get(unit.key):
             return [self.refuse(Code.COOLDOWN, f"a restart of {what} is in flight", wref)]
+        # the members only now, past the refusals that need none: every rank of a 1,024-pod job failing at
+        # once plans a restart, and each reading of the members looks at every pod of the job
+        restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
+                             members=members(self.snapshot, w, unit.selector), removal=table.removal,
+                             pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
+                             node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)))
         scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
         if scope:
             return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]

@@ -3,7 +3,8 @@
 Owns routing (core and group paths, namespaced and all-namespaces, subresources), query parsing
 (Go-style booleans, selectors, list and watch resourceVersion semantics, pagination tokens), the
 verbs get, list, watch, create, update, patch, delete, deletecollection, pods/log and pods/eviction
-(`evicting`), request bodies as JSON or protobuf (`protobuf`), the recorded `/openapi/v3` documents
+(`evicting`), request bodies as JSON or protobuf (`protobuf`), `fieldValidation`'s answer on writes
+(`customresources.field_validation`: `Warning` headers, or Strict's refusal), the recorded `/openapi/v3` documents
 (`openapi`), request counting by "<VERB> <resource>", and applying `faults`. Storage rules live in `store`, per-kind
 rules in `strategy`. Every refusal answers the `Status` a real kube-apiserver would; an unexpected
 exception answers 500 InternalError rather than closing the connection. It answers
@@ -26,6 +27,7 @@ import orjson
 from kcover.aio import clock as clocks
 from kcover.sim import (
     applying,
+    customresources,
     deepjson,
     devicetaints,
     discovery,
@@ -74,9 +76,9 @@ def parse_int(query: Any, name: str) -> int | None:
         raise status.bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax') from None
 
 
-def _json(body: Obj | bytes, code: int = 200) -> exchange.Reply:
+def _json(body: Obj | bytes, code: int = 200, *, headers: dict[str, str] | None = None) -> exchange.Reply:
     data = body if isinstance(body, bytes) else deepjson.dumps(body)
-    return exchange.Reply(status=code, body=data, content_type=_JSON)
+    return exchange.Reply(status=code, body=data, content_type=_JSON, headers=dict(headers or {}))
 
 
 def _is_protobuf(request: exchange.Request) -> bool:
@@ -123,12 +125,15 @@ class ApiServer:
     """The aiohttp application of one simulated cluster."""
 
     def __init__(self, store: stores.Store, logs: podlogs.LogBuffers, fault: faults.Faults,
-                 *, rng: random.Random | None = None, bookmark_interval: float = 60.0) -> None:
+                 *, rng: random.Random | None = None, bookmark_interval: float = 60.0,
+                 liveness_interval: float = 1.0) -> None:
         self.store = store
         self.logs = logs
         self.faults = fault
         self.request_counts: dict[str, int] = {}
         self.bookmark_interval = bookmark_interval
+        self.liveness_interval = liveness_interval
+        """Seconds between checks that a quiet watch's client is still there (a closed HTTP connection)."""
         self.server_address = "127.0.0.1:0"
         self._rng = rng or random.Random()
         self.openapi = openapi.Documents()
@@ -385,21 +390,27 @@ class ApiServer:
             meta["namespace"] = t.namespace
         if t.new_events:
             body = strategy.event_to_core(body)
-        obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
-        if t.resource.key == devicetaints.KEY:
-            obj = devicetaints.defaults(obj, self.store.clock.now())
-        job = t.resource.key == jobs.KEY
-        obj = applying.track(t.resource, None, jobs.defaults(obj) if job else obj, self._manager(request), "",
-                             clocks.rfc3339(self.store.clock.now()))
-        created = self.store.create(t.resource.key, obj, admit=jobs.generate_selector if job else None)
-        return _json(self._render_obj(t, created), 201)
+        warnings = customresources.field_validation(t.resource, request.query, request.method, body, patched=False)
+        try:
+            obj = strategy.prepare_create(t.resource, body, new_api=t.new_events)
+            if t.resource.key == devicetaints.KEY:
+                obj = devicetaints.defaults(obj, self.store.clock.now())
+            job = t.resource.key == jobs.KEY
+            obj = applying.track(t.resource, None, jobs.defaults(obj) if job else obj, self._manager(request), "",
+                                 clocks.rfc3339(self.store.clock.now()))
+            created = self.store.create(t.resource.key, obj, admit=jobs.generate_selector if job else None)
+        except status.ApiError as err:
+            return _json(err.status_obj, err.status, headers=warnings)
+        return _json(self._render_obj(t, created), 201, headers=warnings)
 
     def _manager(self, request: exchange.Request) -> str:
         return applying.manager_of(request.query, request.headers.get("User-Agent", ""))
 
-    async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None) -> exchange.Reply:
+    async def _write(self, t: Target, new: Obj, old: Obj, manager: str | None = None, *,
+                     request: exchange.Request | None = None, patched: bool = False) -> exchange.Reply:
         """Store `new` over `old`; `manager` (the writer's field manager) tracks managed fields, None for an
-        apply, whose object already carries them."""
+        apply, whose object already carries them; `request`'s `fieldValidation` is answered (none for an
+        apply: its unknown fields are not checked)."""
         assert t.name is not None
         meta = new.get("metadata") or {}
         if meta.get("name", t.name) != t.name:
@@ -413,13 +424,18 @@ class ApiServer:
             new["metadata"]["namespace"] = t.namespace
         if t.new_events:
             new = strategy.event_to_core(new)
-        prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
-                                           new_api=t.new_events)
-        if manager is not None:
-            prepared = applying.track(t.resource, old, prepared, manager, t.subresource,
-                                      clocks.rfc3339(self.store.clock.now()))
-        updated = self.store.update(t.resource.key, prepared)
-        return _json(self._render_obj(t, updated))
+        warnings = {} if request is None else customresources.field_validation(
+            t.resource, request.query, request.method, new, patched=patched)
+        try:
+            prepared = strategy.prepare_update(t.resource, new, old, subresource=t.subresource,
+                                               new_api=t.new_events)
+            if manager is not None:
+                prepared = applying.track(t.resource, old, prepared, manager, t.subresource,
+                                          clocks.rfc3339(self.store.clock.now()))
+            updated = self.store.update(t.resource.key, prepared)
+        except status.ApiError as err:
+            return _json(err.status_obj, err.status, headers=warnings)
+        return _json(self._render_obj(t, updated), headers=warnings)
 
     async def _update(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -431,7 +447,7 @@ class ApiServer:
                 ("FieldValueInvalid", "metadata.resourceVersion",
                  "Invalid value: 0x0: must be specified for an update")])
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
-        return await self._write(t, body, old, self._manager(request))
+        return await self._write(t, body, old, self._manager(request), request=request)
 
     async def _patch(self, request: exchange.Request, t: Target) -> exchange.Answer:
         assert t.name is not None
@@ -447,7 +463,7 @@ class ApiServer:
         body = await self._body(request)
         old = self.store.get(t.resource.key, t.namespace or "", t.name)
         patched = patching.apply(self._render_obj(t, old), body, content_type)
-        return await self._write(t, patched, old, self._manager(request))
+        return await self._write(t, patched, old, self._manager(request), request=request, patched=True)
 
     async def _delete_options(self, request: exchange.Request) -> tuple[int | None, str | None, str | None, str | None]:
         data = await request.read()

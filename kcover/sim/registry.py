@@ -1,17 +1,27 @@
 """The table of resources the simulated API server serves.
 
 Owns the static facts per resource: group, version, kind, plural, scope, subresources, which
-field selectors are supported and how their values are read, and the write rules that differ
-between kinds (generation, PUT without resourceVersion, strategic merge). It holds no state.
-A resource is addressed by its *key*: the plural for the core group (``"pods"``) and
-``"<plural>.<group>"`` otherwise (``"pytorchjobs.kubeflow.org"``, ``"jobs.batch"``).
+field selectors are supported and how their values are read, the write rules that differ
+between kinds (generation, PUT without resourceVersion, strategic merge) and a custom resource's
+structural schema (`structural.Schema`). kcover's own kinds (Recovery, LedgerEntry, PreflightReport)
+are read from their CRDs (`from_crd`), kept in kcover/sim/crds as copies of the chart's
+helm/kcover/files/*-crd.yaml (a test holds them equal); the operators' kinds have the test CRDs'
+schema, an object that preserves unknown fields. It holds no state. A resource is addressed by its
+*key*: the plural for the core group (``"pods"``) and ``"<plural>.<group>"`` otherwise
+(``"pytorchjobs.kubeflow.org"``, ``"jobs.batch"``). A CRD it cannot serve faithfully (a second version,
+a scale subresource, a schema keyword `structural` does not carry out) raises `structural.SchemaError`.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
+
+from kcover.sim import structural
 
 Obj = dict[str, Any]
 FieldGetter = Callable[[Obj], str]
@@ -76,6 +86,8 @@ class Resource:
     """A custom resource's `additionalPrinterColumns`: with any, list and get answer `as=Table` requests."""
     returns_deleted: bool = False
     """DELETE answers with the deleted object, not a Status (kinds whose strategy says so: DeviceTaintRule)."""
+    schema: structural.Schema | None = field(default=None, compare=False)
+    """A custom resource's structural schema (pruning, defaults, validation); None for built-in kinds."""
 
     @property
     def key(self) -> str:
@@ -105,7 +117,34 @@ class Resource:
 
 def _custom(plural: str, kind: str, group: str, version: str) -> Resource:
     return Resource(plural=plural, kind=kind, group=group, version=version, subresources=("status",),
-                    has_generation=True, put_without_rv=False, strategic_merge=False)
+                    has_generation=True, put_without_rv=False, strategic_merge=False, schema=structural.PRESERVE)
+
+
+def from_crd(crd: Mapping[str, Any]) -> Resource:
+    """The custom resource a CustomResourceDefinition (apiextensions.k8s.io/v1, one served version) defines."""
+    spec = crd["spec"]
+    names = spec["names"]
+    versions = [v for v in spec["versions"] if v.get("served", True)]
+    if len(versions) != 1:
+        raise structural.SchemaError(f"{crd['metadata']['name']}: one served version is served, not {len(versions)}")
+    version = versions[0]
+    subresources = version.get("subresources") or {}
+    if set(subresources) - {"status"}:
+        raise structural.SchemaError(f"{crd['metadata']['name']}: only the status subresource is served")
+    columns = tuple(Column(c["name"], c["type"], c["jsonPath"], int(c.get("priority", 0)), c.get("description", ""))
+                    for c in version.get("additionalPrinterColumns") or ())
+    return Resource(plural=names["plural"], kind=names["kind"], group=spec["group"], version=version["name"],
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced", subresources=tuple(subresources),
+                    short_names=tuple(names.get("shortNames") or ()), singular=names.get("singular", ""),
+                    has_generation=True, put_without_rv=False, strategic_merge=False, columns=columns,
+                    schema=structural.build(version["schema"]["openAPIV3Schema"]))
+
+
+def _packaged_crds() -> tuple[Resource, ...]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    folder = importlib.resources.files("kcover.sim").joinpath("crds")
+    return tuple(from_crd(yaml.load(item.read_text(encoding="utf-8"), Loader=loader))
+                 for item in sorted(folder.iterdir(), key=lambda i: i.name) if item.name.endswith(".yaml"))
 
 
 POD_FIELDS: Mapping[str, FieldGetter] = {
@@ -198,28 +237,8 @@ RESOURCES: tuple[Resource, ...] = (
     _custom("jobsets", "JobSet", "jobset.x-k8s.io", "v1alpha2"),
     _custom("jobs", "Job", "batch.volcano.sh", "v1alpha1"),
     _custom("leaderworkersets", "LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1"),
-    # kcover's own kind (the kcover-preflight plugin's CRD); the chart installs it with preflight.enabled
-    Resource(plural="preflightreports", kind="PreflightReport", group="kcover.io", version="v1alpha1",
-             subresources=("status",), short_names=("pfr",), has_generation=True, put_without_rv=False,
-             strategic_merge=False),
-    # the per-unit recovery ledger (helm/kcover/files/ledgerentry-crd.yaml)
-    Resource(plural="ledgerentries", kind="LedgerEntry", group="kcover.io", version="v1alpha1",
-             has_generation=True, put_without_rv=False, strategic_merge=False),
-    # kcover's record of what it did (helm/kcover/files/recovery-crd.yaml; the columns are the CRD's)
-    Resource(plural="recoveries", kind="Recovery", group="kcover.io", version="v1alpha1", subresources=("status",),
-             short_names=("krec",), has_generation=True, put_without_rv=False, strategic_merge=False,
-             columns=(Column("Phase", "string", ".status.phase"),
-                      Column("Action", "string", ".spec.decision.action"),
-                      Column("Target", "string", ".spec.target.name"),
-                      Column("Kind", "string", ".spec.target.kind"),
-                      Column("Fault", "string", ".spec.fault.reason"),
-                      Column("Cause", "string", ".status.cause"),
-                      Column("MTTR", "number", ".status.mttrSeconds"),
-                      Column("Detected", "date", ".status.detectedAt"),
-                      Column("Node", "string", ".spec.target.node", priority=1),
-                      Column("Detector", "string", ".spec.fault.detector", priority=1),
-                      Column("Message", "string", ".status.message", priority=1),
-                      Column("Age", "date", ".metadata.creationTimestamp"))),
+    # kcover's own kinds, from their CRDs (kcover/sim/crds): LedgerEntry, PreflightReport, Recovery
+    *_packaged_crds(),
 )
 
 

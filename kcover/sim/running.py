@@ -31,6 +31,7 @@ from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
 from kcover.sim import control
 from kcover.sim import scenarios as scenarios_
+from kcover.sim.fleet import running as fleet_
 
 log = structlog.get_logger()
 NOT_RUN = 3
@@ -199,7 +200,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"scenario to play (default {scenarios_.DEFAULT}; see --list); `kcover sim inject KIND ...` "
                         "instead injects a fault into a cluster served with --serve (see `kcover sim inject --help`)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    p.add_argument("--nodes", type=int, default=4, help="GPU nodes (default 4)")
+    p.add_argument("--nodes", type=int, default=None, help=f"GPU nodes (default 4; {fleet_.FLEET_NODES} for `{FLEET}`)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--jobs", type=int, default=2, help="opted-in PyTorchJobs (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster's randomness")
@@ -218,14 +219,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--kill-every", type=int, default=20, help="kill the leader with every N faults (default 20; 0 never)")
     c.add_argument("--apiserver-restart-every", type=int, default=50,
                    help="restart the API server with every N faults (default 50; 0 never)")
+    fleet_.add_arguments(p)
 
 
 def _usage_problems(args: argparse.Namespace) -> list[str]:
     problems = []
     known = scenarios_.catalogue()
-    if args.scenario not in known and args.scenario != CHAOS:
-        problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join(known)}")
-    if args.nodes < 2:
+    if args.scenario not in known and args.scenario not in (CHAOS, FLEET):
+        problems.append(f"unknown scenario {args.scenario!r}; known: {', '.join([*known, CHAOS, FLEET])}")
+    if args.nodes is not None and args.nodes < 2:
         problems.append("--nodes must be at least 2 (a cordoned node's pods need somewhere to go)")
     if args.gpus_per_node < 1 or args.jobs < 1:
         problems.append("--gpus-per-node and --jobs must be at least 1")
@@ -240,14 +242,18 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             default = " (default)" if name == scenarios_.DEFAULT else ""
             print(f"{name.ljust(width)}  {scenario.summary}{default}", file=out)
         print(f"{CHAOS.ljust(width)}  {CHAOS_SUMMARY}", file=out)
+        print(f"{FLEET.ljust(width)}  {FLEET_SUMMARY}", file=out)
         return 0
+    if args.scenario == FLEET:
+        logs.configure(settings.LoggingSettings(level=args.log_level))
+        return fleet_.main(args, out)
     problems = _usage_problems(args)
     if problems:
         for line in problems:
             print(f"kcover sim: {line}", file=sys.stderr)
         return 2
     logs.configure(settings.LoggingSettings(level=args.log_level))
-    size = cluster_.Size(nodes=args.nodes, gpus_per_node=args.gpus_per_node, jobs=args.jobs, seed=args.seed)
+    size = cluster_.Size(nodes=args.nodes or 4, gpus_per_node=args.gpus_per_node, jobs=args.jobs, seed=args.seed)
     scenario = chaos_scenario(args) if args.scenario == CHAOS else scenarios_.catalogue()[args.scenario]
     try:
         report = asyncio.run(_main(scenario, size, args, out))
@@ -273,6 +279,9 @@ async def _main(scenario: scenarios_.Scenario, size: cluster_.Size, args: argpar
 
 
 CHAOS = "chaos"
+FLEET = "fleet"
+FLEET_SUMMARY = ("weeks of a fleet's faults (default 2,048 nodes, the Llama 3 405B fault mix) replayed through kcover, "
+                 "Kubernetes alone, the Go controller's policy and an oracle: training time, cordons, attribution")
 CHAOS_SUMMARY = ("random workload and node faults while the API server throttles, fails, lags, drops watches, "
                  "compacts and restarts, and the leader is killed: counts what was lost")
 

@@ -35,7 +35,7 @@ from kcover.sim import cluster as cluster_
 
 log = structlog.get_logger()
 
-NS = cluster_.NAMESPACE
+NS: str = cluster_.NAMESPACE
 ENTRY_POINT_GROUP = "kcover.sim.scenarios"
 RESTARTED = "KcoverRestartedWorkload"
 CORDONED = "KcoverCordonedNode"

@@ -12,7 +12,8 @@ Owns the lifecycle (bind, serve, close every watch on exit), the wiring of store
 the API server, and its two fronts: loopback HTTP on aiohttp (`url`, `kubeconfig()`, for kubectl and
 subprocesses) and an in-process transport with no socket (`client()`, `kcover.sim.inprocess`), which
 answer from the same `apiserver.ApiServer`. `SimServer(listen=False)` serves in-process only (no
-port is bound), which is what virtual-time tests use. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
+port is bound), which is what virtual-time tests use. `SimServer(crds=[...])` serves more custom resources
+(CustomResourceDefinition documents, as `registry.from_crd` reads them) besides the built-in table. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
 --port 8001 --kubeconfig-out /tmp/kc` serves until interrupted.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import os
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,7 +32,7 @@ import yaml
 from aiohttp import web
 
 from kcover.aio import clock as clocks
-from kcover.sim import apiserver, exchange, faults, inprocess, podlogs
+from kcover.sim import apiserver, exchange, faults, inprocess, podlogs, registry
 from kcover.sim import store as stores
 
 TOKEN = "kcover-sim-token"
@@ -41,17 +43,19 @@ class SimServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, clock: clocks.Clock | None = None,
                  seed: int | None = None, history: int = stores.HISTORY_PER_RESOURCE,
-                 bookmark_interval: float = 60.0, listen: bool = True) -> None:
+                 bookmark_interval: float = 60.0, listen: bool = True, liveness_interval: float = 1.0,
+                 crds: Sequence[Mapping[str, Any]] = ()) -> None:
         self.host = host
         self.listen = listen
         """Serve loopback HTTP too; False: in-process clients only (`client()`)."""
         self.port = port
         rng = random.Random(seed)
-        self.store = stores.Store(clock=clock, history=history, rng=rng)
+        reg = registry.Registry(registry.RESOURCES + tuple(registry.from_crd(crd) for crd in crds))
+        self.store = stores.Store(reg=reg, clock=clock, history=history, rng=rng)
         self.logs = podlogs.LogBuffers(clock)
         self.faults = faults.Faults(self.store, rng=random.Random(seed))
         self.api = apiserver.ApiServer(self.store, self.logs, self.faults, rng=rng,
-                                       bookmark_interval=bookmark_interval)
+                                       bookmark_interval=bookmark_interval, liveness_interval=liveness_interval)
         self._runner: web.AppRunner | None = None
         self.front = inprocess.Front(self.api)
         """The in-process front: `client()` builds `KubeClient`s on it; `front.up` is False while the server

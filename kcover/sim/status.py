@@ -67,7 +67,7 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str, str]]
     """422. `causes` are (reason, field, message) such as ("FieldValueRequired", "spec.x", "Required value")."""
     parts = [f"{fld}: {msg}" if fld else msg for _, fld, msg in causes]
     joined = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
-    details: Obj = {"name": name}
+    details: Obj = {"name": name} if name else {}  # the real StatusDetails omits an empty name
     if group:
         details["group"] = group
     details["kind"] = kind

@@ -8,16 +8,18 @@ validation and the TaintNodesByCondition admission plugin's `node.kubernetes.io/
 taint on node create (API creates only: objects seeded with `Store.create` stand for state already in
 etcd and never pass admission), Event rules (namespace agreement, reporting fields, lengths) and the events.k8s.io/v1 <-> core/v1
 conversion, and MicroTime parsing (400 when not exactly six fractional digits plus a timezone).
-Every refusal is a `status.ApiError` with the real reason, message shape and `details.causes`.
+Custom resources are decoded and held to their CRD's schema by `customresources` (pruning, defaults,
+the schema's causes joined with the metadata's in one 422). Every refusal is a `status.ApiError` with the real reason, message shape and `details.causes`.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from kcover.sim import devicetaints, registry, status
+from kcover.sim import customresources, devicetaints, registry, status
 
 Obj = dict[str, Any]
 Cause = tuple[str, str, str]  # (reason, field, message)
@@ -310,9 +312,10 @@ def _pod_spec_frozen(spec: Obj) -> Obj:
     return frozen
 
 
-def _validate(res: registry.Resource, obj: Obj, *, new_api: bool) -> None:
+def _validate(res: registry.Resource, obj: Obj, *, new_api: bool, schema_causes: Sequence[Cause] = ()) -> None:
     check_micro_times(res, obj)
     causes = _meta_errors(res, obj) if res.key != "events" else []
+    causes += schema_causes
     if res.key == "nodes":
         causes += _taint_errors(obj)
     elif res.key == "events":
@@ -330,13 +333,19 @@ def _validate(res: registry.Resource, obj: Obj, *, new_api: bool) -> None:
 def prepare_create(res: registry.Resource, obj: Obj, *, new_api: bool = False) -> Obj:
     """Defaults and validation for a create through the API; returns the object to store."""
     obj = copy.deepcopy(obj)
+    schema_causes: list[Cause] = []
+    if res.schema is not None:  # a custom resource: decoded (pruned, defaulted), status dropped, then validated
+        obj = customresources.decode(res, obj)
+        if res.has_status:
+            obj.pop("status", None)
+        schema_causes = customresources.create_causes(res, obj)
     meta = obj.setdefault("metadata", {})
     if not meta.get("name") and meta.get("generateName"):
         meta["name"] = str(meta["generateName"]) + "xxxxx"  # placeholder for validation only
-        _validate(res, obj, new_api=new_api)
+        _validate(res, obj, new_api=new_api, schema_causes=schema_causes)
         meta.pop("name")
     else:
-        _validate(res, obj, new_api=new_api)
+        _validate(res, obj, new_api=new_api, schema_causes=schema_causes)
     if res.key == "pods":
         _raise(res, obj, _pod_create_errors(obj))
         spec = obj["spec"]
@@ -352,13 +361,13 @@ def prepare_create(res: registry.Resource, obj: Obj, *, new_api: bool = False) -
         obj["status"] = {"phase": "Active"}
     elif res.has_status and res.key != "nodes":
         obj.pop("status", None)
-    return obj
+    return customresources.encoded(obj) if res.schema is not None else obj
 
 
 def prepare_update(res: registry.Resource, new: Obj, old: Obj, *, subresource: str = "",
                    new_api: bool = False) -> Obj:
     """Merge an incoming full object with the stored one according to the subresource written."""
-    new = copy.deepcopy(new)
+    new = customresources.decode(res, new) if res.schema is not None else copy.deepcopy(new)
     if subresource == "status":
         if not res.strategic_merge:  # custom resources: a status write changes nothing else
             result = copy.deepcopy(old)
@@ -381,7 +390,10 @@ def prepare_update(res: registry.Resource, new: Obj, old: Obj, *, subresource: s
             new["status"] = copy.deepcopy(old["status"])
         else:
             new.pop("status", None)
-    _validate(res, new, new_api=new_api)
+    schema_causes = [] if res.schema is None else customresources.update_causes(res, new, old, subresource=subresource)
+    _validate(res, new, new_api=new_api, schema_causes=schema_causes)
+    if res.schema is not None:
+        return customresources.encoded(new)
     if res.key == "pods" and subresource == "status":
         _raise(res, new, pod_status_errors(new))
     if res.key == "pods" and subresource != "status":

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from kcover.sim import apiserver
 
 BATCH = 1000
-_LIVENESS_CHECK_SECONDS = 1.0
 DEFAULT_TIMEOUT_RANGE = (1800.0, 3600.0)
 
 
@@ -166,16 +165,23 @@ async def _events(request: exchange.Request, server: apiserver.ApiServer, t: api
             now = loop.time()
             if now >= deadline:
                 break
-            if options.bookmarks and now >= next_bookmark and watcher.queue.empty():
-                yield encoder.bookmark(store.resource_version)
-                next_bookmark = now + server.bookmark_interval
-            wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
-            try:
-                change = await asyncio.wait_for(watcher.queue.get(), min(wait, _LIVENESS_CHECK_SECONDS))
-            except TimeoutError:
-                if not request.connected():
-                    break
-                continue
+            if not watcher.queue.empty():
+                # a change is waiting: take it now. Asked through wait_for with the bookmark already due (a
+                # timeout of 0 or less), Python 3.11 cancels the get before it runs: the watch would spin
+                # there for ever, delivering nothing (and on virtual time, stop the clock)
+                change = watcher.queue.get_nowait()
+            else:
+                if options.bookmarks and now >= next_bookmark:
+                    yield encoder.bookmark(store.resource_version)
+                    next_bookmark = now + server.bookmark_interval
+                    continue
+                wait = min(deadline, next_bookmark) - now if options.bookmarks else deadline - now
+                try:
+                    change = await asyncio.wait_for(watcher.queue.get(), min(wait, server.liveness_interval))
+                except TimeoutError:
+                    if not request.connected():
+                        break
+                    continue
             if change is None:
                 break
             lines = []

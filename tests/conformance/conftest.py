@@ -1,8 +1,9 @@
 """The `conformance_api` fixture: the same assertions against the simulated and a real kube-apiserver.
 
-Backends: "sim" (`kcover.sim.server.SimServer`) and "apiserver" (the session's `controlplane` from
-tests/backends.py: etcd + kube-apiserver, no kubelet). The real backend is skipped, with the reason,
-when its binaries are not built (set KCOVER_CONTROLPLANE_BIN or run tests/controlplane/build.sh),
+Backends: "sim" (`kcover.sim.server.SimServer`, also serving the test CRDs kcover.sim does not carry, as
+the real control plane installs them: `TEST_CRDS`) and "apiserver" (the session's `controlplane` from
+tests/backends.py: etcd + kube-apiserver, no kubelet, with tests/controlplane/crds installed). The real
+backend is skipped, with the reason, when its binaries are not built (set KCOVER_CONTROLPLANE_BIN or run tests/controlplane/build.sh),
 unless CI=true, where a missing control plane fails the run instead. KCOVER_TEST_BACKENDS leaves out
 the backends it does not name.
 """
@@ -11,11 +12,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import backends
 import pytest
+import yaml
 from conformance_client import Api
 from kubernetes_asyncio import client, config
+
+TEST_CRDS = ("conformance-widgets.yaml",)
+"""Test CRDs in tests/controlplane/crds that the simulated server does not serve built in."""
+
+
+def _test_crds() -> list[dict[str, Any]]:
+    return [yaml.safe_load((backends.CONTROLPLANE_DIR / "crds" / name).read_text()) for name in TEST_CRDS]
 
 
 @pytest.fixture(params=[b for b in backends.selected_backends() if b in ("sim", "apiserver")])
@@ -23,7 +33,8 @@ async def conformance_api(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
     if request.param == "sim":
         from kcover.sim import server as simserver
 
-        async with simserver.SimServer() as srv, client.ApiClient(srv.kube_configuration()) as api_client:
+        async with simserver.SimServer(crds=_test_crds()) as srv, \
+                client.ApiClient(srv.kube_configuration()) as api_client:
             yield Api(api_client, "sim", compact=srv.store.compact)
     else:
         cp = request.getfixturevalue("controlplane")  # the session's (tests/backends.py)

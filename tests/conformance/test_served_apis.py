@@ -5,7 +5,8 @@ KCOVER_K8S_VERSION), checked against the collections themselves, not against dis
 version kcover picks for an optional API answers a LIST, and each version kcover would prefer to it
 answers 404; where kcover finds none, every version it knows answers 404. Whether `allocatedResourcesStatus`
 exists is checked against strict field validation (a real server refuses a status write naming a field its
-schema lacks with 400 and accepts one it has; the simulated server does not validate fields strictly).
+schema lacks with 400 and accepts one it has; the simulated server validates fields strictly for custom
+resources alone).
 """
 
 # ruff: noqa: PT018  (compound asserts read as one expectation about one answer)
@@ -40,7 +41,7 @@ async def test_the_version_kcover_picks_is_served_and_every_one_it_prefers_is_no
 
 async def test_allocated_resources_status_is_what_strict_validation_knows(conformance_api: Api, ns: str) -> None:
     if conformance_api.backend == "sim":
-        pytest.skip("the simulated server does not implement fieldValidation=Strict")
+        pytest.skip("the simulated server implements fieldValidation=Strict for custom resources alone")
     async with kubeclient.from_configuration(conformance_api.client.configuration) as kube:
         known = await capabilities.has_allocated_resources_status(kube)
     pods = f"/api/v1/namespaces/{ns}/pods"

@@ -168,10 +168,22 @@ class ClusterStack:
     ``kubeconfig_path``, ``request()``), ``kubeconfig_path`` (admin), ``bin_dir``, ``startup_seconds``
     and ``timings`` (seconds per step)."""
 
-    def __init__(self, *, cp_bin: Path, cluster_bin: Path, node_monitor_grace_seconds: int = 8) -> None:
+    def __init__(self, *, cp_bin: Path, cluster_bin: Path, node_monitor_grace_seconds: int = 8,
+                 watch_cache: bool = False, kcm_args: tuple[str, ...] = (), node_lease_seconds: int = 40,
+                 kwok_options: dict[str, Any] | None = None) -> None:
+        """`watch_cache`: the API server caches pods and ConfigMaps too, as a production one does (see
+        server.py); `kcm_args`: more kube-controller-manager flags; `node_lease_seconds`: kwok's node Lease
+        duration (it renews each a quarter of that apart: at 2,000 nodes and 40 s, 200 Lease writes a second,
+        which left kwok running about 2 pods a second on two loaded cores); `kwok_options`: kwok's
+        KwokConfiguration `options` (the fleet bench lifts its client's QPS limit; given, every parallelism
+        option must be too: kwok takes no default for one left out)."""
         self.cp_bin = cp_bin
         self.bin_dir = cluster_bin
         self.grace = node_monitor_grace_seconds
+        self.watch_cache = watch_cache
+        self.kcm_args = tuple(kcm_args)
+        self.node_lease_seconds = node_lease_seconds
+        self.kwok_options = dict(kwok_options or {})
         self.cp: Any = None
         self.kubeconfig_path = ""
         self.startup_seconds = 0.0
@@ -206,7 +218,7 @@ class ClusterStack:
 
     def _control_plane(self) -> Any:
         """The control plane to start (the `node` backend's adds a node's credentials and addresses)."""
-        return _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds())
+        return _ControlPlane(bin_dir=self.cp_bin, crd_dir=self._crds(), watch_cache=self.watch_cache)
 
     def _crds(self) -> Path:
         """The operator's CRDs as server.py's `apply_crds` reads them (`metadata.name` first)."""
@@ -263,7 +275,7 @@ class ClusterStack:
             f"--root-ca-file={self.cp.ca_path}", "--use-service-account-credentials=true",
             "--leader-elect=false", "--controllers=*",
             f"--node-monitor-grace-period={self.grace}s", "--node-monitor-period=1s",
-            "--concurrent-job-syncs=5", *self._dra_gates(), "--v=1"])
+            "--concurrent-job-syncs=5", *self._dra_gates(), *self.kcm_args, "--v=1"])
 
     def _dra_gates(self) -> list[str]:
         """DeviceTaintRules (KEP-5055, beta and off by default in 1.36) for the scheduler, which keeps tainted
@@ -292,12 +304,15 @@ class ClusterStack:
                     {"key": ".status.phase", "operator": "NotIn", "values": ["Running", "Pending"]})
             docs.append(yaml.safe_dump(stage))
         docs.append(POD_TERMINATE)
+        if self.kwok_options:
+            docs.append(yaml.safe_dump({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+                                        "options": self.kwok_options}))
         config = self._dir / "kwok.yaml"
         config.write_text("\n---\n".join(docs))
         self._spawn("kwok", [
             str(self.bin_dir / "kwok"), f"--kubeconfig={self.cp.kubeconfig_path}", f"--config={config}",
             f"--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_VALUE}", "--manage-all-nodes=false",
-            "--cidr=10.0.0.1/16", "--node-ip=10.255.0.1", "--node-lease-duration-seconds=40",
+            "--cidr=10.0.0.1/16", "--node-ip=10.255.0.1", f"--node-lease-duration-seconds={self.node_lease_seconds}",
             f"--server-address=127.0.0.1:{server._free_port()}"])
 
     def _start_operator(self) -> None:

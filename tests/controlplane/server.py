@@ -119,13 +119,14 @@ class ControlPlane:
 
     def __init__(self, *, bin_dir: str | os.PathLike | None = None, install_crds: bool = True,
                  crd_dir: str | os.PathLike | None = None, extra_apiserver_args: list[str] | None = None,
-                 extra_etcd_args: list[str] | None = None, start_timeout: float = 90.0):
+                 extra_etcd_args: list[str] | None = None, start_timeout: float = 90.0, watch_cache: bool = False):
         self.bin_dir = Path(bin_dir) if bin_dir else None
         self.install_crds = install_crds
         self.crd_dir = Path(crd_dir) if crd_dir else CRD_DIR
         self.extra_apiserver_args = list(extra_apiserver_args or [])
         self.extra_etcd_args = list(extra_etcd_args or [])
         self.start_timeout = start_timeout
+        self.watch_cache = watch_cache
         self.tmpdir: Path | None = None
         self.url = ""
         self.etcd_url = ""
@@ -301,8 +302,11 @@ class ControlPlane:
             # Expired with an etcd compaction (`compact()`); the cache would serve old resourceVersions
             # (the controller detectors' test makes the pod reflector re-list this way). Trade-off: pod
             # watches here get no BOOKMARKs (the cache makes those) and no streaming lists
-            # (sendInitialEvents), and pod reads always go to etcd; a production server caches pods.
-            argv.append("--watch-cache-sizes=configmaps#0,pods#0")
+            # (sendInitialEvents), and pod reads always go to etcd; a production server caches pods, and so
+            # does this one with `watch_cache=True` (the fleet bench: `compact()` then `restart_apiserver()`
+            # expires every watch there).
+            if not self.watch_cache:
+                argv.append("--watch-cache-sizes=configmaps#0,pods#0")
             argv = _overridden(argv, self.extra_apiserver_args)
             self._apiserver = _Proc("kube-apiserver", argv, d / f"kube-apiserver-{attempt}.log")
             status = self._wait_ready()

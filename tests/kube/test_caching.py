@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from harness import objects as o
 
 from kcover import kinds, settings
 from kcover.kube import caching, client, watching
+from kcover.kube import projections as proj
 
 simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
 
@@ -139,3 +141,19 @@ def test_workload_kinds_from_settings() -> None:
     assert [k.key for k in caching.workload_kinds(caching.DEFAULT_WORKLOAD_KINDS)] == list(caching.DEFAULT_WORKLOAD_KINDS)
     with pytest.raises(ValueError):
         caching.workload_kinds(["widgets.example.com"])
+
+
+def test_the_nodes_kcover_cordoned_and_the_gpu_nodes_follow_every_node_change() -> None:
+    """Recovery asks for both with every fault; the cache keeps them as nodes change instead of searching."""
+    mine = {proj.CORDONED_BY: "kcover"}
+    cache = caching.ClusterCache.offline([o.node("a", annotations=mine), o.node("b"), o.node("c", annotations=mine),
+                                          o.node("cpu", capacity={})])
+    assert cache.cordoned_by_kcover() == ["a", "c"]
+    assert cache.gpu_node_count() == 3
+    cache.load([o.node("a", rv="2"), o.node("b", annotations=mine, rv="2"), o.node("cpu", capacity={}),
+                o.node("gpu", rv="2")])  # a returned, b cordoned, c deleted, gpu added
+    assert cache.cordoned_by_kcover() == ["b"]
+    assert cache.gpu_node_count() == 3
+    cache.load([o.node("b", annotations={proj.CORDONED_BY: "someone"}, rv="3"), o.node("cpu", capacity={})])
+    assert cache.cordoned_by_kcover() == []
+    assert cache.gpu_node_count() == 1

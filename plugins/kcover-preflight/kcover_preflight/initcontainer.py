@@ -8,9 +8,12 @@ order). It
 
 1. builds the round-robin schedule (`schedule`): n-1 rounds for n nodes (n rounds, each with one node
    sitting out, when n is odd), every node meeting every other node exactly once;
-2. in each round, on the pair's lower rank, runs the nccl-tests command (`--command`, a template) for
-   the two nodes, then hands its output to the peer over TCP (`--port`); the peer waits for it. The
-   hand-over is also each round's barrier, so a pair never overlaps another of its own rounds;
+2. in each round, the pair's higher rank connects to the lower one (`--port`) and says which round it
+   is in and who it is; the lower rank runs the nccl-tests command (`--command`, a template) for the two
+   nodes only then, and answers with its output on that connection. So a command starts only once both
+   of its nodes have finished every earlier round (no node is ever in two measurements at once), and a
+   result goes back on the connection of its own round and pair (a peer that came early for a later
+   round waits, held, until this rank gets there; one for a round this rank has left is closed);
 3. writes the report to `<report-dir>/<namespace>/<workload>-<index>.json` in the Go project's schema
    plus kcover's `nccl_tests` field (the printed output, NCCL INFO lines dropped, the tail kept).
 
@@ -104,31 +107,100 @@ class Options:
 
 
 def _listen(opts: Options) -> socket.socket:
-    server = socket.create_server(("", opts.port + opts.rank * opts.port_stride), reuse_port=False)
-    server.settimeout(opts.round_timeout)
-    return server
+    return socket.create_server(("", opts.port + opts.rank * opts.port_stride), reuse_port=False,
+                                backlog=max(len(opts.peers), 16))
 
 
-def _send(host: str, port: int, payload: dict[str, object], deadline: float) -> None:
-    data = json.dumps(payload).encode()
+HELLO_LIMIT = 256
+"""Bytes a round's greeting may take (`{"round": i, "rank": r}` and a newline)."""
+RESULT_GRACE = 30.0
+"""Seconds the higher rank waits for the result past the round timeout (the command's own limit), once the
+lower rank said it started; also the limit on each send."""
+
+
+def _greeting(conn: socket.socket, deadline: float) -> tuple[tuple[int, int], bytes]:
+    """The (round, rank) a peer says it is in (one JSON line, by `deadline`) and whatever came after that
+    line; ValueError or OSError for anything else."""
+    data = b""
+    while b"\n" not in data:
+        if len(data) > HELLO_LIMIT:
+            raise ValueError("not a greeting: too long")
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ValueError("closed before its greeting")
+        data += chunk
+    line, rest = data.split(b"\n", 1)
+    said = json.loads(line)
+    if not isinstance(said, dict) or not all(type(said.get(k)) is int for k in ("round", "rank")):
+        raise ValueError(f"not a greeting: {line[:HELLO_LIMIT]!r}")
+    return (said["round"], said["rank"]), rest
+
+
+class _Inbox:
+    """The connections this rank's higher peers open, one per round where it is the lower rank. A peer may
+    come before this rank reaches that round: its connection is held until then."""
+
+    def __init__(self, server: socket.socket, rank: int, rounds: list[Round]) -> None:
+        self._server, self._rank, self._rounds = server, rank, rounds
+        self._early: dict[int, socket.socket] = {}
+
+    def wait(self, index: int, peer: int, deadline: float) -> socket.socket:
+        """The connection of round `index` from `peer`; TimeoutError when it does not come by `deadline`."""
+        held = self._early.pop(index, None)
+        if held is not None:
+            return held
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"rank {peer} did not come to round {index}")
+            self._server.settimeout(remaining)
+            conn, _ = self._server.accept()
+            try:
+                said, _ = _greeting(conn, min(deadline, time.monotonic() + 10.0))
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            if said == (index, peer):
+                return conn
+            later, who = said
+            if later > index and later < len(self._rounds) and later not in self._early and \
+                    peer_of(self._rank, self._rounds[later]) == who and self._rank < who:
+                self._early[later] = conn  # that peer is a round ahead of this rank: it waits, held
+            else:
+                conn.close()  # a round this rank has left (its peer gives up on it), or not a peer at all
+
+    def close(self) -> None:
+        for conn in self._early.values():
+            conn.close()
+        self._early.clear()
+        self._server.close()
+
+
+def _ask(host: str, port: int, index: int, rank: int, low: int, deadline: float, wait: float) -> dict[str, object]:
+    """As the higher rank: connect to the lower one and say which round this is (both by `deadline`), then
+    read its result (at most `wait` seconds after it answered that it started)."""
+    greeting = json.dumps({"round": index, "rank": rank}).encode() + b"\n"
     while True:
         try:
-            with socket.create_connection((host, port), timeout=5.0) as conn:
-                conn.sendall(data)
-                return
+            conn = socket.create_connection((host, port), timeout=max(min(5.0, deadline - time.monotonic()), 0.001))
+            break
         except OSError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
-
-
-def _receive(server: socket.socket) -> dict[str, object]:
-    conn, _ = server.accept()
+            time.sleep(0.2)  # the peer is not listening yet: poll for it
     with conn:
-        conn.settimeout(30.0)
-        chunks = []
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        conn.sendall(greeting)
+        said, first = _greeting(conn, deadline)
+        if said != (index, low):
+            raise ValueError(f"the rank at {host}:{port} is not rank {low} in round {index}")
+        conn.settimeout(wait)
+        chunks = [first]
         while chunk := conn.recv(65536):
             chunks.append(chunk)
+    if not any(chunks):
+        raise ValueError(f"rank {low} closed round {index} without a result")
     loaded: dict[str, object] = json.loads(b"".join(chunks))
     return loaded
 
@@ -152,9 +224,10 @@ def run_rounds(opts: Options, runner: Runner = run_command) -> list[dict[str, ob
     """Play this rank's part of every round; the batches of the report."""
     batches: list[dict[str, object]] = []
     n = len(opts.peers)
-    server = _listen(opts) if n > 1 else None
+    rounds = schedule(n)
+    inbox = _Inbox(_listen(opts), opts.rank, rounds) if n > 1 else None
     try:
-        for index, pairs in enumerate(schedule(n)):
+        for index, pairs in enumerate(rounds):
             peer = peer_of(opts.rank, pairs)
             if peer is None:
                 batches.append({"batch_idx": index, "pair": [opts.node_ip], "self_ip": opts.node_ip, "status": "skip"})
@@ -164,28 +237,46 @@ def run_rounds(opts: Options, runner: Runner = run_command) -> list[dict[str, ob
                                         "self_ip": opts.node_ip, "world_size": 2 * opts.gpus}
             deadline = time.monotonic() + opts.round_timeout
             if opts.rank == low:
-                argv = shlex.split(opts.command.format(np=2 * opts.gpus, gpus=opts.gpus, low_ip=opts.peers[low],
-                                                       high_ip=opts.peers[high], bytes=opts.message_bytes))
-                code, output = runner(argv, opts.round_timeout)
-                result: dict[str, object] = {"status": "ok" if code == 0 else "fail", "nccl_tests": keep(output)}
-                if code != 0:
-                    result["error"] = f"{argv[0]} exited with {code}"
-                try:
-                    _send(opts.peers[high], opts.port + high * opts.port_stride, result, deadline)
-                except OSError as exc:
-                    result.setdefault("error", f"the peer did not take the result: {exc}")
+                assert inbox is not None
+                batch.update(_lead(opts, inbox, index, high, deadline, runner))
             else:
-                assert server is not None
                 try:
-                    result = _receive(server)
+                    result = _ask(opts.peers[low], opts.port + low * opts.port_stride, index, opts.rank, low,
+                                  deadline, opts.round_timeout + RESULT_GRACE)
                 except (OSError, ValueError) as exc:
                     result = {"status": "fail", "error": f"no result from rank {low} ({opts.peers[low]}): {exc}"}
-            batch.update(result)
+                batch.update(result)
             batches.append(batch)
     finally:
-        if server is not None:
-            server.close()
+        if inbox is not None:
+            inbox.close()
     return batches
+
+
+def _lead(opts: Options, inbox: _Inbox, index: int, high: int, deadline: float,
+          runner: Runner) -> dict[str, object]:
+    """As the lower rank: wait for the peer to come to this round, run the command, answer with its result."""
+    try:
+        conn = inbox.wait(index, high, deadline)
+    except OSError as exc:
+        return {"status": "fail", "error": f"rank {high} ({opts.peers[high]}) did not come to the round: {exc}"}
+    with conn:
+        try:  # the peer starts its wait for the result now
+            conn.settimeout(RESULT_GRACE)
+            conn.sendall(json.dumps({"round": index, "rank": opts.rank}).encode() + b"\n")
+        except OSError as exc:
+            return {"status": "fail", "error": f"rank {high} ({opts.peers[high]}) left the round: {exc}"}
+        argv = shlex.split(opts.command.format(np=2 * opts.gpus, gpus=opts.gpus, low_ip=opts.peers[opts.rank],
+                                               high_ip=opts.peers[high], bytes=opts.message_bytes))
+        code, output = runner(argv, opts.round_timeout)
+        result: dict[str, object] = {"status": "ok" if code == 0 else "fail", "nccl_tests": keep(output)}
+        if code != 0:
+            result["error"] = f"{argv[0]} exited with {code}"
+        try:
+            conn.sendall(json.dumps(result).encode())
+        except OSError as exc:
+            result.setdefault("error", f"the peer did not take the result: {exc}")
+    return result
 
 
 def report(opts: Options, batches: list[dict[str, object]]) -> dict[str, object]:

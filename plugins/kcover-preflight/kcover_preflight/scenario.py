@@ -5,7 +5,9 @@ all-reduce results taken from real nccl-tests outputs (a healthy DGX H100 and th
 NVLink disabled, `simdata/`), and every pair touching one node is degraded. The agents' collectors turn
 the report files into PreflightReports, the controller's `preflight` detector finds that node slow, and
 the recovery engine (with a rule allowing it) cordons and taints the node and restarts the job, which
-comes back on the other nodes. The checks also read what `kubectl get pfr` shows: each report's status.
+comes back on the other nodes. The checks also read what `kubectl get pfr` showed: each report's last
+status (the reports belong to their pods, so the garbage collector deletes them with the pods the
+restart replaces; the store's watch history keeps what they last said).
 
 Only the simulator imports this module (through its entry point); kcover's product path never does.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as scenarios_
+from kcover.sim import tables
 from kcover_preflight import initcontainer, judge, reports, resources, synthetic
 
 NS = cluster_.NAMESPACE
@@ -40,15 +43,15 @@ def simdata(name: str) -> str:
     return importlib_resources.files("kcover_preflight").joinpath("simdata", name).read_text(encoding="utf-8")
 
 
-def job_manifest(name: str = JOB, *, workers: int = NODES - 1) -> dict[str, Any]:
-    """An opted-in PyTorchJob whose pods run the `preflight` init container."""
+def job_manifest(name: str = JOB, *, workers: int = NODES - 1, gpus: int = 8) -> dict[str, Any]:
+    """An opted-in PyTorchJob whose pods run the `preflight` init container, each asking for `gpus` GPUs."""
     template = {"metadata": {"labels": {"kcover.io/preflight": "true"}},
                 "spec": {"restartPolicy": "OnFailure",
                          "initContainers": [{"name": "preflight", "image": "registry.example.com/kcover-preflight:1",
                                              "command": ["python3", "/preflight.py"]}],
                          "containers": [{"name": cluster_.CONTAINER, "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                                          "command": ["torchrun", "train.py"],
-                                         "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+                                         "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": name, "namespace": NS, "labels": {cluster_.OPT_IN: "true"}},
             "spec": {"pytorchReplicaSpecs": {
@@ -83,9 +86,25 @@ def write_reports(root: Path | Callable[[str], Path], namespace: str, workload: 
     return slow
 
 
+KEY = f"{resources.PLURAL}.{resources.GROUP}"
+
+
 def _pfrs(c: cluster_.SimCluster) -> list[dict[str, Any]]:
-    return [o for o in c.srv.store.iter_objects(f"{resources.PLURAL}.{resources.GROUP}")
+    return [o for o in c.srv.store.iter_objects(KEY)
             if o["metadata"].get("namespace") == NS and o["spec"].get("workloadName") == JOB]
+
+
+def _last_pfrs(c: cluster_.SimCluster, since: int) -> list[dict[str, Any]]:
+    """The job's PreflightReports as each last was after resourceVersion `since`, deleted ones included."""
+    watcher = c.srv.store.watch(KEY, tables.Filter(namespace=NS), since)
+    last: dict[str, dict[str, Any]] = {}
+    try:
+        for change in watcher.initial:
+            obj = change.new.obj()
+            last[obj["metadata"]["name"]] = obj
+    finally:
+        watcher.close()
+    return [o for o in last.values() if o["metadata"].get("namespace") == NS and o["spec"].get("workloadName") == JOB]
 
 
 async def play(run: scenarios_.Run) -> None:
@@ -98,7 +117,10 @@ async def play(run: scenarios_.Run) -> None:
 
 
 async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
-    c.srv.store.create("pytorchjobs.kubeflow.org", job_manifest())
+    since = c.srv.store.resource_version
+    # as many GPUs a pod as the cluster's own jobs ask: the simulated scheduler counts them, and with the
+    # slow node cordoned the restarted ranks must fit on the other nodes beside those jobs' pods
+    c.srv.store.create("pytorchjobs.kubeflow.org", job_manifest(gpus=c.size.gpus_per_pod))
     await c.until(lambda: len(c.running_pods(JOB)) == NODES, scenarios_.WAIT,
                   f"PyTorchJob {NS}/{JOB}: {NODES} pods past their preflight init container")
     pods = c.running_pods(JOB)
@@ -130,17 +152,18 @@ async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
     run.check(f"PyTorchJob {NS}/{JOB} restarted exactly once ({restarts})", restarts == 1)
     stuck = [p["metadata"]["name"] for p in c.job_pods(JOB) if p["spec"].get("nodeName") == slow]
     run.check(f"PyTorchJob {NS}/{JOB} came back on the other nodes", not stuck, ", ".join(stuck))
-    statuses = [o.get("status") or {} for o in _pfrs(c)]
+    last = _last_pfrs(c, since)
+    statuses = [o.get("status") or {} for o in last]
     run.check("every PreflightReport shows the verdict Degraded with the slow node",
               len(statuses) == NODES and all(s.get("verdict") == "Degraded" and s.get("slowNodes") == [slow]
                                              for s in statuses), str([s.get("verdict") for s in statuses]))
-    mine = [o for o in _pfrs(c) if o["spec"]["nodeName"] == slow]
+    mine = [o for o in last if o["spec"]["nodeName"] == slow]
     run.check(f"the report of {slow} says Slow, with 7 slow pairs",
               bool(mine) and (mine[0].get("status") or {}).get("nodeVerdict") == "Slow"
               and sum(1 for p in (mine[0].get("status") or {}).get("pairs", []) if p.get("slow")) == NODES - 1)
     run.note("pfr", "kubectl get pfr: " + "; ".join(
         f"{o['metadata']['name']} {o['spec']['nodeName']} {(o.get('status') or {}).get('nodeVerdict')} "
-        f"{(o.get('status') or {}).get('minBusbwGbps')}" for o in sorted(_pfrs(c), key=lambda o: o["spec"]["rank"])))
+        f"{(o.get('status') or {}).get('minBusbwGbps')}" for o in sorted(last, key=lambda o: o["spec"]["rank"])))
 
 
 SCENARIO = scenarios_.Scenario(

@@ -64,15 +64,24 @@ def _free(port: int) -> bool:
     return True
 
 
-def play(tmp_path: Path, n: int, slow_rank: int | None) -> list[Path]:
+def recorded(slow_rank: int | None) -> initcontainer.Runner:
+    """A fake nccl-tests run: the degraded recording for the pairs with `slow_rank`, the healthy one otherwise."""
+    def runner(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        ends = argv[argv.index("-H") + 1].split("-")
+        return 0, DEGRADED if slow_rank is not None and f"rank{slow_rank}" in ends else HEALTHY
+    return runner
+
+
+def play(tmp_path: Path, n: int, runner: initcontainer.Runner) -> list[Path]:
     base = free_ports(n)
     ips = ["127.0.0.1"] * n  # one host: ranks tell each other apart by port
     calls: list[list[str]] = []
+    calls_lock = threading.Lock()
 
-    def runner(argv: Sequence[str], timeout: float) -> tuple[int, str]:
-        calls.append(list(argv))
-        ends = {argv[argv.index("-H") + 1]}
-        return 0, DEGRADED if slow_rank is not None and any(f"rank{slow_rank}" in e for e in ends) else HEALTHY
+    def counted(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        with calls_lock:
+            calls.append(list(argv))
+        return runner(argv, timeout)
 
     paths: list[Path] = []
     errors: list[BaseException] = []
@@ -84,7 +93,7 @@ def play(tmp_path: Path, n: int, slow_rank: int | None) -> list[Path]:
                                          report_dir=tmp_path, port=base, port_stride=1, round_timeout=20.0,
                                          gpus=2, message_bytes=1 << 20,
                                          command="all_reduce_perf -H rank{low_ip}-{high_ip} -np {np} -b {bytes}")
-            doc = initcontainer.report(opts, initcontainer.run_rounds(opts, runner=tagging(runner, rank, n)))
+            doc = initcontainer.report(opts, initcontainer.run_rounds(opts, runner=tagging(counted, rank, n)))
             paths.append(initcontainer.write_report(opts, doc))
         except BaseException as exc:  # surfaced below
             errors.append(exc)
@@ -118,7 +127,7 @@ def tagging(runner: initcontainer.Runner, rank: int, n: int) -> initcontainer.Ru
 
 @pytest.mark.timeout(120)
 def test_four_ranks_write_reports_that_judge_the_slow_node(tmp_path: Path) -> None:
-    paths = play(tmp_path, 4, slow_rank=2)
+    paths = play(tmp_path, 4, recorded(slow_rank=2))
     assert [p.name for p in paths] == ["llm-0.json", "llm-1.json", "llm-2.json", "llm-3.json"]
     assert all(p.parent == tmp_path / "ml" for p in paths)
     members = []
@@ -141,6 +150,44 @@ def test_four_ranks_write_reports_that_judge_the_slow_node(tmp_path: Path) -> No
     judged = judging.judge(members, size=4)
     assert judged.verdict is judging.Verdict.DEGRADED
     assert sorted(judged.slow_nodes) == ["node-2"]
+
+
+@pytest.mark.timeout(120)
+def test_no_node_is_in_two_measurements_at_once_and_each_result_reaches_its_rounds_peer(tmp_path: Path) -> None:
+    """Round 0 pairs 0 with 3 and 1 with 2, round 1 pairs 1 with 3. While 0 and 3 measure slowly, 1 is done
+    with round 0 and must wait for 3 to finish before measuring with it: two measurements on one node at
+    once would each see half the bandwidth, and 3 would take the first result to arrive for round 0's."""
+    lock = threading.Lock()
+    busy: dict[str, str] = {}
+    overlaps: list[tuple[str, str]] = []
+    other_on_3 = threading.Event()
+    healthy = recorded(slow_rank=None)
+
+    def runner(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+        pair = argv[argv.index("-H") + 1]
+        nodes = pair.split("-")
+        with lock:
+            overlaps.extend((pair, busy[node]) for node in nodes if node in busy)
+            busy.update(dict.fromkeys(nodes, pair))
+            if "rank3" in nodes and pair != "rank0-rank3":
+                other_on_3.set()
+        if pair == "rank0-rank3":  # the slow pair: gives a measurement on node 3 up to 3 s to start alongside
+            other_on_3.wait(3.0)
+        code, output = healthy(argv, timeout)
+        if pair == "rank0-rank3":
+            output = DEGRADED  # only round 0 of rank 3 may carry this one
+        with lock:
+            for node in nodes:
+                if busy.get(node) == pair:
+                    del busy[node]
+        return code, output
+
+    paths = play(tmp_path, 4, runner)
+    assert overlaps == []
+    outputs = {(r.rank, b.batch_idx): b.nccl_tests for r in (reports.parse(p.read_text()) for p in paths)
+               for b in r.batches}
+    slow, fine = initcontainer.keep(DEGRADED), initcontainer.keep(HEALTHY)
+    assert outputs == {(r, i): slow if (r, i) in ((0, 0), (3, 0)) else fine for r in range(4) for i in range(3)}
 
 
 def test_a_peer_that_never_answers_fails_the_round(tmp_path: Path) -> None:

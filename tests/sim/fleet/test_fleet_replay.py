@@ -1,0 +1,148 @@
+"""`kcover sim fleet` end to end: a 2-day, 64-node replay of all four policies, kcover through its real code.
+
+Checks the report's invariants (its counts add up, the lost GPU-hours' parts make the whole), that one
+seed gives one report, that a fault on a bad GPU strikes again until it is isolated and never after, and
+the command line (text, JSON, the plot, a trace written and replayed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kcover import cli
+from kcover.sim.fleet import report
+from kcover.sim.fleet import running as fleet
+from kcover.sim.fleet import state as st
+from kcover.sim.fleet import taxonomy as tax
+from kcover.sim.fleet import trace as trace_
+
+HOUR = 3600.0
+PARAMS = st.Params(nodes=64, jobs=((1, 32), (2, 8), (3, 2)), days=2.0, seed=3)
+INJECTED = [
+    # a GPU corrupting data on the 32-node job: only its rank's exit shows, so only a person finds it
+    trace_.Onset(2 * HOUR, 5, 1, "silent-data-corruption", tax.SignalKind.EXIT),
+    # a GPU falling off the bus under an 8-node job
+    trace_.Onset(20 * HOUR, 35, 4, "faulty-gpu", tax.SignalKind.XID, 79),
+    # a bug in the other 8-node job
+    trace_.Onset(30 * HOUR, 43, None, "software-bug", tax.SignalKind.EXIT),
+]
+
+
+def onsets() -> list[trace_.Onset]:
+    taxonomy = tax.load()
+    drawn = trace_.generate(taxonomy, nodes=PARAMS.nodes, gpus_per_node=PARAMS.gpus_per_node, days=PARAMS.days,
+                            seed=PARAMS.seed, scale=8.0)
+    return sorted([*drawn, *INJECTED])
+
+
+@pytest.fixture(scope="module")
+def replayed() -> tuple[dict[str, report.Figures], dict[str, object], list[trace_.Onset]]:
+    trace = onsets()
+    figs, timing = fleet.replay(PARAMS, tax.load(), trace, list(report.POLICIES))
+    return figs, timing, trace
+
+
+def test_every_policy_replays_the_same_trace(replayed: tuple[dict[str, report.Figures], dict[str, object],
+                                                               list[trace_.Onset]]) -> None:
+    figs, timing, trace = replayed
+    assert set(figs) == set(report.POLICIES)
+    assert len(trace) > len(INJECTED), "the generator drew faults as well"
+    assert int(str(timing["kcover_api_requests"])) > 0, "kcover ran against the simulated API server"
+
+
+@pytest.mark.parametrize("policy", report.POLICIES)
+def test_the_counts_add_up(replayed: tuple[dict[str, report.Figures], dict[str, object], list[trace_.Onset]],
+                           policy: str) -> None:
+    fig = replayed[0][policy]
+    for blame, row in fig.struck.items():
+        assert row["isolated"] + row["restarted"] + row["nothing"] == row["faults"], blame
+        assert row["right"] <= row["faults"]
+    assert sum(row["faults"] for row in fig.struck.values()) == sum(row["faults"] for row in fig.by_class.values())
+    assert sum(row["interruptions"] for row in fig.by_class.values()) == fig.interruptions
+    assert fig.isolated_by_policy + fig.isolated_by_person + fig.never_isolated == fig.hardware_faults
+    assert fig.repeat_interruptions <= fig.interruptions
+    assert sum(fig.healthy_cordons_by_blame.values()) == fig.healthy_cordons <= fig.cordons
+    assert fig.restarts_per_interruption == pytest.approx(fig.restarts / fig.interruptions)
+    lost = fig.lost_gpu_hours
+    parts = lost["decision"] + lost["restart"] + lost["waiting_for_nodes"] + lost["rework"]
+    assert parts == pytest.approx(lost["all"], rel=1e-6), "every lost GPU-hour belongs to one interruption"
+    assert lost["policy_part"] <= lost["all"] + 1e-6
+    assert 0.0 < fig.ettr_fleet < 1.0
+    assert min(fig.ettr_jobs.values()) <= fig.ettr_fleet <= max(fig.ettr_jobs.values())
+
+
+def test_the_oracle_bounds_every_policy(replayed: tuple[dict[str, report.Figures], dict[str, object],
+                                                        list[trace_.Onset]]) -> None:
+    figs = replayed[0]
+    oracle = figs["oracle"]
+    assert oracle.repeat_interruptions == 0
+    assert oracle.healthy_cordons == 0
+    assert oracle.isolated_by_policy == oracle.hardware_faults
+    for name in ("kcover", "kubernetes", "go"):
+        assert figs[name].ettr_fleet <= oracle.ettr_fleet + 1e-9, name
+    assert figs["kubernetes"].restarts == 0
+    assert figs["kubernetes"].cordons == 0
+
+
+def test_one_seed_one_report(replayed: tuple[dict[str, report.Figures], dict[str, object], list[trace_.Onset]]) -> None:
+    figs, _, trace = replayed
+    again, _ = fleet.replay(PARAMS, tax.load(), onsets(), list(report.POLICIES))
+    assert onsets() == trace
+    for name in report.POLICIES:
+        first = report.document({name: figs[name]}, {})
+        second = report.document({name: again[name]}, {})
+        assert first == second, name
+
+
+def test_a_bad_gpu_strikes_again_until_it_is_isolated_and_never_after() -> None:
+    """The injected silent data corruption, replayed under each policy: it keeps failing the job on its node
+    until someone isolates the node; the oracle isolates it at its first signal."""
+    trace = sorted(INJECTED)
+    for name in report.POLICIES:
+        world = fleet_world(name, trace)
+        (sdc,) = [f for f in world.faults if f.cls.name == "silent-data-corruption"]
+        hits = [i for i in world.interruptions if i.fault is sdc]
+        assert sdc.isolated_at is not None, name
+        assert all(i.at <= sdc.isolated_at for i in hits), f"{name}: a strike after the node was isolated"
+        if name == "oracle":
+            assert len(hits) == 1
+            assert sdc.isolated_at == hits[0].at
+        else:
+            assert len(hits) >= 2, f"{name}: the bad GPU was left in service and struck {len(hits)} time(s)"
+            assert all(i.repeat for i in hits[1:])
+
+
+def fleet_world(name: str, trace: list[trace_.Onset]) -> fleet.world_.World:
+    from kcover.sim.fleet import virtualtime
+    world = fleet.world_.World(PARAMS, tax.load(), trace, fleet.policy_of(name, PARAMS, {}))
+    virtualtime.run(world.run())
+    return world
+
+
+def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["sim", "fleet", "--nodes", "24", "--job-mix", "1x16,1x4", "--days", "1", "--seed", "2",
+            "--fault-rate-scale", "10"]
+    written = tmp_path / "trace.jsonl"
+    picture = tmp_path / "fleet.png"
+    assert cli.main([*base, "--write-trace", str(written), "--plot", str(picture)]) == 0
+    text = capsys.readouterr().out
+    assert "HEADLINE: kcover's effective training time is" in text
+    assert "effective training time, fleet (%)" in text
+    assert "healthy nodes cordoned" in text
+    for name in report.POLICIES:
+        assert name in text.splitlines()[6], "one column per policy"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main([*base, "--trace", str(written), "--report", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["policies"]) == set(report.POLICIES)
+    assert doc["meta"]["onsets"] == len(written.read_text().splitlines())
+    assert doc["meta"]["checkpoint_minutes"] == 30.0
+    assert doc["meta"]["restart_minutes"] == 10.0
+    assert doc["kcover_to_oracle_points"] == pytest.approx(
+        100 * (doc["policies"]["oracle"]["ettr_fleet"] - doc["policies"]["kcover"]["ettr_fleet"]), abs=1e-3)
+    assert cli.main(["sim", "fleet", "--nodes", "8", "--job-mix", "2x8"]) == 2
+    assert "needs 16 nodes" in capsys.readouterr().err
