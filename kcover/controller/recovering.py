@@ -65,7 +65,8 @@ class LeaderEngine:
     """The engine as the controller drives it; see the module docstring."""
 
     def __init__(self, inner: engine.RecoveryEngine, gw: dryrun.DryRun, recorder: recording.Recorder,
-                 epoch: Callable[[], int], live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 epoch: Callable[[], int], live: _Live, *, synced: Callable[[], Awaitable[bool]] | None = None,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.inner = inner
         self.gateway = gw
         self.recorder = recorder
@@ -74,7 +75,9 @@ class LeaderEngine:
         self._epoch = epoch
         self._live = live
         self._synced = synced
+        self._leading = leading
         self._loaded_epoch = -1
+        self._records_said = ""
 
     @property
     def ledger(self) -> ledger.Ledger:
@@ -95,6 +98,35 @@ class LeaderEngine:
             return
         self._new_term()
         await self.inner.tick()
+        await self._say_records()
+
+    async def _say_records(self) -> None:
+        """An Event once when Recovery resources stop being served (their CRD missing), and once they are again."""
+        unserved, was = self.recorder.unserved, self._records_said
+        self._records_said = unserved
+        if bool(unserved) == bool(was):
+            return
+        ref = self.inner.controls_ref()
+        if unserved:
+            await self.inner.say(st.Emit(ref, "KcoverRecordsUnavailable", "Record",
+                                          f"{unserved}: Recovery resources are dropped (counted in "
+                                          "kcover_recovery_records_failed_total{reason=\"not_served\"}); recovery "
+                                          "goes on, its ledger is its memory"))
+        else:
+            await self.inner.say(st.Emit(ref, "KcoverRecordsAvailable", "Record",
+                                          "Recovery resources are served again and written", warning=False))
+
+    def ledger_readiness(self) -> tuple[bool, str]:
+        """/readyz's `ledger`: failing while the leader finds its LedgerEntry kind not served (it acts on nothing)."""
+        if not self._leading():
+            return True, "not leading"
+        problem = self.inner.ledger_problem
+        return (False, problem) if problem else (True, "")
+
+    def records_readiness(self) -> tuple[bool, str]:
+        """/readyz's `records`: passing, and saying so, while Recovery resources are not served (recovery goes on)."""
+        unserved = self.recorder.unserved if self._leading() else ""
+        return True, f"{unserved}; recovery goes on" if unserved else ""
 
     async def background(self, stop: asyncio.Event) -> None:
         """Work beside the engine, off its critical path: writing the Recovery resources."""
@@ -154,7 +186,8 @@ def build(deps: EngineDeps) -> LeaderEngine:
     ]
     inner = engine.RecoveryEngine(deps.cache, ledger_, coordinator, recovery=recovery, clock=deps.clock,
                                   metrics_=deps.metrics, devices=devices, verifier=verifier)
-    leader = LeaderEngine(inner, gw, recorder, deps.epoch, live, synced=deps.cache.wait_synced)
+    leader = LeaderEngine(inner, gw, recorder, deps.epoch, live, synced=deps.cache.wait_synced,
+                          leading=deps.is_leader)
     leader.faults = fleet.FaultMetrics(deps.metrics.registry)
     return leader
 

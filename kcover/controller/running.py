@@ -8,7 +8,7 @@ twice `lease.lease_duration_seconds`, since a leader that died before acting lea
 would act on; the ledger's cooldowns make replaying what the old leader did handle harmless. A batch a
 leader could not finish (its Lease lost before or during it) is held again the same way.
 `reconfigure()` applies new tunables live; fields marked `restart_required` are the reloader's
-business. Readiness: caches synced and no detector failed.
+business. Readiness: caches synced, no detector failed, and (the default engine's) the leader's ledger served.
 
 It decides nothing about faults (detectors, `kcover.recovery`) and does not read files or the
 environment (`cli.py`). How it fails: a component that raises out of its own retry loop ends the
@@ -129,6 +129,10 @@ class Controller:
             self._replay.set()  # no term starts (or one started before this controller was built): resume at once
         health.add_readiness("cache", self.cache.readiness)
         health.add_readiness("detectors", self.supervisor.readiness)
+        for name in ("ledger", "records"):  # the default engine's: its ledger and its Recovery resources
+            check: Callable[[], tuple[bool, str]] | None = getattr(self.engine, f"{name}_readiness", None)
+            if check is not None:
+                health.add_readiness(name, check)
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
@@ -199,14 +203,18 @@ class Controller:
         """Held events young enough that the old leader may have died before acting on them.
 
         A dead leader keeps the Lease for up to `lease_duration_seconds` before a follower takes it, so
-        twice that before the last time a leader was seen renewing is kept; older events were the old
-        leader's to act on. The engine's ledger (cooldowns,
-        reloaded per epoch) and its preconditions make replaying what the old leader did act on harmless."""
+        twice that, and `lease.replay_margin_seconds` more, before the last time another leader was seen
+        renewing is kept; older events were the old leader's to act on. The margin is for the old leader's
+        own view: its cache may have shown it a fault later than this replica's did (an overloaded process,
+        a watch re-established), or not before it died, while it still renewed. The engine's ledger
+        (cooldowns, reloaded per epoch) and its preconditions make replaying what the old leader did act on
+        harmless: a replayed fault it acted on is refused (its pod replaced, its node cordoned)."""
         now = self.clock.monotonic()
         alive = self.elector.leader_seen_before_term if self.elector is not None else now
         # counted from the last time a leader was seen alive, not from now: while the API server was down,
         # or this replica's own term ended mid-batch, no leader acted on what was held meanwhile
-        horizon = min(now, alive) - 2 * self.settings.lease.lease_duration_seconds
+        lease = self.settings.lease
+        horizon = min(now, alive) - 2 * lease.lease_duration_seconds - lease.replay_margin_seconds
         events = [ev for at, ev in self._held if at >= horizon]
         self._held.clear()
         return events

@@ -17,7 +17,11 @@ is fresh (its latest of `series.lastObservedTime`, `lastTimestamp`, `eventTime` 
 Events about any other kind are refused. An Event that names a DRA device (`kcover.io/dra-*`) is
 accepted only when a ResourceSlice whose `spec.nodeName` is the node the Event is about (the Node's,
 or the Pod's node) publishes that driver, pool and device (`device_not_on_node` otherwise, logged as
-`recovery_event_device_refused`): an agent speaks for the devices of its own node only. An Event
+`recovery_event_device_refused`): an agent speaks for the devices of its own node only. An Event about a
+Pod that names a device is accepted only when that pod holds the device, as its kubelet reports in the
+pod's `allocatedResourcesStatus` (`device_not_held` otherwise), and is opted in
+(`device_holder_not_opted_in`): a tenant may ask kcover to isolate a GPU its own opted-in job uses, never
+another tenant's GPU on the same node. An Event
 annotated `kcover.io/device-healthy: "true"` (the agent's word that a device it reported has stayed
 healthy for its hold, `kcover.codec`) is kept and judged by the same rules and published cleared, so
 the policy removes kcover's DeviceTaintRule; one about anything but a Node, and any cleared Event
@@ -89,7 +93,8 @@ class EventWatcherConfig(BaseModel):
 
 REFUSALS = ("no_timestamp", "future_timestamp", "stale", "namespace_mismatch", "pod_not_found", "uid_mismatch",
             "namespace_not_allowed", "untrusted_reporter", "identity_mismatch", "no_agent_on_node", "node_not_found",
-            "unsupported_kind", "device_not_on_node", "device_healthy_untrusted",
+            "unsupported_kind", "device_not_on_node", "device_not_held", "device_holder_not_opted_in",
+            "device_healthy_untrusted",
             codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS,
             codec.REFUSED_DEVICE_HEALTHY)
 """Every reason a Verdict or the codec refuses an Event for: `kcover_events_rejected{reason}` starts at 0 for
@@ -204,6 +209,24 @@ def device_verdict(verdict: Verdict, device: model.DraDevice,
     return Verdict(None, "device_not_on_node")
 
 
+def holder_verdict(verdict: Verdict, device: model.DraDevice, pod: proj.Pod | None,
+                   opted_in: Callable[[proj.Pod], bool]) -> Verdict:
+    """An accepted Event about a Pod that names a DRA device stays accepted only if that pod holds the device,
+    as its kubelet reports in the pod's `allocatedResourcesStatus` (a status no tenant can write), and is
+    opted in: anyone who may write Events in a namespace can name any device of the pod's node, and a
+    device taint keeps every tenant off that GPU (pure but for `opted_in`). A Node's Event is the agent's
+    word for its own node's devices (`device_verdict`)."""
+    target = verdict.target
+    if target is None or target.kind is not model.TargetKind.POD:
+        return verdict
+    if pod is None or pod.uid != target.uid or not any(
+            r.resource_id == device.resource_id for c in pod.containers for r in c.resources):
+        return Verdict(None, "device_not_held")
+    if not opted_in(pod):
+        return Verdict(None, "device_holder_not_opted_in")
+    return verdict
+
+
 def return_verdict(verdict: Verdict, decoded: codec.Decoded) -> Verdict:
     """An Event that says a DRA device is well again (cleared, naming a device) stays accepted only as the
     agent's word (`kcover.io/device-healthy`) about a Node: so it passed the Node rules (the agent's
@@ -285,12 +308,20 @@ class EventWatcherDetector:
         if verdict.target is not None and not isinstance(decoded, codec.Refused):
             verdict = return_verdict(verdict, decoded)
         if verdict.target is not None and not isinstance(decoded, codec.Refused) and decoded.fault.dra is not None:
+            target = verdict.target
             verdict = device_verdict(verdict, decoded.fault.dra, cache.publishes_device)
+            why = "no ResourceSlice of the node the Event is about publishes that device"
+            if verdict.target is not None:
+                verdict = holder_verdict(verdict, decoded.fault.dra, cache.pod(target.uid) if target else None,
+                                         cache.opted_in)
+                why = {"device_not_held": "the Pod does not hold that device (its allocatedResourcesStatus)",
+                       "device_holder_not_opted_in": "the Pod holding that device is not opted in"}.get(
+                           verdict.reason, why)
             if verdict.target is None:
                 log.warning("recovery_event_device_refused", k8s_event=f"{new.namespace}/{new.name}",
                             device=decoded.fault.dra.resource_id, node=new.involved.name
                             if new.involved.kind == "Node" else "", involved_kind=new.involved.kind,
-                            why="no ResourceSlice of the node the Event is about publishes that device")
+                            reason=verdict.reason, why=why)
         if verdict.target is None or isinstance(decoded, codec.Refused):
             log.info("recovery_event_rejected", k8s_event=f"{new.namespace}/{new.name}", reason=verdict.reason,
                      involved_kind=new.involved.kind, involved=f"{new.involved.namespace}/{new.involved.name}",

@@ -144,6 +144,8 @@ class Gateway(Protocol):
 
     async def list_ledger_entries(self, namespace: str, ledger: str) -> list[DataBody]: ...
 
+    async def ledger_served(self, namespace: str) -> bool: ...
+
     async def get_ledger_entry(self, namespace: str, name: str) -> DataBody | None: ...
 
     async def create_ledger_entry(self, body: DataBody) -> DataBody: ...
@@ -264,6 +266,14 @@ class Http:
             if not token:
                 return out
             query = {**query, "continue": token}
+
+    async def ledger_served(self, namespace: str) -> bool:
+        """Whether LedgerEntries are served in `namespace` (one item listed at most; False on 404: no CRD)."""
+        try:
+            await self.client.request("GET", _ledger_base(namespace), query={"limit": 1})
+        except errors.NotFoundError:
+            return False
+        return True
 
     async def get_ledger_entry(self, namespace: str, name: str) -> DataBody | None:
         found: DataBody | None = await self._get(f"{_ledger_base(namespace)}/{name}")

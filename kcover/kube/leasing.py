@@ -135,10 +135,14 @@ class LeaderElector:
         self._last_renew = -math.inf
         self._abandoned = False
         """Set by `abandon()`: never leader again, whatever the loop still believes."""
+        self._other_seen_at = -math.inf
+        """Monotonic time a holder other than this replica was last seen renewing (its record changed)."""
         self.leader_seen_before_term = -math.inf
-        """When the current term began: the last time (monotonic) a leader was seen alive before it. Work
-        observed after that moment (less the Lease duration) may be work no leader carried out: an outage of
-        the API server or a leader's death left nobody renewing."""
+        """When the current term began: the last time (monotonic) another replica was seen leading before it.
+        Work observed after that moment (less the Lease duration) may be work no leader carried out: an outage
+        of the API server or a leader's death left nobody renewing. This replica's own earlier terms do not
+        count: what it still holds is what it did not act on (a term that flapped, acquired and lost before
+        its first batch, acted on nothing, and counting it dropped the faults held across it)."""
 
     # ------------------------------------------------------------------------------------------- queries
 
@@ -176,9 +180,8 @@ class LeaderElector:
             raise errors.NotLeaderError(f"{self.identity} does not hold lease {self.settings.name}")
 
     def _leader_seen_at(self) -> float:
-        """Monotonic time this replica last saw a holder renew the Lease (itself included); -inf if never."""
-        seen = self._observed_at if self._observed is not None and self._observed.holder else -math.inf
-        return max(seen, self._last_renew)
+        """Monotonic time this replica last saw another holder renew the Lease; -inf if never."""
+        return self._other_seen_at
 
     @property
     def observed_holder(self) -> str:
@@ -307,6 +310,8 @@ class LeaderElector:
         if record != self._observed:
             self._observed = record
             self._observed_at = self._clock.monotonic()
+            if record.holder and record.holder != self.identity:
+                self._other_seen_at = self._observed_at
         self._observed_rv = str((lease.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _release(self) -> None:

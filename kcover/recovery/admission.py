@@ -6,7 +6,7 @@ cooldown and restart budget, the node's cooldown, the bound on restarts in fligh
 a trip), and the breaker (`BREAKER_LATCHED`, `BREAKER_COOLDOWN`, and `BREAKER_OPEN`: a trip, which latches
 it by default): cordons held at once (a fraction of the GPU nodes and an absolute cap), cordons per window
 (a count and a fraction, the smaller wins) and different units restarted per window, those in flight
-counted. `planning.plan`
+counted; device taints held and in flight against their own caps (per node, per window). `planning.plan`
 calls these with the ledger as the cache-time view, and the executors call the same functions again
 inside the fenced ledger write, on the entry as the API server holds it then: so a second replica that
 believes it leads is refused by the very rule the first one passed, and no refusal has two homes.
@@ -163,3 +163,39 @@ def until_budget_frees(unit: ledger.Unit | None, rs: settings.RecoverySettings, 
 def until_cooldown_ends(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
     times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
     return times[-1] + rs.workload_cooldown_seconds if times else now
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """The device taints the breaker counts besides the ledger's: those planned and not yet recorded."""
+
+    on_node: int = 0
+    """Device taints in flight on this device's node (this one not included)."""
+    total: int = 0
+    """Device taints in flight across the cluster (this one not included)."""
+
+
+def device_taint(node: ledger.Node | None, device: str, name: str, *, rs: settings.RecoverySettings, now: float,
+                 breaker_state: ledger.Breaker, recent: int, load: DeviceLoad) -> Refusal | None:
+    """May `device` (a resourceID) of Node `name` be tainted now? The latched breaker, and the device taints'
+    own caps, in-flight taints counted: `recovery.device_taints.max_per_node` (`DEVICE_TAINT_LIMIT`, a cap)
+    and `max_per_window` (`BREAKER_OPEN`, a trip: that many devices failing at once is a fleet's). `recent`:
+    device taints the ledger holds made within the window. A device the ledger already holds tainted needs
+    no admission (its rule is written again, idempotently, and counted once)."""
+    latched = breaker(breaker_state, rs, now)
+    if latched is not None:
+        return latched
+    held = node.devices if node is not None else {}
+    if device in held:
+        return None
+    opts = rs.device_taints
+    on_node = len(held) + load.on_node
+    if on_node >= opts.max_per_node:
+        return Refusal(Code.DEVICE_TAINT_LIMIT, f"kcover holds {len(held)} devices of Node {name} tainted and "
+                       f"{load.on_node} taints of it in flight (max {opts.max_per_node}, "
+                       f"recovery.device_taints.max_per_node); device {device} is not tainted")
+    if recent + load.total >= opts.max_per_window:
+        return Refusal(Code.BREAKER_OPEN, f"breaker open: kcover made {recent} device taints in the last "
+                       f"{opts.window_seconds:.0f}s and {load.total} are in flight (max {opts.max_per_window}, "
+                       f"recovery.device_taints.max_per_window); device {device} is not tainted")
+    return None

@@ -172,7 +172,7 @@ class Audit:
                                                                                  "resource.k8s.io/v1", outcome.detail),
                            "KcoverUntaintedDevice", "UntaintDevice",
                            f"removed kcover's DeviceTaintRule of device {step.device.resource_id}"
-                           + (f" on Node {step.node}" if step.node else "") + ": the device is healthy again",
+                           + (f" on Node {step.node}" if step.node else "") + f": {step.why}",
                            warning=False)
         if isinstance(step, st.Report) and step.about is not None:
             return st.Emit(step.about, "KcoverFaultReported", "Report", f"{step.cause.detector} reported {step.text}")

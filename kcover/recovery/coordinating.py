@@ -45,6 +45,7 @@ from kcover.recovery.steps import Code
 log = structlog.get_logger()
 
 NODE_WRITE_ATTEMPTS = 5
+ALREADY_HELD = "the ledger holds this device tainted already"
 RO = settings.RecordOnly
 RECORD_CLASSES: dict[type, settings.RecordOnly] = {
     st.Restart: RO.RESTART, st.Cordon: RO.CORDON, st.Uncordon: RO.UNCORDON, st.TaintDevice: RO.DEVICE_TAINT,
@@ -233,6 +234,7 @@ class Coordinator:
                                                breaker_state=breaker, load=None)
         if refused is not None:
             return st.Refused(step, refused.code, refused.text)
+        await self._ledger.confirm_served()  # the node is written before its entry: not without a ledger
         ours = cordoning.taints(rs.taint_key, step.cause.reason, no_execute=rs.taint_no_execute,
                                 now=clock_.rfc3339(now))
         fault = f"{step.cause.reason} from {step.cause.detector}: {step.reason}"
@@ -273,26 +275,70 @@ class Coordinator:
     # ------------------------------------------------------------------------------------ devices
 
     async def taint(self, step: st.TaintDevice) -> st.Outcome:
-        got = await self.devices.taint(step.device, node=step.node, reason=step.reason, cause=step.cause.id)
+        """The node's ledger entry first (the device taints' caps re-checked there, on the entry as the API
+        server holds it), then kcover's DeviceTaintRule: no device is tainted that the ledger does not hold,
+        so its caps count it and its bounded life ends it."""
+        rs = self._recovery()
+        rid = step.device.resource_id
         rule = devicetainting.rule_name(step.device)
+        if await self.devices.served_version() is None:
+            return self._unserved(step)
+        now = self._clock.now().timestamp()
+        recent = self._ledger.device_taints_since(now - rs.device_taints.window_seconds)
+
+        def record(entry: ledger.Entry, signals: dict[str, float]) -> admission.Refusal | str | None:
+            assert isinstance(entry, ledger.Node)
+            if rid in entry.devices:
+                return ALREADY_HELD  # a replay, or a write that landed before its rule: the rule is written again
+            refused = admission.device_taint(entry, rid, step.node, rs=rs, now=now, breaker_state=self._ledger.breaker(),
+                                             recent=recent, load=admission.DeviceLoad())
+            if refused is not None:
+                return refused
+            entry.devices[rid] = ledger.TaintedDevice(step.device, now)
+            return None
+
+        refusal = await self._ledger.update(f"n.{step.node}", record, now=now)
+        if isinstance(refusal, admission.Refusal):
+            return st.Refused(step, refusal.code, refusal.text)
+        got = await self.devices.taint(step.device, node=step.node, reason=step.reason, cause=step.cause.id)
         if got is devicetainting.Outcome.UNSERVED:
-            return st.Refused(step, Code.DEVICE_TAINTS_UNSERVED,
-                              f"the API server stopped serving DeviceTaintRules: device {step.device.resource_id} is "
-                              "not tainted; its next fault is answered at node level")
+            await self._forget_device(step.node, rid)
+            return self._unserved(step)
         if got is devicetainting.Outcome.FOREIGN:
-            log.warning("device_taint_rule_foreign", device=step.device.resource_id, rule=rule)
+            log.warning("device_taint_rule_foreign", device=rid, rule=rule)
+            await self._forget_device(step.node, rid)
             return st.Done(step, detail=f"a DeviceTaintRule {rule} exists and is not kcover's: left alone", noop=True)
         if got is devicetainting.Outcome.EXISTS:
             return st.Done(step, detail=rule, noop=True)
-        log.info("device_tainted", device=step.device.resource_id, node=step.node)
+        log.info("device_tainted", device=rid, node=step.node)
         return st.Done(step, detail=rule)
 
+    def _unserved(self, step: st.TaintDevice) -> st.Outcome:
+        return st.Refused(step, Code.DEVICE_TAINTS_UNSERVED,
+                          f"the API server stopped serving DeviceTaintRules: device {step.device.resource_id} is "
+                          "not tainted; its next fault is answered at node level")
+
     async def untaint(self, step: st.UntaintDevice) -> st.Outcome:
+        """kcover's rule of the device goes (only kcover's), then the ledger's record of it, whatever was found:
+        a rule that is gone or not kcover's is no taint kcover holds."""
         got = await self.devices.untaint(step.device)
+        await self._forget_device(step.node, step.device.resource_id)
         if got is devicetainting.Outcome.REMOVED:
-            log.info("device_untainted", device=step.device.resource_id, node=step.node)
+            log.info("device_untainted", device=step.device.resource_id, node=step.node, why=step.why)
             return st.Done(step, detail=devicetainting.rule_name(step.device))
         return st.Done(step, detail=got.value, noop=True)
+
+    async def _forget_device(self, node: str, rid: str) -> None:
+        if not node:
+            return
+
+        def forget(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledger.Node)
+            if entry.devices.pop(rid, None) is None:
+                return "not held"
+            return None
+
+        await self._ledger.update(f"n.{node}", forget, now=self._clock.now().timestamp())
 
     # ------------------------------------------------------------------------------------ holds
 

@@ -185,6 +185,9 @@ class DryRun:
 
     # ------------------------------------------------------------------------------------ ledger
 
+    async def ledger_served(self, namespace: str) -> bool:
+        return await self._real.ledger_served(namespace)  # a dry run keeps its ledger over the real one
+
     async def list_ledger_entries(self, namespace: str, ledger: str) -> list[gateway.DataBody]:
         if not self.dry:
             return await self._real.list_ledger_entries(namespace, ledger)

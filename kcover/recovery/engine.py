@@ -1,11 +1,12 @@
 """The recovery engine: a batch of faults in, planned and carried out while leading; the leader's periodic pass.
 
 Owns what is in flight and the order of things. `handle(batch)` reads the ledger (once per term), plans
-every event of the batch first (`planning.plan`), reserving each planned restart and cordon before the
-next event is planned, with no `await` in between, so events of one batch never both see the last free
-slot of a limit (five simultaneous node faults with a limit of one cordon one node); then it carries the
+every event of the batch first (`planning.plan`), reserving each planned restart, cordon and device taint
+before the next event is planned, with no `await` in between, so events of one batch never both see the
+last free slot of a limit (five simultaneous node faults with a limit of one cordon one node); then it carries the
 plans out concurrently, one `coordinating.Coordinator.run` per event. A restart's reservation ends with
-its run; a cordon's once the cache shows the node cordoned.
+its run; a cordon's once the cache shows the node cordoned; a device taint's with its run (the ledger
+holds a done one, and its caps count it from there).
 
 A fault whose first write failed before anything was recorded (the ledger's write during an API outage,
 the ledger's kind not served) is kept and handled again by `tick()` with backoff, until it succeeds, is
@@ -14,7 +15,8 @@ superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecov
 
 `tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
 the pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the
-verifications' Events, the validations' answers, the drains, and the retried faults. The engine is
+verifications' Events, the validations' answers, the drains, the device taints held past
+`recovery.device_taints.max_hold_seconds` (removed, with an Event), and the retried faults. The engine is
 called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
 surfaces as `errors.NotLeaderError` from the gateway's fence, which propagates to the controller.
 
@@ -100,9 +102,15 @@ class RecoveryEngine:
         """Unit key -> restarts of it planned and not finished."""
         self._cordoning: dict[str, float] = {}
         """Node -> when its cordon was planned, until the cache shows it cordoned."""
+        self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
+        """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._retries: dict[str, _Retry] = {}
+        self._expiry_recorded: set[str] = set()
+        """resourceIDs whose removal past `device_taints.max_hold_seconds` was recorded only (record-only mode)."""
         """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._unavailable_said = False
+        self.ledger_problem = ""
+        """Why the ledger cannot be used now ("" while it can): what /readyz says of it."""
         self.counts: collections.Counter[str] = collections.Counter()
 
     @property
@@ -125,7 +133,8 @@ class RecoveryEngine:
                 del self._cordoning[node]
         return planning.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
                                 cordons_in_flight=frozenset(self._cordoning),
-                                device_taints_served=self._devices.known_served)
+                                device_taints_served=self._devices.known_served,
+                                device_taints_in_flight={rid: node for rid, node in self._tainting})
 
     async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
         """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
@@ -138,16 +147,15 @@ class RecoveryEngine:
             log.warning("recovery_ledger_unreadable", error=str(exc)[:300])
             return False
         except errors.LedgerUnavailable as exc:
-            self.engine_metrics.ledger_available.set(0)
-            if not self._unavailable_said:
-                self._unavailable_said = True
-                log.error("recovery_ledger_unavailable", error=str(exc))
-                await self._say(st.Emit(self._controls_ref(), "KcoverLedgerUnavailable", "Refuse",
-                                        f"kcover acts on nothing while its ledger cannot be read: {exc}"))
+            await self._unavailable(exc)
             return False
         if self._unavailable_said:
             log.info("recovery_ledger_available")
             self._unavailable_said = False
+            await self.say(st.Emit(self.controls_ref(), "KcoverLedgerAvailable", "Resume",
+                                    "kcover's ledger (LedgerEntry objects) is served again: recovery resumes, the "
+                                    "faults kept meanwhile first", warning=False))
+        self.ledger_problem = ""
         self.engine_metrics.ledger_available.set(1)
         dra = [e for e in batch if e.fault.dra is not None and not e.cleared]
         if self._recovery().device_taints.enabled and dra and await self._devices.served_version() is None:
@@ -155,19 +163,29 @@ class RecoveryEngine:
             if not self._devices.unserved_said:
                 self._devices.unserved_said = True
                 node = dra[0].target.node or dra[0].target.name
-                await self._say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
+                await self.say(st.Emit(st.node_ref(node), "KcoverDeviceTaintsUnavailable", "FallBack",
                                         "the API server serves no DeviceTaintRules (resource.k8s.io, KEP-5055): "
                                         f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
                                         "later device faults are answered at node level"))
         return True
 
-    async def _say(self, emit: st.Emit) -> None:
+    async def _unavailable(self, exc: errors.LedgerUnavailable) -> None:
+        """The ledger's kind is not served: said once (log, Event, `kcover_ledger_available` 0, readiness)."""
+        self.ledger_problem = str(exc)
+        self.engine_metrics.ledger_available.set(0)
+        if not self._unavailable_said:
+            self._unavailable_said = True
+            log.error("recovery_ledger_unavailable", error=str(exc))
+            await self.say(st.Emit(self.controls_ref(), "KcoverLedgerUnavailable", "Refuse",
+                                    f"kcover acts on nothing while its ledger cannot be read: {exc}"))
+
+    async def say(self, emit: st.Emit) -> None:
         try:
             await self.coordinator.run([emit])
         except errors.KubeError as exc:
             log.warning("recovery_event_failed", reason=emit.reason, error=str(exc))
 
-    def _controls_ref(self) -> st.ObjectRef:
+    def controls_ref(self) -> st.ObjectRef:
         rs = self._recovery()
         return st.ObjectRef("ConfigMap", "v1", rs.controls_name, rs.ledger_namespace)
 
@@ -201,6 +219,8 @@ class RecoveryEngine:
                 self._restarting[step.unit_key] += 1
             elif isinstance(step, st.Cordon):
                 self._cordoning[step.node] = self._clock.monotonic()
+            elif isinstance(step, st.TaintDevice):
+                self._tainting[(step.device.resource_id, step.node)] += 1
 
     def _release(self, planned: Sequence[st.Step], outcomes: Sequence[st.Outcome]) -> None:
         for step in planned:
@@ -208,6 +228,11 @@ class RecoveryEngine:
                 self._restarting[step.unit_key] -= 1
                 if self._restarting[step.unit_key] <= 0:
                     del self._restarting[step.unit_key]
+            elif isinstance(step, st.TaintDevice):  # done or not, the ledger now holds what landed
+                key = (step.device.resource_id, step.node)
+                self._tainting[key] -= 1
+                if self._tainting[key] <= 0:
+                    del self._tainting[key]
         done = {o.step.node for o in outcomes if isinstance(o, st.Done) and isinstance(o.step, st.Cordon)}
         for step in planned:
             if isinstance(step, st.Cordon) and step.node not in done:
@@ -219,8 +244,9 @@ class RecoveryEngine:
             outcomes = await self.coordinator.run(planned)
         except errors.NotLeaderError:
             raise
-        except errors.LedgerUnavailable as exc:
+        except errors.LedgerUnavailable as exc:  # its CRD went away under a running controller
             self._keep(event, str(exc))
+            await self._unavailable(exc)
         except Exception as exc:  # task boundary: one bad event must not end recovery
             self.counts["errors"] += 1
             log.exception("recovery_event_crashed", cause=event.id)
@@ -271,6 +297,7 @@ class RecoveryEngine:
                        f"{drain.evicted} pods evicted, {len(drain.waiting)} still there (last refusal: {drain.refused})"
                        if drain.waiting else f"drain of Node {drain.node} done: {drain.evicted} pods evicted")
             await self.coordinator.run([st.Emit(about, escalating.ESCALATED, "Drain", message, warning=bool(drain.waiting))])
+        await self._expire_device_taints(now, rs)
         await self._retry(now)
         self._metrics.breaker_open.set(1 if self.ledger.breaker().latched else 0)
         self.engine_metrics.held.set(len(self.ledger.held()))
@@ -301,7 +328,7 @@ class RecoveryEngine:
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
                 if "past recovery.hold_seconds" in dropped:
-                    await self._say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
+                    await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))
                 continue
@@ -317,11 +344,31 @@ class RecoveryEngine:
             if any(isinstance(o.step, st.RecordOnly) and isinstance(o.step.step, st.Restart) for o in outcomes):
                 await self.coordinator.drop_hold(key, "its restart is record only")
 
+    async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
+        """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed;
+        while `device-taint` is record only, each removal is recorded once (not at every pass) and the taint
+        kept until the class is acted on again."""
+        limit = rs.device_taints.max_hold_seconds
+        held = self.ledger.tainted_devices()
+        self._expiry_recorded &= {t.device.resource_id for _, t in held}
+        record_only = settings.RecordOnly.DEVICE_TAINT in rs.record_only
+        for node, taint in held:
+            if now.timestamp() - taint.at < limit:
+                break  # oldest first
+            if record_only:
+                if taint.device.resource_id in self._expiry_recorded:
+                    continue
+                self._expiry_recorded.add(taint.device.resource_id)
+            await self.coordinator.run([st.UntaintDevice(
+                device=taint.device, node=node, cause=None,
+                why=f"kcover held it tainted since {_when(taint.at)}, {limit:g}s "
+                    "(recovery.device_taints.max_hold_seconds), with no word that it is healthy again")])
+
     def _unit_ref(self, held: ledger.HeldRestart) -> st.ObjectRef:
         try:
             cause = model.CollectorEvent.model_validate_json(held.cause)
         except ValueError:
-            return self._controls_ref()
+            return self.controls_ref()
         t = cause.target
         return st.ObjectRef("Pod" if t.kind is model.TargetKind.POD else "Node", "v1", t.name or t.node,
                             t.namespace, t.uid)
@@ -343,7 +390,7 @@ class RecoveryEngine:
                 log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
                 about = planning.about_event(retry.event, self._snapshot)
                 if about is not None:
-                    await self._say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
+                    await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
                                             f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
                                             f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
                                             f"first write kept failing ({retry.error})"))

@@ -7,7 +7,8 @@ valid name), labelled `kcover.io/ledger=<ledger>`, in `recovery.ledger_namespace
 * a restart unit, `w.<workload uid>` or `w.<uid>.g<group>` (a LeaderWorkerSet group): its restart times
   (cooldown and budget) with where each fault was (the evidence a node's blame reads), a note, the pending
   restart `Intent`, a held restart (`HeldRestart`);
-* a node, `n.<node>`: when kcover last cordoned it and why;
+* a node, `n.<node>`: when kcover last cordoned it and why, and which of its DRA devices kcover holds
+  tainted since when (`TaintedDevice`: the caps on device taints and their bounded life read these);
 * the breaker, `breaker`: whether it is latched, why, since when, and when it was last reset;
 
 each with the outside signals that moved it (`<signal>|<key>` -> epoch seconds), so a replay never acts
@@ -46,7 +47,7 @@ from typing import Any, TypeGuard, TypeVar
 import orjson
 import structlog
 
-from kcover import errors
+from kcover import errors, model
 from kcover.kube import gateway
 
 log = structlog.get_logger()
@@ -235,6 +236,26 @@ class Unit:
         return max(times, default=float("-inf"))
 
 
+@dataclass(frozen=True)
+class TaintedDevice:
+    """One of the node's DRA devices kcover holds tainted (its DeviceTaintRule), since when."""
+
+    device: model.DraDevice
+    at: float
+
+    def encode(self) -> list[Any]:
+        return [self.device.driver, self.device.pool, self.device.device, round(self.at, 3)]
+
+    @classmethod
+    def decode(cls, raw: Any) -> TaintedDevice | None:
+        if not isinstance(raw, list) or len(raw) != 4 or not _number(raw[3]):
+            return None
+        try:
+            return cls(model.DraDevice(driver=str(raw[0]), pool=str(raw[1]), device=str(raw[2])), float(raw[3]))
+        except ValueError:
+            return None
+
+
 class Verdict(enum.StrEnum):
     """What a suspect node's validation found."""
 
@@ -248,7 +269,8 @@ class Verdict(enum.StrEnum):
 
 @dataclass
 class Node:
-    """A node's entry: kcover's last cordon of it, and its last suspicion and what its validation found."""
+    """A node's entry: kcover's last cordon of it, its last suspicion and what its validation found, and its
+    devices kcover holds tainted (resourceID -> the taint)."""
 
     cordoned_at: float | None = None
     reason: str = ""
@@ -259,6 +281,7 @@ class Node:
     judged_at: float | None = None
     """When that suspicion was settled; restarts before it no longer count against the node."""
     verdict: Verdict | None = None
+    devices: dict[str, TaintedDevice] = field(default_factory=dict)
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"r": self.reason}
@@ -268,6 +291,8 @@ class Node:
             out["s"], out["e"] = round(self.suspect_at, 3), self.suspicion
         if self.judged_at is not None and self.verdict is not None:
             out["j"], out["v"] = round(self.judged_at, 3), self.verdict.value
+        if self.devices:
+            out["d"] = [t.encode() for _, t in sorted(self.devices.items())]
         return out
 
     @classmethod
@@ -277,14 +302,17 @@ class Node:
             verdict: Verdict | None = Verdict(str(raw.get("v")))
         except ValueError:
             verdict = None
+        devices = [TaintedDevice.decode(t) for t in raw.get("d") or ()] if isinstance(raw.get("d"), list) else []
         suspect_at = float(suspect) if _number(suspect) else None
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
                    suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
-                   verdict=verdict if _number(judged) else None)
+                   verdict=verdict if _number(judged) else None,
+                   devices={t.device.resource_id: t for t in devices if t is not None})
 
     def newest(self) -> float:
         times = [t for t in (self.cordoned_at, self.suspect_at, self.judged_at) if t is not None]
+        times += [t.at for t in self.devices.values()]
         return max(times, default=float("-inf"))
 
     def pending_suspicion(self) -> bool:
@@ -428,6 +456,8 @@ class Ledger:
         self._restart_times: list[float] = []
         """Every unit's restart times, sorted: the cluster-wide count in a window without reading every entry."""
         self._cordon_times: list[float] = []
+        self._device_times: list[float] = []
+        """When each device taint the ledger holds was made, sorted (the device taints' window)."""
         self._latest: list[float] = []
         """Each unit's latest restart, sorted: how many different units restarted within a window."""
         self._at_node: collections.defaultdict[str, dict[str, list[Failure]]] = collections.defaultdict(dict)
@@ -490,6 +520,16 @@ class Ledger:
         """Nodes kcover cordoned at or after `since` (each node's latest cordon)."""
         return len(self._cordon_times) - bisect.bisect_left(self._cordon_times, since)
 
+    def device_taints_since(self, since: float) -> int:
+        """Device taints kcover holds that it made at or after `since` (epoch seconds)."""
+        return len(self._device_times) - bisect.bisect_left(self._device_times, since)
+
+    def tainted_devices(self) -> list[tuple[str, TaintedDevice]]:
+        """(node, taint) of every device kcover holds tainted, oldest first."""
+        out = [(key[2:], t) for key, h in self._entries.items() if isinstance(h.entry, Node)
+               for t in h.entry.devices.values()]
+        return sorted(out, key=lambda pair: (pair[1].at, pair[1].device.resource_id))
+
     def units_restarted_since(self, since: float) -> int:
         """Restart units whose latest restart is at or after `since`: each unit once."""
         return len(self._latest) - bisect.bisect_left(self._latest, since)
@@ -548,6 +588,16 @@ class Ledger:
         self._reindex()
         self._loaded = True
 
+    async def confirm_served(self) -> None:
+        """`errors.LedgerUnavailable` (and loaded no more) when LedgerEntries are no longer served: checked
+        before an action whose ledger write comes after it (a cordon), so none is taken without the ledger."""
+        await self.ensure_loaded()
+        if not await self._gw.ledger_served(self.namespace):
+            self._loaded = False
+            raise errors.LedgerUnavailable(
+                f"LedgerEntries (kcover.io/v1alpha1) are no longer served in namespace {self.namespace}: was the "
+                "LedgerEntry CRD deleted? kcover does not act without its ledger")
+
     async def ensure_loaded(self) -> None:
         async with self._load_lock:
             if not self._loaded:
@@ -558,7 +608,7 @@ class Ledger:
         self._loaded = False
 
     def _reindex(self) -> None:
-        self._restart_times, self._cordon_times, self._latest = [], [], []
+        self._restart_times, self._cordon_times, self._latest, self._device_times = [], [], [], []
         self._at_node = collections.defaultdict(dict)
         for key, held in self._entries.items():
             self._index(key, held.entry, add=True)
@@ -583,8 +633,11 @@ class Ledger:
                         del self._at_node[node][key]
                         if not self._at_node[node]:
                             del self._at_node[node]
-        elif isinstance(entry, Node) and entry.cordoned_at is not None:
-            _sorted_put(self._cordon_times, entry.cordoned_at, add)
+        elif isinstance(entry, Node):
+            if entry.cordoned_at is not None:
+                _sorted_put(self._cordon_times, entry.cordoned_at, add)
+            for taint in entry.devices.values():
+                _sorted_put(self._device_times, taint.at, add)
 
     def _replace(self, key: str, new: _Held | None) -> None:
         old = self._entries.pop(key, None)
@@ -710,7 +763,7 @@ def _expired(entry: Entry, before: float) -> bool:
     if isinstance(entry, Unit):
         return entry.intent is None and entry.held is None and entry.newest() < before
     if isinstance(entry, Node):
-        return entry.newest() < before
+        return not entry.devices and entry.newest() < before  # a taint is kept until kcover removed it
     return False
 
 

@@ -65,6 +65,8 @@ class LedgerView(Protocol):
 
     def failures_at(self, node: str, since: float) -> list[ledger.Failure]: ...
 
+    def device_taints_since(self, since: float) -> int: ...
+
 
 class _Empty:
     def unit(self, key: str) -> ledger.Unit | None:
@@ -88,6 +90,9 @@ class _Empty:
     def failures_at(self, node: str, since: float) -> list[ledger.Failure]:
         return []
 
+    def device_taints_since(self, since: float) -> int:
+        return 0
+
 
 EMPTY_LEDGER: LedgerView = _Empty()
 
@@ -103,6 +108,8 @@ class History:
     """Nodes whose cordon is planned and not yet in the cache."""
     device_taints_served: bool = True
     """The API server serves DeviceTaintRules (discovered)."""
+    device_taints_in_flight: Mapping[str, str] = field(default_factory=dict)
+    """resourceID -> node of the device taints planned and not finished."""
 
     @property
     def in_flight(self) -> int:
@@ -390,7 +397,18 @@ class _Planner:
         if scope:
             return [self.refuse(Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true): device "
                                 f"{dra.resource_id} is not tainted", st.node_ref(node)), *holders]
+        refused = self._device_refusal(dra, node)
+        if refused is not None:
+            return [self.refuse(refused.code, refused.text, st.node_ref(node)), *holders]
         return [st.TaintDevice(device=dra, node=node, reason=self._reason(), cause=self.event), *holders]
+
+    def _device_refusal(self, dra: model.DraDevice, node: str) -> admission.Refusal | None:
+        flying = {rid: n for rid, n in self.history.device_taints_in_flight.items() if rid != dra.resource_id}
+        load = admission.DeviceLoad(on_node=sum(1 for n in flying.values() if n == node), total=len(flying))
+        recent = self.history.ledger.device_taints_since(self.now - self.rs.device_taints.window_seconds)
+        return admission.device_taint(self.history.ledger.node(node), dra.resource_id, node, rs=self.rs,
+                                      now=self.now, breaker_state=self.history.ledger.breaker(), recent=recent,
+                                      load=load)
 
     def give_back(self, name: str) -> list[st.Step]:
         """Return a node kcover cordoned to service (an admin's cordon is never undone), through its validation

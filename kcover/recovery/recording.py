@@ -228,12 +228,13 @@ class RecordMetrics:
         self.written = Counter("kcover_recovery_records_written", "Recovery resource writes that succeeded "
                                "(creates and status updates).", registry=registry)
         self.failed = Counter("kcover_recovery_records_failed", "Recovery resource changes dropped, by reason "
-                              "(queue_full, api_error, not_leader).", ["reason"], registry=registry)
+                              "(queue_full, api_error, not_leader, not_served: the Recovery kind is not served, "
+                              "its CRD missing).", ["reason"], registry=registry)
         self.queued = Gauge("kcover_recovery_records_queued", "Recovery resource changes waiting to be written.",
                             registry=registry)
         self.pruned = Counter("kcover_recovery_records_pruned", "Recovery resources deleted by retention.",
                               registry=registry)
-        for reason in ("queue_full", "api_error", "not_leader"):
+        for reason in ("queue_full", "api_error", "not_leader", "not_served"):
             self.failed.labels(reason=reason)
 
 
@@ -254,6 +255,9 @@ class Recorder:
         self._by_key: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         """Restart unit's ledger key -> its latest restart's Recovery (namespace, name), for the verifier."""
         self._last_prune = float("-inf")
+        self.unserved = ""
+        """Why Recovery resources cannot be written now (their kind is not served: the CRD is missing), or ""
+        once one was written again. Recovery goes on meanwhile: the ledger, not the records, is its memory."""
 
     @property
     def enabled(self) -> bool:
@@ -401,8 +405,20 @@ class Recorder:
             try:
                 await self._gw.create_recovery(write.body)  # type: ignore[arg-type]
                 self.metrics.written.inc()
+                if self.unserved:
+                    log.info("recovery_records_available")
+                    self.unserved = ""
             except errors.ConflictError:
                 pass  # AlreadyExists: an earlier write (or a resumed restart's) made it
+            except errors.NotFoundError as exc:
+                if not _kind_unserved(exc):
+                    raise
+                if not self.unserved:
+                    log.error("recovery_records_unavailable", error=str(exc)[:300])
+                self.unserved = (f"Recovery resources (kcover.io/v1alpha1) are not served: is the Recovery CRD "
+                                 f"installed? ({str(exc)[:200]})")
+                self._drop("not_served", write.namespace, write.name, str(exc))
+                return  # not retried: the next change tries again, and says when it is served again
             write.created = True
         if write.status:
             try:
@@ -476,6 +492,13 @@ def retained(items: list[dict[str, Any]], *, now: dt.datetime, max_age_seconds: 
         members.sort(reverse=True)
         doomed += [(ns, name) for _, ns, name in members[per_target:]]
     return doomed
+
+
+def _kind_unserved(exc: errors.NotFoundError) -> bool:
+    """A 404 on a Recovery's create that says its kind is not served, not that the namespace is missing."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    details = body.get("details") or {}
+    return str(details.get("kind") or "") not in ("namespaces",)
 
 
 _JUDGED = {ledger.Verdict.HEALTHY: (Phase.RECOVERED, "ValidatedHealthy"),

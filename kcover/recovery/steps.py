@@ -118,6 +118,9 @@ class Code(enum.StrEnum):
     device is answered at node level."""
     NOTHING_TO_REMOVE = "NothingToRemove"
     """`planning`: every pod of the unit is already terminal or terminating: its controller recreates them."""
+    DEVICE_TAINT_LIMIT = "DeviceTaintLimit"
+    """`admission.device_taint`: the node holds `recovery.device_taints.max_per_node` device taints (those in
+    flight counted); the device is not tainted, its holders still restarted; a cap, never a trip."""
     THROTTLED = "Throttled"
     """`admission.restart`: `recovery.max_concurrent_restarts` restarts are in flight; held, never latches."""
     OWN_POLICY = "WorkloadPolicyRestarts"
@@ -189,11 +192,13 @@ class TaintDevice:
 
 @dataclass(frozen=True)
 class UntaintDevice:
-    """Remove kcover's own DeviceTaintRule of a device that is healthy again (never another's)."""
+    """Remove kcover's own DeviceTaintRule of a device (never another's): healthy again, or held too long."""
 
     device: model.DraDevice
     node: str
-    cause: model.CollectorEvent
+    cause: model.CollectorEvent | None
+    """The fault that cleared; None when kcover ends a taint it held past `device_taints.max_hold_seconds`."""
+    why: str = "the device is healthy again"
 
 
 @dataclass(frozen=True)

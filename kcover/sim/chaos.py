@@ -20,9 +20,11 @@ for 20 s) logs `chaos_stalled` with why each job is busy (`Chaos.why_busy`).
 
 A fault is injected only into a job at rest (every pod Running, its last restart older than the cooldown,
 no fault pending on it): two faults inside one cooldown are one recovery by design, not a loss. A node
-fault needs every job on the node at rest, and every job spans every node; so once one is drawn, no
-workload fault is injected until the jobs are at rest (at most `NODE_WAIT_SECONDS`); before that rule
-runs injected no node fault at all.
+fault needs every job at rest, not only those with pods on the node now: every job spans every node, and
+one coming back from a restart lands its pods on the faulty node too, where kcover rightly restarts them
+for the node's fault (counted as a duplicate when the node fault's jobs left it out). So once one is
+drawn, no workload fault is injected until the jobs are at rest (at most `NODE_WAIT_SECONDS`); before
+that rule runs injected no node fault at all.
 """
 
 from __future__ import annotations
@@ -197,12 +199,14 @@ class Chaos:
         now = self.loop.time()
         if not self._node_possible():
             return False
+        if not all(self._at_rest(j, now) for j in self.c.jobs):
+            return False  # a job coming back from a restart lands its pods on every node, this one too
         cordoned = [n for n in self.c.nodes if self._cordoned(n)]
         nodes = [n for n in self.c.nodes if n not in cordoned and not any(f.node == n for f in self.faults)]
         self.rng.shuffle(nodes)
         for node in nodes:
             jobs = tuple(self.c.jobs_on_node(node))
-            if jobs and all(self._at_rest(j, now) for j in jobs):
+            if jobs:
                 record = self.run.fault("gpu-xid-79", f"Node {node}", "NVML reports XID 79 on GPU 0")
                 self.faults.append(Fault("node", node, jobs, now, record, node=node))
                 self.c.agents[node].nvml.xid(79, 0)

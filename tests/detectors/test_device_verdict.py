@@ -100,3 +100,49 @@ def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
     assert proj.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
     assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
     assert proj.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
+
+
+def _pod(uid: str, *, holds: str = "", opted: bool = True) -> dict[str, Any]:
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": f"job-{uid}", "namespace": "ml", "uid": f"job-{uid}", "resourceVersion": "1",
+                        "labels": {proj.OPT_IN_LABEL: "true"} if opted else {}}, "spec": {}}
+    status: dict[str, Any] = {"phase": "Running"}
+    if holds:
+        status["containerStatuses"] = [{"name": "c", "allocatedResourcesStatus": [
+            {"name": "claim:gpu/gpu", "resources": [{"resourceID": holds, "health": "Healthy"}]}]}]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": uid, "namespace": "ml", "uid": uid, "resourceVersion": "1",
+                        "labels": {"training.kubeflow.org/job-name": f"job-{uid}"},
+                        "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": f"job-{uid}",
+                                             "uid": f"job-{uid}", "controller": True}]},
+           "spec": {"nodeName": "a"}, "status": status}
+    return {"job": job, "pod": pod}
+
+
+HOLDERS = caching.ClusterCache.offline([
+    *_pod("holder", holds=DEV.resource_id).values(),
+    *_pod("neighbour", holds="gpu.nvidia.com/a/gpu-5").values(),
+    *_pod("bare").values(),
+    *_pod("unopted", holds=DEV.resource_id, opted=False).values(),
+])
+HELD = [
+    ("its opted-in pod holds the device", "holder", model.TargetKind.POD, None),
+    ("another device of the same node, held by a neighbour", "neighbour", model.TargetKind.POD, "device_not_held"),
+    ("a pod holding no device at all", "bare", model.TargetKind.POD, "device_not_held"),
+    ("a pod gone from the cache", "gone", model.TargetKind.POD, "device_not_held"),
+    ("its pod holds the device but is not opted in", "unopted", model.TargetKind.POD, "device_holder_not_opted_in"),
+    ("the agent's Event about its Node: not this rule's", "", model.TargetKind.NODE, None),
+]
+
+
+@pytest.mark.parametrize(("pod", "kind", "refused"), [c[1:] for c in HELD], ids=[c[0] for c in HELD])
+def test_a_pods_event_may_name_only_a_device_its_opted_in_pod_holds(pod: str, kind: model.TargetKind,
+                                                                    refused: str | None) -> None:
+    """A tenant who may write Events in its namespace names a device of its pod's node: kcover isolates it
+    only when the kubelet says that pod holds it, and the pod is opted in."""
+    target = (model.Target(kind=kind, namespace="ml", name=pod, uid=pod, node="a") if kind is model.TargetKind.POD
+              else model.Target(kind=kind, name="a", node="a"))
+    verdict = event_watcher.holder_verdict(event_watcher.Verdict(target, "someone"), DEV,
+                                           HOLDERS.pod(pod) if pod else None, HOLDERS.opted_in)
+    assert verdict.reason == (refused or "someone")
+    assert (verdict.target is None) is (refused is not None)

@@ -244,6 +244,31 @@ async def test_what_a_follower_held_while_nobody_led_is_replayed_however_long_th
     await _until(lambda: any(ev.target.name == "p7" for batch in b.engine.batches for ev in batch), 2.0)
 
 
+@pytest.mark.parametrize(("margin", "replayed"), [(6.0, True), (0.0, False)], ids=["within-the-margin", "no-margin"])
+async def test_a_fault_the_dead_leader_may_not_have_seen_is_replayed_within_the_margin(
+        cluster: Cluster, replicas: Callable[..., Replica], margin: float, replayed: bool) -> None:
+    """A follower saw a fault that the leader, renewing for 5 s more (more than twice the 2 s Lease), never
+    saw (its cache behind), and the leader then died without releasing the Lease. The successor replays what
+    it saw up to twice the Lease duration and `lease.replay_margin_seconds` before the dead leader's last
+    renewal: with a 6 s margin the fault is acted on; with none it counts as the old leader's and is dropped
+    (so the horizon still holds). A chaos run lost a fault so, its leader's watch seconds behind."""
+    a = replicas("a", replay_margin_seconds=margin)
+    await _until(a.controller.is_leader, 5.0)
+    b = replicas("b", replay_margin_seconds=margin)
+    await _until(lambda: b.controller.cache.synced, 5.0)
+    await b.controller.bus.publish(_event("p9"))  # b's bus only: a never sees it
+    await asyncio.sleep(5.0)
+    assert a.controller.is_leader()
+    assert b.controller.held_while_following >= 1
+    assert a.controller.elector is not None
+    a.controller.elector.release_on_exit = False  # as SIGKILL: the Lease is not released
+    a.task.cancel()
+    await _until(b.controller.is_leader, 10.0)
+    await asyncio.sleep(1.0)  # the term's first batch
+    assert any(ev.target.name == "p9" for batch in b.engine.batches for ev in batch) is replayed
+    assert not any(ev.target.name == "p9" for batch in a.engine.batches for ev in batch)
+
+
 class _Crasher:
     roles = frozenset({contract.Role.CONTROLLER})
     config_model = contract.EmptyConfig

@@ -37,6 +37,9 @@ LEASE = {"lease_duration_seconds": 2.0, "renew_deadline_seconds": 1.5, "retry_pe
 JOB_NAME = "training.kubeflow.org/job-name"
 OPT_IN = "kcover.io/cascading-recovery"
 ACTIONS = ("KcoverRestartedWorkload", "KcoverCordonedNode")
+CLAIM = "gpu-claim"
+DRIVER = "gpu.nvidia.com"
+RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
 
 
 async def _until(probe: Any, what: str, within: float = WAIT) -> Any:
@@ -58,13 +61,19 @@ async def _node(kube: client_.KubeClient, name: str) -> Obj:
     return dict(await kube.request("PUT", f"/api/v1/nodes/{name}/status", body=node))
 
 
-async def _job(cluster: Cluster, namespace: str, name: str, node: str, *, opted_in: bool = True) -> Obj:
-    """A PyTorchJob with two running workers on `node`."""
+async def _job(cluster: Cluster, namespace: str, name: str, node: str, *, opted_in: bool = True,
+               claim: bool = False) -> Obj:
+    """A PyTorchJob with two running workers on `node` (`claim`: each worker's container uses a DRA claim)."""
+    container: Obj = {"name": "pytorch", "image": "trainer"}
+    spec: Obj = {"nodeName": node, "containers": [container]}
+    if claim:
+        spec["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": "gpu"}]
+        container["resources"] = {"claims": [{"name": CLAIM, "request": "gpu"}]}
     job: Obj = await cluster.client.request("POST", f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs", body={
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": namespace, "labels": {OPT_IN: "true"} if opted_in else {}},
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": {
-            "spec": {"nodeName": node, "containers": [{"name": "pytorch", "image": "trainer"}]}}}}}})
+            "spec": spec}}}}})
     await cluster.harness.reconcile_jobs(namespace)
     for pod in await _pods(cluster, namespace, name):
         await cluster.harness.run_pod(namespace, pod["metadata"]["name"])
@@ -268,6 +277,81 @@ async def test_a_tenant_that_may_only_create_events_moves_nothing_outside_its_na
     assert answers[tenant_ns], "refusals are answered in the tenant's own namespace"
     assert not answers[other_ns]
     assert len(answers[tenant_ns]) <= len(want), "at most one answer per namespace and reason"
+
+
+async def _kcover_rules(cluster: Cluster, node: str) -> dict[str, Obj]:
+    """kcover's DeviceTaintRules of devices of `node`, by device name."""
+    listed = await cluster.client.request("GET", RULES)
+    return {r["spec"]["deviceSelector"]["device"]: r for r in listed.get("items") or []
+            if (r["metadata"].get("annotations") or {}).get("kcover.io/node") == node}
+
+
+async def test_a_tenants_event_taints_only_a_device_its_opted_in_pod_holds(cluster: Cluster) -> None:
+    """Node `dev` publishes gpu-0..7 through a ResourceSlice. In the tenant's namespace an opted-in job holds
+    gpu-2 and one not opted in holds gpu-6; another tenant's opted-in job holds gpu-5 on the same node (each
+    as the kubelet reports in `allocatedResourcesStatus`). The tenant, who may only create Events, names
+    devices in Events about its own pods: its neighbour's gpu-5, the free gpu-7, its unopted pod's gpu-6,
+    none of them tainted (`device_not_held`, `device_holder_not_opted_in`); then its opted-in pod's gpu-2,
+    which is tainted, alone. Every device of the node is one a ResourceSlice of the pod's node publishes, so
+    before this rule each of those Events tainted its device."""
+    suffix = secrets.token_hex(3)
+    tenant_ns = await cluster.create_namespace(f"tenant-d-{suffix}")
+    other_ns = await cluster.create_namespace(f"tenant-e-{suffix}")
+    node = f"dev-{suffix}"
+    await _node(cluster.client, node)
+    await cluster.client.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body={
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpus"},
+        "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}"} for i in range(8)]}})
+    holders = {}
+    for ns, job, opted, device in ((tenant_ns, "own", True, "gpu-2"), (tenant_ns, "unopted", False, "gpu-6"),
+                                   (other_ns, "neighbour", True, "gpu-5")):
+        await _job(cluster, ns, job, node, opted_in=opted, claim=True)
+        pod = (await _pods(cluster, ns, job))[0]
+        await cluster.harness.set_device_health(ns, pod["metadata"]["name"], "pytorch",
+                                                resource_name=f"claim:{CLAIM}/gpu",
+                                                resource_id=f"{DRIVER}/{node}/{device}", health="Healthy")
+        holders[job] = pod["metadata"]
+    neighbour_before = _state(await _pods(cluster, other_ns))
+
+    def naming(pod: Obj, device: str, name: str) -> Obj:
+        body = _event(tenant_ns, {"apiVersion": "v1", "kind": "Pod", "namespace": tenant_ns, "name": pod["name"],
+                                  "uid": pod["uid"]}, name=name)
+        body["metadata"]["annotations"].update({"kcover.io/dra-driver": DRIVER, "kcover.io/dra-pool": node,
+                                                "kcover.io/dra-device": device})
+        return body
+
+    forged = [naming(holders["own"], "gpu-5", "neighbours-gpu"), naming(holders["own"], "gpu-7", "free-gpu"),
+              naming(holders["unopted"], "gpu-6", "unopted-gpu")]
+    leader = await _start(cluster, "a")
+    try:
+        async with cluster.harness.playing(), _tenant(cluster, tenant_ns) as tenant:
+            for body in forged:
+                await tenant.request("POST", f"/api/v1/namespaces/{tenant_ns}/events", body=body)
+
+            async def refused() -> bool:
+                return leader.rejected("device_not_held") >= 2 and leader.rejected("device_holder_not_opted_in") >= 1
+            await _until(refused, "the three forged device Events to be refused")
+            await asyncio.sleep(SETTLE)  # room for a wrongful taint to show
+            assert await _kcover_rules(cluster, node) == {}, "no forged Event tainted a device"
+            await tenant.request("POST", f"/api/v1/namespaces/{tenant_ns}/events",
+                                 body=naming(holders["own"], "gpu-2", "own-gpu"))
+
+            async def tainted() -> dict[str, Obj]:
+                return await _kcover_rules(cluster, node)
+            rules = await _until(tainted, "kcover's DeviceTaintRule of gpu-2")
+            await asyncio.sleep(SETTLE)
+            rules = await _kcover_rules(cluster, node)
+            got = {reason: leader.rejected(reason) for reason in ("device_not_held", "device_holder_not_opted_in")}
+    finally:
+        await leader.shutdown()
+        for r in (await _kcover_rules(cluster, node)).values():
+            await cluster.client.request("DELETE", f"{RULES}/{r['metadata']['name']}")
+        await cluster.client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{node}-gpus")
+    assert sorted(rules) == ["gpu-2"]
+    assert rules["gpu-2"]["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": node, "device": "gpu-2"}
+    assert got == {"device_not_held": 2.0, "device_holder_not_opted_in": 1.0}
+    assert _state(await _pods(cluster, other_ns)) == neighbour_before, "the neighbour's pods were not touched"
 
 
 async def test_a_signal_is_acted_on_once_across_a_restart_and_a_failover(cluster: Cluster) -> None:
