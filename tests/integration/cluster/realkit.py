@@ -44,7 +44,9 @@ KUBE_VERSION = "1.36.3"  # helm built from its module assumes v1.20 unless told 
 NODES = tuple(f"kwok-gpu-{i}" for i in range(9))
 PREFLIGHT = importlib.util.find_spec("kcover_preflight") is not None
 """The chart's `preflight.enabled` needs the plugin in kcover's processes (an unknown detector fails them)."""
-LEASE = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.3}
+LEASE = {"lease_duration_seconds": 6, "renew_deadline_seconds": 4, "retry_period_seconds": 0.5}
+"""Short for tests, but long enough that a loaded CI machine (load 10 on 2 cores) does not lose the Lease
+mid-restart (3 s did: the restart Event was then refused as not leading)."""
 VALUES: dict[str, Any] = {
     # kwok runs the chart's pods without pulling: any registry will do (the chart has no default)
     "image": {"registry": "localhost"},
