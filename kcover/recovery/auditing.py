@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from kcover import kinds, model, settings
 from kcover.aio import clock as clock_
-from kcover.kube import events
+from kcover.kube import events, gateway
+from kcover.recovery import ledger
 from kcover.recovery import steps as st
 
 REPORTING_CONTROLLER = "kcover.io/controller"
@@ -102,7 +103,8 @@ class Audit:
         about = about_of(step)
         if isinstance(outcome, st.Refused):
             if outcome.code is st.Code.INTENT_REFUSED and isinstance(step, st.Resume):
-                ledger_ref = st.ObjectRef("LedgerEntry", "kcover.io/v1alpha1", step.key, rs.ledger_namespace)
+                ledger_ref = st.ObjectRef("LedgerEntry", gateway.LEDGER_GROUP_VERSION,
+                                          ledger.object_name(rs.ledger_name, step.key), rs.ledger_namespace)
                 return st.Emit(ledger_ref, "KcoverIntentRefused", "RestartWorkload",
                                f"dropped the pending restart {step.intent.id} under {step.key} (recorded by "
                                f"{step.intent.leader or 'unknown'}): {outcome.text}; nothing was removed")

@@ -198,6 +198,8 @@ async def test_a_forged_intent_naming_another_workload_is_dropped_and_reported()
         assert r.requests.get("DELETE pods", 0) == 0
         (refused,) = r.events("KcoverIntentRefused")
         assert "mallory" in refused["message"]
+        assert (refused["involvedObject"]["kind"], refused["involvedObject"]["name"]) == (
+            "LedgerEntry", "kcover-ledger.w.train-uid"), "the Event is on the LedgerEntry a person can look up"
         assert not pending(r)
 
 

@@ -404,14 +404,14 @@ async def _recreated(cluster: Cluster, ns: str, old: Obj) -> bool:
 
 def _refused_replay(replica: Replica) -> Any:
     async def probe() -> bool:
-        return replica.sample("kcover_actions_total", {"action": "skip", "result": "AlreadyActedOn"}) >= 1
+        return replica.sample("kcover_actions_total", {"action": "refuse", "result": "AlreadyActedOn"}) >= 1
     return probe
 
 
 async def test_tampered_ledger_intents_are_dropped_and_delete_nothing(cluster: Cluster) -> None:
-    """Intents written into the ledger ConfigMap by hand: for a workload that does not exist (naming bare pods
-    that carry a job's labels), with an empty selector, with another selector, for a job not opted in. The
-    next leader drops each with an Event and a count, and deletes nothing."""
+    """Intents written into the ledger's LedgerEntry objects by hand: for a workload that does not exist (naming
+    bare pods that carry a job's labels), with an empty selector, for a job not opted in. The next leader drops
+    each with an Event on its LedgerEntry and a count, and deletes nothing."""
     ns = cluster.namespace
     node = f"tamper-{secrets.token_hex(3)}"
     await _node(cluster.client, node)
@@ -442,8 +442,11 @@ async def test_tampered_ledger_intents_are_dropped_and_delete_nothing(cluster: C
         f"w.{quiet['metadata']['uid']}": intent("quiet", ("quiet", quiet["metadata"]["uid"]), kf.format("quiet"),
                                                 quiet_uids),
     }
-    await cluster.client.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body={
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kcover-ledger"}, "data": data})
+    for key, value in data.items():  # written as a person with write access to LedgerEntries could
+        await cluster.client.request("POST", f"/apis/kcover.io/v1alpha1/namespaces/{ns}/ledgerentries", body={
+            "apiVersion": "kcover.io/v1alpha1", "kind": "LedgerEntry",
+            "metadata": {"name": f"kcover-ledger.{key}", "labels": {"kcover.io/ledger": "kcover-ledger"}},
+            "data": {key: value}})
     before = _state(pods)
     leader = await _start(cluster, "a")
     try:
@@ -452,14 +455,16 @@ async def test_tampered_ledger_intents_are_dropped_and_delete_nothing(cluster: C
         await _until(refused, "the three intents to be refused")
         await asyncio.sleep(SETTLE)
         after = _state(await _pods(cluster, ns))
-        ledger = await cluster.client.request("GET", f"/api/v1/namespaces/{ns}/configmaps/kcover-ledger")
+        ledger = await cluster.client.request("GET", f"/apis/kcover.io/v1alpha1/namespaces/{ns}/ledgerentries")
         events = [e for e in await _events(cluster, ns) if e.get("reason") == "KcoverIntentRefused"]
     finally:
         await leader.shutdown()
     assert after == before, "no pod was deleted"
-    assert not [v for v in (ledger.get("data") or {}).values() if '"p"' in v], "every intent was dropped"
+    held = {k: v for entry in ledger["items"] for k, v in (entry.get("data") or {}).items()}
+    assert not [v for k, v in held.items() if k in data and '"p"' in v], "every intent was dropped"
     assert len(events) == 3
-    assert {e["involvedObject"]["kind"] for e in events} == {"ConfigMap"}
+    assert {e["involvedObject"]["kind"] for e in events} == {"LedgerEntry"}
+    assert {e["involvedObject"]["name"] for e in events} == {f"kcover-ledger.{key}" for key in data}
     assert any("not in the cluster" in e["message"] for e in events)
     assert any("not opted in" in e["message"] for e in events)
     assert any("recorded selector ''" in e["message"] for e in events)
