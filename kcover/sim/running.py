@@ -234,7 +234,8 @@ def _usage_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up now: a caller may have replaced it since import
     if args.list:
         known = scenarios_.catalogue()
         width = max(len(n) for n in known)

@@ -143,6 +143,15 @@ async def test_refusals_say_why_and_change_nothing(served: tuple[cluster_.SimClu
         return [str(o["metadata"]["resourceVersion"]) for key in ("pods", "nodes", "events")
                 for o in c.srv.store.iter_objects(key) if key != "events" or o["involvedObject"].get("kind") == "Pod"]
 
+    def watched() -> bool:  # every agent has written its condition once: no node changes after this on its own
+        return all(any(cond.get("type") == "KcoverGPUHealthy"
+                       for cond in (c.srv.store.get("nodes", "", n).get("status") or {}).get("conditions") or [])
+                   for n in c.nodes)
+    for _ in range(1500):
+        if watched():
+            break
+        await asyncio.sleep(0.02)
+    assert watched(), "the agents never wrote their node condition"
     before = versions()
     cases = [(("pod-error", "no-such-pod"), f"no pod {NS}/no-such-pod"),
              (("xid", c.nodes[0], "--gpu", "9"), f"node {c.nodes[0]} has GPUs 0-3, not 9"),

@@ -84,7 +84,7 @@ def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
     listed = subprocess.run([sys.executable, "-m", "kcover.cli", "sim", "--list"], capture_output=True, text=True,
                             timeout=60, check=False)
     assert listed.returncode == 0
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == [*scenarios.catalogue(), running.CHAOS]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [*scenarios.catalogue(), running.CHAOS, running.FLEET]
     unknown = subprocess.run([sys.executable, "-m", "kcover.cli", "sim", "no-such-scenario"], capture_output=True,
                              text=True, timeout=60, check=False)
     assert unknown.returncode == 2
