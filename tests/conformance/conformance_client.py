@@ -116,3 +116,15 @@ def minor(version: str) -> tuple[int, int]:
     """`v1.29.6` or `1.36.3` -> (1, 29)."""
     major, minor_, *_ = version.lstrip("v").split(".")
     return int(major), int("".join(c for c in minor_ if c.isdigit()) or 0)
+
+
+async def skip_unless_recorded_minor(api: Api, what: str) -> None:
+    """Skip, saying why, on a server of another minor than the simulated server's recordings: `what` (an
+    error message's wording, a Table's column descriptions) is that minor's, and other minors word it
+    their own way (kube-apiserver 1.29 says "may not be longer than 253" where 1.36 says "may not be more
+    than 253 bytes")."""
+    import pytest
+
+    server = await api.server_version()
+    if minor(server) != minor(recorded_version()):
+        pytest.skip(f"{what} follows kube-apiserver {recorded_version()}; {server} words it its own way")
