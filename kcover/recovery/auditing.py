@@ -26,8 +26,7 @@ def event_body(about: st.ObjectRef, *, reason: str, action: str, message: str, w
                now: dt.datetime, controller: str, instance: str) -> events.EventBody:
     """A core/v1 Event on `about`, in its namespace (`default` for cluster-scoped objects): the body, its
     namespace rule and its limits are `kcover.kube.events`', the one module that builds Events."""
-    return events.body(events.About(about.kind, about.api_version, about.name, about.namespace, about.uid),
-                       reason=reason, action=action, message=message, warning=warning, now=now,
+    return events.body(about, reason=reason, action=action, message=message, warning=warning, now=now,
                        controller=controller, instance=instance)
 
 

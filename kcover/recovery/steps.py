@@ -16,22 +16,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kcover import kinds, model
+from kcover.kube import events
 from kcover.recovery import ledger
 
-
-@dataclass(frozen=True)
-class ObjectRef:
-    """What an Event is about (`involvedObject`)."""
-
-    kind: str
-    api_version: str
-    name: str
-    namespace: str = ""
-    uid: str = ""
-
-    def describe(self) -> str:
-        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
-        return f"{self.kind} {where}"
+ObjectRef = events.About
+"""What an Event is about (`involvedObject`): the Event builder's own type, so an `Emit` needs no translation."""
 
 
 @dataclass(frozen=True)
