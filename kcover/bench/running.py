@@ -107,12 +107,13 @@ async def run_restarts(options: Options) -> dict[str, Any]:
     async with _cluster(options.kubeconfig) as kubeconfig:
         kube = await client_.connect(kubeconfig)
         try:
-            rows = await restarts.measure(kube, options.restarts, run_id=uuid.uuid4().hex[:6])
+            floors: dict[int, float] = {}
+            rows = await restarts.measure(kube, options.restarts, run_id=uuid.uuid4().hex[:6], floors=floors)
         finally:
             await kube.close()
     environment["load_average_at_end"] = _load()
     environment["seconds"] = round(time.perf_counter() - started, 1)
-    return {"restarts": restarts.section(rows), "environment": environment}
+    return {"restarts": restarts.section(rows, floors), "environment": environment}
 
 
 async def run_alone(options: Options) -> dict[str, Any]:

@@ -113,3 +113,28 @@ def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.C
     cordon = report["api_requests_per_recovery"]["xid_cordon"]
     assert set(cordon["requests"]) == {"agent", "controller"}
     assert _positive_numbers({k: v for k, v in report.items() if k != "environment"}) == []
+
+
+def test_restart_section_sets_each_size_against_the_servers_deletecollection_floor() -> None:
+    from kcover.bench import restarts
+    rows = [restarts.Row("job", 128, 0.5, 128, {"CREATE pods/eviction": 128}),
+            restarts.Row("job", 1024, 4.0, 1024, {"CREATE pods/eviction": 1024})]
+    sec = restarts.section(rows, {128: 0.25, 1024: 2.5})
+    assert [(r["floor_seconds"], r["vs_floor"]) for r in sec["rows"]] == [(0.25, 2.0), (2.5, 1.6)]
+    assert sec["ratios"]["job"] == {"pods": 1024, "vs_128": 8.0, "target": 3.0, "floor_vs_128": 10.0}
+    text = restarts.markdown(sec)
+    assert "the server's own DeleteCollection of as many pods takes 10.0x its 128-pod time" in text
+    assert "DeleteCollection of as many" not in restarts.markdown(restarts.section(rows))
+
+
+def test_restart_bench_on_the_simulated_cluster_times_kcover_and_the_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--restarts", "2,4", "--report", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    sec = report["restarts"]
+    assert set(sec["floors"]) == {"2", "4"} and all(v > 0 for v in sec["floors"].values())
+    rows = {(r["kind"], r["pods"]): r for r in sec["rows"]}
+    assert set(rows) == {(k, n) for k in ("jobset", "job", "pytorchjob") for n in (2, 4)}
+    for (kind, pods), row in rows.items():
+        assert row["removed"] == pods and row["vs_floor"] > 0
+        removal = "DELETE pods" if kind == "pytorchjob" else "CREATE pods/eviction"
+        assert row["by_request"][removal] == pods
