@@ -204,7 +204,9 @@ class Audit:
             return st.Emit(self._controls(), "KcoverBreakerLatched", "Latch",
                            f"the breaker latched open: {step.reason}. kcover refuses restarts and cordons until a "
                            f"person resets it (`kcover breaker reset`, or annotate this ConfigMap "
-                           f"kcover.io/breaker-reset=true); restarts refused meanwhile are held")
+                           f"kcover.io/breaker-reset=true); restarts refused meanwhile are held. A reset closes the "
+                           f"latch; kcover then refuses restarts and cordons for {rs.breaker_cooldown_seconds:g}s "
+                           "(recovery.breaker_cooldown_seconds) and plans the held restarts again")
         if isinstance(step, st.ResetBreaker):
             return st.Emit(self._controls(), "KcoverBreakerReset", "Reset",
                            f"the breaker was reset on request ({step.requested_at}); {outcome.detail}. kcover refuses "

@@ -3,17 +3,19 @@
 `Rig` builds the engine as the controller does (`recovering.build`) over the backend's client (`cluster`
 fixture, tests/backends.py), with the product's `ClusterCache` filled offline from what the server holds
 (so request counts show only what recovery sends). Real time: these tests pin real API semantics.
+`run_cli` runs kcover's commands (`kcover status`, `kcover breaker reset`) in-process, as a person runs them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 from typing import Any
 
 import orjson
 
-from kcover import errors, kinds, metrics, model, settings
+from kcover import cli, errors, kinds, metrics, model, settings
 from kcover.controller import recovering
 from kcover.kube import caching, client
 from kcover.kube import projections as proj
@@ -221,3 +223,11 @@ async def ledger_data(cluster: Cluster) -> dict[str, Any]:
 
 def done(outcomes: list[st.Outcome]) -> list[str]:
     return [f"{st.name_of(o.step)}:{st.result_of(o)}" for o in outcomes]
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`kcover <argv>` in this process: its exit code, stdout and stderr (blocking: run it in a thread)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()

@@ -15,8 +15,6 @@ and what other tests left (cordoned or paused nodes) may show beside this test's
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import secrets
 import time
@@ -24,20 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+from enginekit import run_cli as _cli
 
-from kcover import cli
 from kcover.kube import gateway
 from kcover.kube import projections as proj
 from kcover.recovery import controls, ledger
 
 Cluster = Any
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 async def _node(cluster: Cluster, name: str, capacity: dict[str, str], annotations: dict[str, str]) -> None:
