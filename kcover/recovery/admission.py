@@ -149,6 +149,14 @@ def held_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
     return min(rs.max_cordoned_nodes, math.ceil(rs.max_cordoned_fraction * gpu_nodes)) if gpu_nodes > 0 else 0
 
 
+def window_start(rs: settings.RecoverySettings, breaker: ledger.Breaker, now: float) -> float:
+    """Where the breaker's window begins: `recovery.breaker_window_seconds` ago, or at a person's reset of the
+    latched breaker if that is later (a reset accounts for what tripped it: counting those actions again
+    would trip the breaker on the first action after the cooldown). The limits on what is held at once
+    still count everything."""
+    return max(now - rs.breaker_window_seconds, breaker.closed_at or 0.0)
+
+
 def window_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
     """Cordons allowed per breaker window: the count or the fraction of the GPU nodes (at least one), the smaller."""
     return min(rs.max_cordons_per_window, max(1, int(rs.max_cordons_per_window_fraction * gpu_nodes)))

@@ -206,12 +206,14 @@ class Audit:
                            f"person resets it (`kcover breaker reset`, or annotate this ConfigMap "
                            f"kcover.io/breaker-reset=true); restarts refused meanwhile are held. A reset closes the "
                            f"latch; kcover then refuses restarts and cordons for {rs.breaker_cooldown_seconds:g}s "
-                           "(recovery.breaker_cooldown_seconds) and plans the held restarts again")
+                           "(recovery.breaker_cooldown_seconds), plans the held restarts again, and starts the "
+                           "breaker's window again at the reset")
         if isinstance(step, st.ResetBreaker):
             return st.Emit(self._controls(), "KcoverBreakerReset", "Reset",
                            f"the breaker was reset on request ({step.requested_at}); {outcome.detail}. kcover refuses "
                            f"restarts and cordons for {rs.breaker_cooldown_seconds:g}s more "
-                           "(recovery.breaker_cooldown_seconds), then plans the held restarts again", warning=False)
+                           "(recovery.breaker_cooldown_seconds), then plans the held restarts again; the breaker's window "
+                           "starts again at the reset", warning=False)
         return None
 
     def _controls(self) -> st.ObjectRef:

@@ -186,7 +186,8 @@ def _suspects(book: ledger.Ledger, rs: settings.RecoverySettings, now: float) ->
 def _limits(book: ledger.Ledger | None, rs: settings.RecoverySettings, report: report_.Report,
             now: float) -> list[report_.Limit]:
     window = rs.breaker_window_seconds
-    since = now - window
+    since = admission.window_start(rs, book.breaker(), now) if book is not None else now - window
+    span = f"in {window:g}s" if since <= now - window else f"since the breaker's reset {now - since:.0f}s ago"
     gpu = report.gpu_nodes
     cordons = book.cordons_since(since) if book is not None else 0
     units = book.units_restarted_since(since) if book is not None else 0
@@ -194,10 +195,10 @@ def _limits(book: ledger.Ledger | None, rs: settings.RecoverySettings, report: r
         report_.Limit("nodes cordoned at once", len(report.cordoned), admission.held_cordon_limit(rs, gpu),
               f"recovery.max_cordoned_fraction {rs.max_cordoned_fraction:g} of {gpu} GPU nodes, "
               f"recovery.max_cordoned_nodes {rs.max_cordoned_nodes}"),
-        report_.Limit(f"cordons in {window:g}s", cordons, admission.window_cordon_limit(rs, gpu),
+        report_.Limit(f"cordons {span}", cordons, admission.window_cordon_limit(rs, gpu),
               f"recovery.max_cordons_per_window {rs.max_cordons_per_window}, "
               f"max_cordons_per_window_fraction {rs.max_cordons_per_window_fraction:g} of {gpu} GPU nodes"),
-        report_.Limit(f"workloads restarted in {window:g}s", units, rs.max_restarted_workloads_per_window,
+        report_.Limit(f"workloads restarted {span}", units, rs.max_restarted_workloads_per_window,
               f"recovery.max_restarted_workloads_per_window {rs.max_restarted_workloads_per_window}"),
         report_.Limit("restarts in flight", None, rs.max_concurrent_restarts,  # a ledger intent outlives its restart
               f"recovery.max_concurrent_restarts {rs.max_concurrent_restarts}: past it a restart waits; the leader "

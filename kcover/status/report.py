@@ -152,8 +152,11 @@ class Report:
         b = self.breaker
         if not b.latched:
             return "nothing: the breaker is not latched (`kcover breaker reset` changes nothing and says so)"
+        held = {0: "no restart is held", 1: "the 1 held restart is planned again"}.get(
+            len(self.held), f"the {len(self.held)} held restarts are planned again")
         return (f"closes the latch; then restarts and cordons stay refused for {b.cooldown_seconds:g}s "
-                f"(recovery.breaker_cooldown_seconds) and the {len(self.held)} held restarts are planned again")
+                f"(recovery.breaker_cooldown_seconds), {held}, and the breaker's window starts again at the reset "
+                "(the limits on what is cordoned at once still count every cordon)")
 
     def problems(self) -> list[str]:
         """What needs a person, one line each; empty when nothing does."""

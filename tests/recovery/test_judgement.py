@@ -214,6 +214,27 @@ async def test_a_hundred_node_faults_on_a_thousand_gpu_nodes_cordon_at_most_the_
         assert len(cordoned(r)) == 10
 
 
+async def test_after_a_reset_of_the_latched_breaker_the_window_starts_again_and_the_next_fault_is_acted_on() -> None:
+    from kcover.recovery import controls
+    async with engines.rig(nodes(1000), overrides={"recovery": {"breaker_cooldown_seconds": 60.0}}) as r:
+        for batch in range(3):
+            await r.handle(*(node_fault(f"n{batch * 10 + i}") for i in range(10)))
+            await asyncio.sleep(6)
+        assert len(cordoned(r)) == 10
+        assert r.leader.ledger.breaker().latched
+        r.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "kcover-controls", "namespace": "kcover-system",
+            "annotations": {controls.BREAKER_RESET: "2025-06-01T12:00:10Z"}}})
+        await r.settle()
+        await r.tick()
+        assert not r.leader.ledger.breaker().latched
+        await asyncio.sleep(61)  # past the cooldown, well within the hour's window of the ten cordons
+        await r.handle(node_fault("n500"))
+        assert "n500" in cordoned(r), "the ten cordons the person's reset accounted for are not counted again"
+        assert not r.leader.ledger.breaker().latched
+        assert len(r.events("KcoverBreakerLatched")) == 1
+
+
 async def test_restarts_past_the_in_flight_bound_are_throttled_and_never_trip_the_breaker() -> None:
     objs: list[Any] = [*nodes(2)]
     for i in range(3):

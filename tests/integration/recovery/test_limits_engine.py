@@ -264,7 +264,8 @@ async def test_a_hundred_node_faults_on_a_thousand_gpu_nodes_within_a_minute_cor
         assert doc["breaker"]["since"] == report.when(tripped.opened_at)
         assert doc["breaker"]["reset_does"] == (
             f"closes the latch; then restarts and cordons stay refused for {shipped.breaker_cooldown_seconds:g}s "
-            "(recovery.breaker_cooldown_seconds) and the 0 held restarts are planned again")
+            "(recovery.breaker_cooldown_seconds), no restart is held, and the breaker's window starts again at the "
+            "reset (the limits on what is cordoned at once still count every cordon)")
         assert doc["gpu_nodes"] == FLEET
         limits = {lim["name"]: lim for lim in doc["limits"]}
         window = limits["cordons in 3600s"]
@@ -313,4 +314,9 @@ async def test_a_hundred_node_faults_on_a_thousand_gpu_nodes_within_a_minute_cor
     assert (still.closed_at, still.reset_request) == (closed.closed_at, closed.reset_request), "no new cooldown"
     assert after["breaker"]["reset_at"] == report.when(closed.closed_at)  # the cooldown of the one real reset
     assert after["breaker"]["reset_does"].startswith("nothing: the breaker is not latched")
+    # the window starts again at the reset: what tripped it is not counted twice; what is held at once still is
+    limits_after = {lim["name"]: lim for lim in after["limits"]}
+    since_reset = next(v for k, v in limits_after.items() if k.startswith("cordons since the breaker's reset"))
+    assert (since_reset["used"], since_reset["limit"], since_reset["reached"]) == (0, cap, False)
+    assert limits_after["nodes cordoned at once"]["used"] == len(cordoned)
     assert cordoned_after == cordoned

@@ -117,7 +117,9 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
     breaker = doc["breaker"]
     assert (breaker["latched"], breaker["reason"], breaker["cooldown_seconds"]) == (True, tripped, 120)
     assert breaker["reset_does"] == ("closes the latch; then restarts and cordons stay refused for 120s "
-                                     "(recovery.breaker_cooldown_seconds) and the 1 held restarts are planned again")
+                                     "(recovery.breaker_cooldown_seconds), the 1 held restart is planned again, and the breaker's "
+                                     "window starts again at the reset (the limits on what is cordoned at once still "
+                                     "count every cordon)")
     assert f"breaker:    LATCHED OPEN since {breaker['since']}: {tripped}" in text
     limits = {lim["name"]: lim for lim in doc["limits"]}
     assert doc["gpu_nodes"] == 4
