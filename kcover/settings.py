@@ -206,8 +206,19 @@ class KubeSettings(_Group):
         json_schema_extra=_RESTART)
 
 
+class SaveLogsScope(enum.StrEnum):
+    """Whose logs a restart saves before it takes its pods away."""
+
+    FAULTED = "faulted"
+    """The pods the fault is about: the faulting pod, the pods on a faulting node, and every pod with a
+    container that ended with an error (now or in its previous instance)."""
+    ALL = "all"
+    """Every pod the restart takes away."""
+
+
 class SaveLogsSettings(_Group):
     enabled: bool = Field(True, description="Save the pods' logs before a restart deletes them.")
+    scope: SaveLogsScope = Field(SaveLogsScope.FAULTED, description="Whose logs: `faulted` (the faulting pod, the pods on a faulting node, and every pod with a container that ended with an error) or `all` (every pod the restart takes away). The save runs before the removal, so `all` makes a 1,000-pod job's restart wait for about 2,000 log reads, cut at `timeout_seconds`; `faulted` reads a handful. The other pods' logs go with them unless the cluster's log pipeline keeps them.")
     directory: str = Field("/var/lib/kcover/logs", description="Sink directory (the chart mounts a PVC here); one folder per recovery.")
     timeout_seconds: float = Field(10.0, gt=0, description="Seconds the whole save may take; recovery never waits longer.")
     max_bytes_per_container: int = Field(1_048_576, ge=1, description="Bytes kept per container log (the tail): 1 MiB holds the last few thousand lines of a trainer.")

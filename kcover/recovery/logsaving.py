@@ -1,7 +1,7 @@
 """Saving a workload's container logs before a restart deletes its pods.
 
-Owns the log sink: for each pod, the current and the previous log of each container (init
-containers included), each bounded in lines and bytes, written under `settings.directory` in one
+Owns the log sink and whose logs go in it (`chosen`, as `save_logs.scope` says): for each pod, the
+current and the previous log of each container (init containers included), each bounded in lines and bytes, written under `settings.directory` in one
 folder per recovery (`<UTC timestamp>-<namespace>-<kind>-<name>-<short uid>`) with an `index.json`
 that lists the workload, pods, containers, files, sizes and errors. After each save it prunes the
 sink by count, age and total size, oldest first (the folder just written is always kept).
@@ -126,6 +126,22 @@ class _Progress:
 def safe(part: str) -> str:
     """A path component from an API name (names are DNS-like already; be strict anyway)."""
     return _UNSAFE.sub("_", part).strip(".") or "_"
+
+
+def _errored(pod: proj.Pod) -> bool:
+    return pod.phase == "Failed" or any(
+        t is not None and t.exit_code != 0 for c in pod.containers for t in (c.terminated, c.last_terminated))
+
+
+def chosen(pods: Sequence[proj.Pod], scope: settings.SaveLogsScope, *, faulting_pod: str = "",
+           faulting_node: str = "") -> list[proj.Pod]:
+    """The pods whose logs a restart saves (`save_logs.scope`): all of them, or those the fault is about
+    (the pod of uid `faulting_pod`; with no faulting pod, those on `faulting_node`; and any with a container
+    that ended with an error)."""
+    if scope is settings.SaveLogsScope.ALL:
+        return list(pods)
+    return [p for p in pods if p.uid == faulting_pod or (not faulting_pod and faulting_node and p.node == faulting_node)
+            or _errored(p)]
 
 
 def folder_name(workload: WorkloadRef, now: dt.datetime) -> str:

@@ -33,7 +33,7 @@ from kcover import errors, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, judging, ledger, planning
+from kcover.recovery import admission, judging, ledger, logsaving, planning
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -194,7 +194,9 @@ class Restarter:
         rs = self._recovery()
         where = ""
         if self._save_logs is not None and rs.save_logs.enabled:
-            pods = [p for p in (self._snapshot.pod(m.uid) for m in members) if p is not None]
+            pods = logsaving.chosen([p for p in (self._snapshot.pod(m.uid) for m in members) if p is not None],
+                                    rs.save_logs.scope, faulting_pod=step.pod.uid if step.pod else "",
+                                    faulting_node=step.node)
             try:
                 async with asyncio.timeout(rs.save_logs.timeout_seconds):
                     where = await self._save_logs(step.workload, pods) or ""

@@ -133,3 +133,30 @@ def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
     assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
         [False, True, False, True]
     assert (body["metadata"], body["spec"]["nodeName"]) == ({"namespace": "ml", "name": "w-0", "uid": "u1"}, "n1")
+
+
+def test_the_scope_chooses_the_pods_the_fault_is_about_or_all() -> None:
+    from harness import objects as o
+
+    def pod(name: str, node: str, *, exit_code: int | None = None, last: int | None = None) -> proj.Pod:
+        raw = o.pod(name, node=node)
+        status: dict[str, object] = {"name": "trainer", "restartCount": 1 if last is not None else 0,
+                                     "state": {"running": {}}}
+        if exit_code is not None:
+            status["state"] = {"terminated": {"exitCode": exit_code, "reason": "Error",
+                                              "finishedAt": "2026-01-01T00:00:00Z"}}
+        if last is not None:
+            status["lastState"] = {"terminated": {"exitCode": last, "reason": "Error",
+                                                  "finishedAt": "2026-01-01T00:00:00Z"}}
+        raw["status"]["containerStatuses"] = [status]
+        return proj.pod(raw)
+
+    pods = [pod("a", "n1"), pod("b", "n1"), pod("c", "n2", last=1), pod("d", "n2", last=0), pod("e", "n3", exit_code=0)]
+    uid = {p.name: p.uid for p in pods}
+    faulted = settings.SaveLogsScope.FAULTED
+    names = lambda chosen: [p.name for p in chosen]  # noqa: E731
+    assert names(logsaving.chosen(pods, faulted, faulting_pod=uid["a"])) == ["a", "c"]
+    assert names(logsaving.chosen(pods, faulted, faulting_node="n1")) == ["a", "b", "c"]
+    assert names(logsaving.chosen(pods, faulted, faulting_pod=uid["a"], faulting_node="n1")) == ["a", "c"]
+    assert names(logsaving.chosen(pods, faulted)) == ["c"]
+    assert names(logsaving.chosen(pods, settings.SaveLogsScope.ALL, faulting_pod=uid["a"])) == list("abcde")

@@ -1,5 +1,6 @@
 """A real container exits 1 on the real kubelet; kcover, in its pod, restarts the job; the real controller
-recreates it; the logs kcover saved are that container's own output.
+recreates it; the logs kcover saved are that container's own output (and only the faulting worker's:
+`recovery.save_logs.scope` faulted).
 
 One scenario per workload kind: a batch/v1 Job (the Job controller), a JobSet (the JobSet controller and
 its Jobs) and a PyTorchJob (the Kubeflow training operator), two workers each, restartPolicy OnFailure.
@@ -105,6 +106,6 @@ def test_a_real_container_exit_is_recovered_on_the_real_kubelet(realnode: RealNo
     lines = instances[0]
     assert lines[0].startswith(f"train worker {host} starting on GPUs"), lines[:2]
     assert exit_line.fullmatch(lines[-1]), lines[-2:]
-    # every pod of the job had its current log saved, as the kubelet had it
-    pod_names = {p["metadata"]["name"] for p in before}
-    assert {path.split("/", 1)[0] for path in saved if path.endswith(".log")} == pod_names
+    # recovery.save_logs.scope faulted (the default): the faulting worker's logs, not its healthy peer's
+    assert {p["metadata"]["name"] for p in before} > {name}
+    assert {path.split("/", 1)[0] for path in saved if path.endswith(".log")} == {name}

@@ -74,6 +74,24 @@ async def test_pod_error_restarts_exactly_that_job_by_uid_preconditioned_deletes
     assert rig.metrics.actions.labels(action="restart_workload", result="done")._value.get() == 1
 
 
+async def test_a_restart_saves_the_logs_of_the_faulting_pod_not_of_every_pod_it_takes_away(cluster: Cluster) -> None:
+    """`recovery.save_logs.scope: faulted` (the default): the save before the removal reads the faulting pod
+    and the pods whose containers ended with an error, so a large job's restart does not wait on a log read
+    per pod."""
+    await seed(cluster)
+    clock = Clock()
+    given: list[list[str]] = []
+
+    async def record(workload: Any, pods: Any) -> None:
+        given.append(sorted(p.name for p in pods))
+
+    rig = await Rig.make(cluster, clock, save_logs=record)
+    outcomes = await rig.handle(await pod_fault(cluster, "train-worker-1", clock))
+    assert done(outcomes) == ["restart_workload:done"]
+    assert outcomes[0].removed == 3
+    assert given == [["train-worker-1"]]
+
+
 async def test_without_operator_labels_same_named_tfjob_is_spared_by_uid_checked_deletes(
         cluster: Cluster) -> None:
     kube = cluster.client
