@@ -116,7 +116,9 @@ class Audit:
             until = clock_.rfc3339(dt.datetime.fromtimestamp(outcome.until, dt.UTC))
             return st.Emit(step.restart.workload, "KcoverRecoveryHeld", "Hold",
                            f"{step.restart.what} is held ({outcome.code.value}: {outcome.text}); kcover restarts it "
-                           f"once that lifts, unless it recovers by itself, until {until} {_why(step.cause)}")
+                           f"once that lifts, unless it recovers by itself, until {until} {_why(step.cause)}"
+                           + (f"; one restart covers it and the fault held first ({_fault(outcome.joined)})"
+                              if outcome.joined is not None else ""))
         if isinstance(outcome, st.Failed):
             if isinstance(step, st.Resume) and step.restart is not None:
                 return st.Emit(step.restart.workload, "KcoverRecoveryFailed", "RestartWorkload",

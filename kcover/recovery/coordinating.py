@@ -26,7 +26,7 @@ from typing import Protocol
 import structlog
 from prometheus_client import Counter
 
-from kcover import errors, metrics, settings
+from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
 from kcover.recovery import (
@@ -53,6 +53,17 @@ RECORD_CLASSES: dict[type, settings.RecordOnly] = {
     st.RequestRemediation: RO.REMEDIATION,
 }
 """The step of each `recovery.record_only` class (a Resume finishes a restart already recorded: never held back)."""
+
+
+def _joined(prior: str, cause: model.CollectorEvent) -> model.CollectorEvent | None:
+    """The cause of the restart held before this fault (its ledger JSON `prior`), if it is another fault's."""
+    if not prior:
+        return None
+    try:
+        first = model.CollectorEvent.model_validate_json(prior)
+    except ValueError:
+        return None
+    return first if first.id != cause.id else None
 
 
 class Hook(Protocol):
@@ -348,8 +359,12 @@ class Coordinator:
         held = ledger.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
                                   cause=step.cause.model_dump_json())
 
+        prior = ""
+
         def keep(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+            nonlocal prior
             assert isinstance(entry, ledger.Unit)
+            prior = entry.held.cause if entry.held is not None else ""
             if entry.held is not None and (entry.held.code, entry.held.until) == (held.code, held.until):
                 return "already held"
             entry.held = held if entry.held is None else ledger.HeldRestart(
@@ -357,10 +372,12 @@ class Coordinator:
                 cause=entry.held.cause)
             return None
 
-        if await self._ledger.update(step.restart.unit_key, keep, now=now) is not None:
-            return st.Held(step, step.code, step.text, step.until)
-        log.info("restart_held", workload=step.restart.what, code=step.code.value, until=round(step.until, 3))
-        return st.Held(step, step.code, step.text, step.until)
+        kept = await self._ledger.update(step.restart.unit_key, keep, now=now) is None
+        joined = _joined(prior, step.cause)
+        if kept:
+            log.info("restart_held", workload=step.restart.what, code=step.code.value, until=round(step.until, 3),
+                     joined=joined.id if joined is not None else None)
+        return st.Held(step, step.code, step.text, step.until, joined=joined)
 
     async def drop_hold(self, key: str, why: str) -> None:
         """Forget a held restart (planned again and done, expired, or recovered by itself)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime as dt
 import enum
 import hashlib
@@ -533,7 +534,13 @@ class Records:
             return []
         if isinstance(outcome, st.Held):
             until = clock_.rfc3339(dt.datetime.fromtimestamp(outcome.until, dt.UTC))
-            note(step, Phase.HELD, cause=outcome.code.value, message=f"{outcome.text}; held until {until}", acted=False)
+            also = ""
+            if outcome.joined is not None and isinstance(step, st.Hold):
+                # one held restart covers both faults: its Recovery (the first fault's) says so, and follows it
+                also = f"; also for {step.cause.reason} from {step.cause.detector} (fault {step.cause.id})"
+                step = dataclasses.replace(step, restart=dataclasses.replace(step.restart, cause=outcome.joined))
+            note(step, Phase.HELD, cause=outcome.code.value, message=f"{outcome.text}; held until {until}{also}",
+                 acted=False)
         elif isinstance(outcome, st.Refused):
             if outcome.code is st.Code.INTENT_REFUSED or (outcome.audit and not (isinstance(step, st.Refuse) and not step.audit)):
                 note(step, Phase.REFUSED, cause=outcome.code.value, message=outcome.text, acted=False)

@@ -408,6 +408,9 @@ class Held:
     code: Code
     text: str
     until: float
+    joined: model.CollectorEvent | None = None
+    """The cause of the restart the unit already held, which this fault joined (one restart covers both;
+    its Recovery is that cause's)."""
 
 
 Outcome = Done | Refused | Failed | Held

@@ -139,6 +139,35 @@ async def test_a_restart_held_while_paused_runs_once_the_pause_is_lifted() -> No
         assert len(r.events("KcoverRestartedWorkload")) == 1, "and only once"
 
 
+async def test_faults_held_on_one_job_share_the_held_restarts_recovery_and_none_stays_held() -> None:
+    """A second fault of a job whose restart is held joins that restart: one Recovery (the first fault's)
+    says it covers both and follows the restart, so no Recovery is left Held once it ran."""
+    objs = pytorchjob()
+    failing(objs[1])
+    failing(objs[2])
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+        await r.handle(pod_fault("train-0"))
+        second = pod_fault("train-1")
+        await r.handle(second)
+        await r.records()
+        (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert held["status"]["phase"] == "Held"
+        assert held["spec"]["fault"]["source"] == "Pod ml/train-0"
+        assert held["status"]["message"].endswith(f"also for ContainerError from pod-status (fault {second.id})")
+        joined = r.events("KcoverRecoveryHeld")[-1]
+        assert "one restart covers it and the fault held first (ContainerError from pod-status" in joined["message"]
+        r.store.mutate("configmaps", "kcover-system", "kcover-controls",
+                       lambda cm: cm["metadata"]["annotations"].pop(controls.PAUSED))
+        await r.settle()
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        await r.records()
+        phases = [x["status"]["phase"] for x in r.store.iter_objects("recoveries.kcover.io")]
+        assert phases in (["Verifying"], ["Recovered"]), phases
+
+
 async def test_an_outage_on_the_ledger_write_delays_the_restart_and_loses_nothing() -> None:
     """14 s of 500s on every LedgerEntry request: nothing is recorded, the fault is kept and retried; once
     the server answers again the job is restarted exactly once."""
