@@ -67,8 +67,9 @@ REPLAY_SETTINGS: dict[str, Any] = {
     # one replica: leader election is not what is measured, and a Lease renewed every 2 s for 54 days is
     # 2.3 million writes
     "lease": {"enabled": False},
-    # the fleet runs PyTorchJobs only: the other kinds' reflectors would list and watch nothing
-    "kube": {"workload_kinds": [KIND_KEY], "gc_freeze_after_sync": False},
+    # the fleet runs PyTorchJobs only: the other kinds' reflectors would list and watch nothing (the cache
+    # freezes the GC after its first sync, as the product's does: `running.replay` unfreezes it after)
+    "kube": {"workload_kinds": [KIND_KEY]},
     # copying logs writes files and decides nothing; verification decides nothing either (it writes the
     # Recovered/Stalled Events) and re-reads every pod of the unit on each pod change: a 1,024-pod
     # restart is about a million selector matches, which is most of the replay's time (docs/performance.md)
