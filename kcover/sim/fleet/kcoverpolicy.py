@@ -130,6 +130,8 @@ class KcoverPolicy:
         self._pods: dict[str, tuple[str, int]] = {}
         """Live pod uid -> (job, rank); dropped once a deletion of it was taken as its job's restart."""
         self._uids: dict[tuple[str, int], str] = {}
+        self._ranks: dict[str, tuple[str, int]] = {}
+        """Pod name -> (job, rank)."""
         self._jobs_raw: dict[str, dict[str, Any]] = {}
         self._pod_raw: dict[tuple[str, int], bytes] = {}
         self.agents: dict[int, agents_.Agent] = {}
@@ -236,6 +238,7 @@ class KcoverPolicy:
         uid = created["metadata"]["uid"]
         self._pods[uid] = (job, rank)
         self._uids[(job, rank)] = uid
+        self._ranks[created["metadata"]["name"]] = (job, rank)
 
     def _node_condition_detector(self) -> node_condition.NodeConditionDetector:
         config = node_condition.NodeConditionConfig.model_validate(
@@ -317,8 +320,11 @@ class KcoverPolicy:
                 continue
             if b'"deletionTimestamp"' not in change.new.raw or b'"deletionTimestamp"' in change.old.raw:
                 continue
-            uid = _uid(change.new.raw)
-            found = self._pods.get(uid)
+            rank = self._ranks.get(change.new.name)
+            uid = self._uids.get(rank) if rank is not None else None
+            # the pod by that name now is the one terminating when its uid is in the object (none of its
+            # owner's uids is a pod's): read without decoding the object
+            found = self._pods.get(uid) if uid is not None and uid.encode() in change.new.raw else None
             if found is None:
                 continue  # a pod of a generation whose restart was already taken
             job = found[0]
@@ -443,11 +449,6 @@ class KcoverPolicy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._stack.aclose()
-
-
-def _uid(raw: bytes) -> str:
-    doc: dict[str, Any] = orjson.loads(raw)
-    return str(doc["metadata"]["uid"])
 
 
 def _set_ready(node: dict[str, Any], ready: bool, now: str) -> None:
