@@ -65,6 +65,8 @@ class FakeClock:
         the loop's own time as `SystemClock`'s is (waits and intervals agree)."""
         self._advanced = 0.0
         self._wall_shift = dt.timedelta()
+        self._last: tuple[float, dt.timedelta, dt.datetime] | None = None
+        """The last `now()` and what it was computed from: read again and again within one loop step."""
 
     @property
     def elapsed(self) -> float:
@@ -83,7 +85,12 @@ class FakeClock:
         return self._origin if self._follow_loop and self._origin is not None else 0.0
 
     def now(self) -> dt.datetime:
-        return self._start + self._wall_shift + dt.timedelta(seconds=self.elapsed)
+        elapsed, shift, last = self.elapsed, self._wall_shift, self._last
+        if last is not None and last[0] == elapsed and last[1] == shift:
+            return last[2]
+        moment = self._start + shift + dt.timedelta(seconds=elapsed)
+        self._last = (elapsed, shift, moment)
+        return moment
 
     def monotonic(self) -> float:
         elapsed = self.elapsed  # first: a loop-following clock may take its origin now

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kcover import codec, kinds
@@ -290,33 +291,42 @@ def get(pairs: Pairs, key: str, default: str = "") -> str:
 
 
 def _kept(mapping: Any, keep: frozenset[str] | None = None, prefix: str = "") -> Pairs:
+    if not isinstance(mapping, dict) or not mapping:
+        return ()
     out = []
-    for key, value in _d(mapping).items():
+    for key, value in mapping.items():
         if (keep is not None and key in keep) or (prefix and key.startswith(prefix)):
-            out.append((_intern(key), _intern(_s(value))))
+            out.append((_intern(key), _intern(value if isinstance(value, str) else "")))
+    if not out:
+        return ()
     out.sort()
     return tuple(out)
 
 
 def controller_of(meta: Mapping[str, Any]) -> OwnerRef | None:
-    for ref in _l(meta.get("ownerReferences")):
-        ref = _d(ref)
-        if ref.get("controller") is True:
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("controller") is True:
             return OwnerRef(_intern(_s(ref.get("kind"))), _intern(_s(ref.get("name"))),
                             _intern(_s(ref.get("uid"))), _intern(_s(ref.get("apiVersion"))))
     return None
 
 
 def _terminated(state: Any) -> Terminated | None:
-    term = _d(state).get("terminated")
+    term = state.get("terminated") if isinstance(state, dict) else None
     if not isinstance(term, dict):
         return None
     return Terminated(_intern(_s(term.get("reason"))), _i(term.get("exitCode")), _s(term.get("finishedAt")))
 
 
 def _resources(status: Mapping[str, Any]) -> tuple[ResourceHealth, ...]:
+    entries = status.get("allocatedResourcesStatus")
+    if not isinstance(entries, list) or not entries:
+        return ()
     out = []
-    for entry in _l(status.get("allocatedResourcesStatus")):
+    for entry in entries:
         entry = _d(entry)
         claim = _intern(_s(entry.get("name")))
         for res in _l(entry.get("resources")):
@@ -327,30 +337,48 @@ def _resources(status: Mapping[str, Any]) -> tuple[ResourceHealth, ...]:
 
 
 def _container(status: Any, init: bool) -> ContainerState:
-    status = _d(status)
-    waiting = _d(_d(status.get("state")).get("waiting"))
+    if not isinstance(status, dict):
+        status = _NOTHING
+    state = status.get("state")
+    waiting = state.get("waiting") if isinstance(state, dict) else None
     return ContainerState(_intern(_s(status.get("name"))), init, _i(status.get("restartCount")),
-                          _terminated(status.get("state")), _terminated(status.get("lastState")),
+                          _terminated(state), _terminated(status.get("lastState")),
                           _resources(status),
-                          (_intern(_s(waiting.get("reason"))), _s(waiting.get("message"))) if waiting else None)
+                          (_intern(_s(waiting.get("reason"))), _s(waiting.get("message")))
+                          if isinstance(waiting, dict) and waiting else None)
 
 
 def _unschedulable(status: Mapping[str, Any]) -> str:
-    for cond in map(_d, _l(status.get("conditions"))):
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+    conditions = status.get("conditions")
+    if not isinstance(conditions, list):
+        return ""
+    for cond in conditions:
+        if isinstance(cond, dict) and cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return _s(cond.get("message")) or _s(cond.get("reason")) or "Unschedulable"
     return ""
+
+
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+"""What a missing or mistyped object reads as (never written to)."""
 
 
 # ------------------------------------------------------------------------------------ projections
 
 def pod(raw: Mapping[str, Any]) -> Pod:
-    meta = _d(raw.get("metadata"))
-    spec = _d(raw.get("spec"))
-    status = _d(raw.get("status"))
-    containers = tuple(
-        [_container(c, True) for c in _l(status.get("initContainerStatuses"))]
-        + [_container(c, False) for c in _l(status.get("containerStatuses"))])
+    # the reflector projects every pod change: the helpers `_d`/`_s`/`_l` are inlined on the common path
+    meta = raw.get("metadata")
+    if not isinstance(meta, dict):
+        meta = _NOTHING
+    spec = raw.get("spec")
+    if not isinstance(spec, dict):
+        spec = _NOTHING
+    status = raw.get("status")
+    if not isinstance(status, dict):
+        status = _NOTHING
+    inits, regular = status.get("initContainerStatuses"), status.get("containerStatuses")
+    containers = [_container(c, True) for c in inits] if isinstance(inits, list) else []
+    if isinstance(regular, list):
+        containers += [_container(c, False) for c in regular]
     return Pod(
         uid=_s(meta.get("uid")),
         rv=_s(meta.get("resourceVersion")),
@@ -363,7 +391,7 @@ def pod(raw: Mapping[str, Any]) -> Pod:
         owner=controller_of(meta),
         deletion_timestamp=_s(meta.get("deletionTimestamp")),
         restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
-        containers=containers,
+        containers=tuple(containers),
         unschedulable=_unschedulable(status),
         created=_s(meta.get("creationTimestamp")),
         devices=_devices(spec),
@@ -376,11 +404,20 @@ DRA_CLAIMS = "resource.k8s.io/claims"
 
 def _devices(spec: Mapping[str, Any]) -> tuple[str, ...]:
     names: set[str] = set()
-    for c in map(_d, [*_l(spec.get("initContainers")), *_l(spec.get("containers"))]):
-        resources = _d(c.get("resources"))
-        for part in (_d(resources.get("limits")), _d(resources.get("requests"))):
-            names.update(name for name in part if "/" in name and _quantity(part[name]) > 0)
-    if _l(spec.get("resourceClaims")):
+    for group in (spec.get("initContainers"), spec.get("containers")):
+        if not isinstance(group, list):
+            continue
+        for c in group:
+            resources = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            for part in (resources.get("limits"), resources.get("requests")):
+                if isinstance(part, dict):
+                    for name, value in part.items():
+                        if "/" in name and _quantity(value) > 0:
+                            names.add(name)
+    claims = spec.get("resourceClaims")
+    if isinstance(claims, list) and claims:
         names.add(DRA_CLAIMS)
     return tuple(sorted(_intern(n) for n in names)) if names else ()
 

@@ -16,6 +16,7 @@ I/O. It never raises on odd events: unknown targets become `Refuse` steps.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,10 +266,11 @@ class _Planner:
             return [self.refuse(replay.code, replay.text, wref)]
         if self.history.restarts_in_flight.get(unit.key):
             return [self.refuse(Code.COOLDOWN, f"a restart of {what} is in flight", wref)]
-        # the members only now, past the refusals that need none: every rank of a 1,024-pod job failing at
-        # once plans a restart, and each reading of the members looks at every pod of the job
+        # the members only once the restart is to run (below): every rank of a 1,024-pod job failing at once
+        # plans a restart, most of them held for the cooldown, and each reading of the members looks at
+        # every pod of the job; a held restart resolves them when it is planned again (`steps.Hold`)
         restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
-                             members=members(self.snapshot, w, unit.selector), removal=table.removal,
+                             members=(), removal=table.removal,
                              pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
                              node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)))
         scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
@@ -284,6 +286,7 @@ class _Planner:
                 if held is not None:
                     return [held]
             return [self.refuse(refused.code, refused.text, wref)]
+        restart = dataclasses.replace(restart, members=members(self.snapshot, w, unit.selector))
         if not restart.members:
             return [self.refuse(Code.NOTHING_TO_REMOVE, f"every pod of {what} is already terminal or terminating: "
                                 "its controller recreates them and counts their failures itself", wref)]

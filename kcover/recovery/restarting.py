@@ -231,18 +231,19 @@ class Restarter:
         """Take every member away, at most the kind's (or `recovery.delete_concurrency`) at once; (removed, held)."""
         table = kinds.of(workload.api_version.rpartition("/")[0], workload.kind)
         limit = (table.removal_concurrency if table is not None else None) or self._recovery().delete_concurrency
-        gate = asyncio.Semaphore(max(1, limit))
         remove = self._gw.evict_pod if removal is kinds.Removal.EVICT else self._gw.delete_pod
         counts = {gateway.Removal.REMOVED: 0, gateway.Removal.GONE: 0, gateway.Removal.HELD: 0}
+        todo = iter(members)
 
-        async def one(ref: st.PodRef) -> None:
-            async with gate:
+        async def worker() -> None:
+            for ref in todo:  # shared: each worker takes the next member once its last removal is answered
                 counts[await remove(ref.namespace, ref.name, ref.uid)] += 1
 
         try:
+            # `limit` workers, not a task per member: a 1,024-pod job is 16 tasks, taking the members in order
             async with asyncio.TaskGroup() as tg:
-                for ref in members:
-                    tg.create_task(one(ref), name=f"remove-pod:{ref.namespace}/{ref.name}")
+                for i in range(min(max(1, limit), len(members))):
+                    tg.create_task(worker(), name=f"remove-pods:{workload.namespace}/{workload.name}:{i}")
         except BaseExceptionGroup as group:  # the first failure stands for the others
             raise group.exceptions[0] from None
         return counts[gateway.Removal.REMOVED], counts[gateway.Removal.HELD]

@@ -221,6 +221,8 @@ class Hold:
     kept in the ledger and planned again when the blocker lifts, unless the workload recovered meanwhile."""
 
     restart: Restart
+    """The restart held, its `members` not resolved (empty): the pods it takes away are read when it is
+    planned again (`holding.replan_held`), as they will have changed by then."""
     code: Code
     text: str
     until: float

@@ -1,13 +1,15 @@
 """The simulated cluster's storage: objects, one resourceVersion counter, watch history and watchers.
 
 Owns what etcd plus the watch cache do for a kube-apiserver: every write bumps one cluster-wide
-counter, every object is kept as pre-serialised JSON bytes (plus its labels and field-selector
-values, so lists and watches never re-parse), each resource keeps a bounded ring of recent changes
-to serve watches from a resourceVersion (older ones answer 410 Expired), and live watchers get
-changes through bounded asyncio queues (a watcher that falls too far behind is closed, as the real
-cache closes slow watchers). It also owns the generic write rules: uid, creationTimestamp,
-generation (bumped only on spec changes), no-op writes that bump nothing, finalizers, graceful
-pod deletion, and the managedFields a write keeps (`managedfields`: a client's, nested to any depth). Per-kind validation and the status/spec split live in `strategy`; HTTP in `apiserver`.
+counter, every object is kept as pre-serialised JSON bytes (plus its labels, so lists and watches
+never re-parse, and its field-selector values, read once on a field selector's first use), each
+resource keeps a bounded ring of recent changes to serve watches from a resourceVersion (older ones
+answer 410 Expired), and live watchers get changes through bounded asyncio queues (a watcher that
+falls too far behind is closed, as the real cache closes slow watchers). It also owns the generic
+write rules: uid, creationTimestamp, generation (bumped only on spec changes), no-op writes that bump
+nothing, finalizers, graceful pod deletion, and the managedFields a write keeps (`managedfields`: a
+client's, nested to any depth). Per-kind validation and the status/spec split live in `strategy`;
+HTTP in `apiserver`.
 
 Resource keys are the plural for the core group and ``plural.group`` otherwise: ``pods``, ``nodes``,
 ``events`` (also served as events.k8s.io), ``configmaps``, ``secrets``, ``namespaces``,
@@ -23,14 +25,15 @@ from __future__ import annotations
 import bisect
 import builtins
 import datetime as dt
+import math
 import random
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kcover.aio import clock as clocks
-from kcover.sim import collecting, deepjson, managedfields, registry, selectors, status
-from kcover.sim.tables import Change, Entry, Filter, ListResult, Watcher, _Table
+from kcover.sim import collecting, deepjson, managedfields, registry, status
+from kcover.sim.tables import Change, Entry, FieldValues, Filter, ListResult, Watcher, _Table
 
 Obj = dict[str, Any]
 HISTORY_PER_RESOURCE = 10_000
@@ -187,18 +190,22 @@ class Store:
     def _entry(self, table: _Table, obj: Obj) -> Entry:
         meta = obj["metadata"]
         res = table.resource
-        return Entry(deepjson.dumps(obj), meta.get("namespace", ""), meta["name"], meta.get("labels") or {},
-                     selectors.field_values(obj, res.field_labels))
+        raw = deepjson.dumps(obj)
+        return Entry(raw, meta.get("namespace", ""), meta["name"], meta.get("labels") or {},
+                     FieldValues(raw, res.field_labels))
 
     def _bump(self) -> int:
         self._rv += 1
         return self._rv
 
     def _now(self) -> str:
-        now = self.clock.now()
-        second = int(now.timestamp())
-        if second != self._now_cache[0]:  # formatting dominates bulk creates; once a second is enough
-            self._now_cache = (second, clocks.rfc3339(now))
+        return self._stamp(self.clock.now())
+
+    def _stamp(self, moment: dt.datetime) -> str:
+        """`clocks.rfc3339(moment)`, formatted once a second: formatting dominates bulk creates and deletes."""
+        second = math.floor(moment.timestamp())
+        if second != self._now_cache[0]:
+            self._now_cache = (second, clocks.rfc3339(moment))
         return self._now_cache[1]
 
     def generate_name(self, prefix: str) -> str:
@@ -373,7 +380,7 @@ class Store:
             if grace == 0 and not finalizers:
                 return self._remove(table, entry, obj), True
         if shorter:  # a second delete may shorten the grace period, never lengthen it
-            meta["deletionTimestamp"] = clocks.rfc3339(now + dt.timedelta(seconds=grace))
+            meta["deletionTimestamp"] = self._stamp(now + dt.timedelta(seconds=grace))
             meta["deletionGracePeriodSeconds"] = grace
         if res.has_generation:
             meta["generation"] = int(meta.get("generation", 1)) + 1

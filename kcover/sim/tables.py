@@ -1,7 +1,7 @@
 """The simulated cluster's per-resource tables: stored entries, change history and live watchers.
 
 Owns the data structures `store` works on: an `Entry` (an object as pre-serialised JSON bytes with its
-labels and field-selector values), a `Change` in the bounded history ring, the `Filter` of a list or
+labels and field-selector values, the latter read on a selector's first use), a `Change` in the bounded history ring, the `Filter` of a list or
 watch, and the `Watcher` that turns changes into watch events (with selector transitions). It holds no
 rules about writes; `store` does.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +29,38 @@ class Entry:
     namespace: str
     name: str
     labels: dict[str, str]
-    fields: dict[str, str]
+    fields: Mapping[str, str]
+    """Its field-selector values (`FieldValues`: read from `raw` when a field selector first asks)."""
 
     def obj(self) -> Obj:
         result: Obj = deepjson.loads(self.raw)
         return result
+
+
+class FieldValues(Mapping[str, str]):
+    """The value of every field label a resource supports, of one stored object, read from its JSON the
+    first time a field selector asks: most writes are never matched by one (`selectors.field_values`)."""
+
+    __slots__ = ("_raw", "_supported", "_values")
+
+    def __init__(self, raw: bytes, supported: Mapping[str, registry.FieldGetter]) -> None:
+        self._raw = raw
+        self._supported = supported
+        self._values: dict[str, str] | None = None
+
+    def _read(self) -> dict[str, str]:
+        if self._values is None:
+            self._values = selectors.field_values(deepjson.loads(self._raw), self._supported)
+        return self._values
+
+    def __getitem__(self, key: str) -> str:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._supported)
 
 
 @dataclass(slots=True)

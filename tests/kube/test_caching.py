@@ -157,3 +157,7 @@ def test_the_nodes_kcover_cordoned_and_the_gpu_nodes_follow_every_node_change() 
     cache.load([o.node("b", annotations={proj.CORDONED_BY: "someone"}, rv="3"), o.node("cpu", capacity={})])
     assert cache.cordoned_by_kcover() == []
     assert cache.gpu_node_count() == 1
+    cache.load([o.node("b", capacity={}, rv="4"), o.node("cpu", rv="4")])  # b lost its GPUs, cpu gained some
+    assert cache.gpu_node_count() == 1
+    cache.load([o.node("cpu", capacity={}, rv="5")])
+    assert cache.gpu_node_count() == 0

@@ -67,8 +67,9 @@ REPLAY_SETTINGS: dict[str, Any] = {
     # one replica: leader election is not what is measured, and a Lease renewed every 2 s for 54 days is
     # 2.3 million writes
     "lease": {"enabled": False},
-    # the fleet runs PyTorchJobs only: the other kinds' reflectors would list and watch nothing
-    "kube": {"workload_kinds": [KIND_KEY], "gc_freeze_after_sync": False},
+    # the fleet runs PyTorchJobs only: the other kinds' reflectors would list and watch nothing (the cache
+    # freezes the GC after its first sync, as the product's does: `running.replay` unfreezes it after)
+    "kube": {"workload_kinds": [KIND_KEY]},
     # copying logs writes files and decides nothing; verification decides nothing either (it writes the
     # Recovered/Stalled Events) and re-reads every pod of the unit on each pod change: a 1,024-pod
     # restart is about a million selector matches, which is most of the replay's time (docs/performance.md)
@@ -129,6 +130,8 @@ class KcoverPolicy:
         self._pods: dict[str, tuple[str, int]] = {}
         """Live pod uid -> (job, rank); dropped once a deletion of it was taken as its job's restart."""
         self._uids: dict[tuple[str, int], str] = {}
+        self._ranks: dict[str, tuple[str, int]] = {}
+        """Pod name -> (job, rank)."""
         self._jobs_raw: dict[str, dict[str, Any]] = {}
         self._pod_raw: dict[tuple[str, int], bytes] = {}
         self.agents: dict[int, agents_.Agent] = {}
@@ -235,6 +238,7 @@ class KcoverPolicy:
         uid = created["metadata"]["uid"]
         self._pods[uid] = (job, rank)
         self._uids[(job, rank)] = uid
+        self._ranks[created["metadata"]["name"]] = (job, rank)
 
     def _node_condition_detector(self) -> node_condition.NodeConditionDetector:
         config = node_condition.NodeConditionConfig.model_validate(
@@ -316,8 +320,11 @@ class KcoverPolicy:
                 continue
             if b'"deletionTimestamp"' not in change.new.raw or b'"deletionTimestamp"' in change.old.raw:
                 continue
-            uid = _uid(change.new.raw)
-            found = self._pods.get(uid)
+            rank = self._ranks.get(change.new.name)
+            uid = self._uids.get(rank) if rank is not None else None
+            # the pod by that name now is the one terminating when its uid is in the object (none of its
+            # owner's uids is a pod's): read without decoding the object
+            found = self._pods.get(uid) if uid is not None and uid.encode() in change.new.raw else None
             if found is None:
                 continue  # a pod of a generation whose restart was already taken
             job = found[0]
@@ -442,11 +449,6 @@ class KcoverPolicy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._stack.aclose()
-
-
-def _uid(raw: bytes) -> str:
-    doc: dict[str, Any] = orjson.loads(raw)
-    return str(doc["metadata"]["uid"])
 
 
 def _set_ready(node: dict[str, Any], ready: bool, now: str) -> None:
