@@ -170,7 +170,7 @@ async def test_a_reset_of_a_breaker_that_is_not_latched_writes_nothing_and_says_
         [(i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in before["items"]]
     assert "breaker:    closed, cooling down: reset at " in text  # the cooldown of the cluster's 120 s
     assert "(recovery.breaker_cooldown_seconds 120)" in text
-    assert "            a reset nothing: the breaker is not latched (`kcover breaker reset` changes nothing" in text
+    assert "            a reset does nothing: the breaker is not latched (`kcover breaker reset` changes nothing" in text
     assert status_code == 1  # no controller leads in this test's namespace
     assert "the breaker is latched" not in text
 
