@@ -167,7 +167,7 @@ class PodStatusDetector:
             dedupe_key=f"{self.name}/{pod.uid}/{f.container}/{f.ordinal}", fault=model.Fault(container=f.container),
             attributes=attributes)
         log.info("container_failure_detected", pod=f"{pod.namespace}/{pod.name}", container=f.container,
-                 exit_code=f.exit_code, termination_reason=f.reason, restart_count=f.restart_count)
+                 exit_code=f.exit_code, termination_reason=f.reason, restart_count=f.restart_count, cause=event.id)
         assert self._bus is not None
         try:
             self._bus.publish_nowait(event)

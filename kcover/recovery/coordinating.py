@@ -234,7 +234,9 @@ class Coordinator:
 
     async def cordon(self, step: st.Cordon) -> st.Outcome:
         """The node first (idempotent: a node kcover cordoned already is left as it is), then its ledger entry
-        (the node's cooldown and the signal), re-checked there against what another replica wrote."""
+        (the node's cooldown and the signal), re-checked there against what another replica wrote. Never the
+        other way round: a term ending between the two would leave the cooldown of a cordon that never
+        landed, and the successor's replay would be refused by it (a chaos run lost a node fault so)."""
         rs = self._recovery()
         now = self._clock.now()
         key = f"n.{step.node}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
 import random
 import tempfile
@@ -207,8 +208,13 @@ class SimCluster:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    def _spawn(self, coro: Any, name: str, *, observer: bool = False) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
+    def _spawn(self, coro: Any, name: str, *, observer: bool = False, component: str = "") -> asyncio.Task[None]:
+        """`component`: every log line of the task (and of the tasks it starts) names it (`sim_component`), so
+        one replica's or agent's lines can be told from the others' in a run's logs."""
+        context = contextvars.copy_context()
+        if component:
+            context.run(structlog.contextvars.bind_contextvars, sim_component=component)
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name, context=context)
         (self._observers if observer else self._tasks).append(task)
         return task
 
@@ -234,7 +240,7 @@ class SimCluster:
         cfg = controller_settings(identity, self.log_dir, self.overrides)
         ctl = controller_running.Controller(cfg, client=kube, metrics=mets, health=serving.Health())
         replica = Replica(identity, kube, mets, ctl)
-        replica.task = self._spawn(ctl.run(replica.stop), f"sim:controller:{identity}")
+        replica.task = self._spawn(ctl.run(replica.stop), f"sim:controller:{identity}", component=identity)
         self._spawn(self._observe(ctl.bus, f"controller {identity}"), f"sim:observe:{identity}", observer=True)
         self.replicas.append(replica)
         return replica
@@ -247,7 +253,7 @@ class SimCluster:
                                     metrics=metrics.Metrics(role=metrics.AGENT, process=False),
                                     health=None, node=node, nvml=nvml, reporter_tick_seconds=0.1, dcgmi=diag)
         entry = NodeAgent(node, nvml, kube, agent, diag)
-        entry.task = self._spawn(agent.run(entry.stop), f"sim:agent:{node}")
+        entry.task = self._spawn(agent.run(entry.stop), f"sim:agent:{node}", component=f"agent:{node}")
         self._spawn(self._observe(agent.bus, f"agent {node}"), f"sim:observe:{node}", observer=True)
         self.agents[node] = entry
 

@@ -251,3 +251,37 @@ async def test_a_deposed_leaders_delayed_removals_cannot_restart_twice() -> None
                 await held
         assert live(r, "train") == new, "the new pods were not deleted"
         assert len(restarts(r)) == 1
+
+
+def xid_on(node: str) -> model.CollectorEvent:
+    return model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="XID79",
+                                message="GPU fell off the bus", recommended=model.Action.CORDON_NODE_AND_RESTART,
+                                target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+                                observed_at=engines.START)
+
+
+def cordoned(r: engines.Rig, node: str) -> bool:
+    return r.store.get("nodes", "", node)["spec"].get("unschedulable") is True
+
+
+async def test_a_cordon_cut_short_by_the_end_of_a_term_is_finished_by_the_successor() -> None:
+    """A cordon is two writes, the Node and the node's ledger entry (which starts its cooldown); the term ends
+    as soon as the first lands. The successor, replaying the fault, leaves the node cordoned and restarts its
+    jobs. Written the other way round (the entry first, as once), the replay was refused by the cooldown of
+    a cordon that never happened, as a routine refusal with no Event: a chaos run lost a node fault so."""
+    async with engines.rig(world()) as r:
+        old = live(r, "train") | live(r, "eval")
+
+        def landed() -> bool:
+            return cordoned(r, "gpu-1") or "c" in entries(r).get("n.gpu-1", {})
+
+        async with r.replica("a", fence=Term(landed), epoch=1) as a:
+            with pytest.raises(errors.NotLeaderError):
+                await a.handle([xid_on("gpu-1")])
+        assert r.requests.get("DELETE pods", 0) == 0, "the term ended before any restart"
+        async with r.replica("b", epoch=2) as b:
+            await b.resume()
+            await b.handle([xid_on("gpu-1")])
+            await r.settle()
+        assert cordoned(r, "gpu-1")
+        assert not (live(r, "train") | live(r, "eval")) & old, "both jobs on the node restarted"
