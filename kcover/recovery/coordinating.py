@@ -55,15 +55,10 @@ RECORD_CLASSES: dict[type, settings.RecordOnly] = {
 """The step of each `recovery.record_only` class (a Resume finishes a restart already recorded: never held back)."""
 
 
-def _joined(prior: str, cause: model.CollectorEvent) -> model.CollectorEvent | None:
-    """The cause of the restart held before this fault (its ledger JSON `prior`), if it is another fault's."""
-    if not prior:
-        return None
-    try:
-        first = model.CollectorEvent.model_validate_json(prior)
-    except ValueError:
-        return None
-    return first if first.id != cause.id else None
+def _joined(prior: ledger.HeldRestart | None, cause: model.CollectorEvent) -> model.CollectorEvent | None:
+    """The cause of the restart held before this fault (`prior`), if it is another fault's."""
+    first = prior.event() if prior is not None else None
+    return first if first is not None and first.id != cause.id else None
 
 
 class Hook(Protocol):
@@ -361,12 +356,12 @@ class Coordinator:
         held = ledger.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
                                   cause=step.cause.model_dump_json())
 
-        prior = ""
+        prior: ledger.HeldRestart | None = None
 
         def keep(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
             nonlocal prior
             assert isinstance(entry, ledger.Unit)
-            prior = entry.held.cause if entry.held is not None else ""
+            prior = entry.held
             if entry.held is not None and (entry.held.code, entry.held.until) == (held.code, held.until):
                 return "already held"
             entry.held = held if entry.held is None else ledger.HeldRestart(

@@ -365,9 +365,8 @@ class RecoveryEngine:
                     "(recovery.device_taints.max_hold_seconds), with no word that it is healthy again")])
 
     def _unit_ref(self, held: ledger.HeldRestart) -> st.ObjectRef:
-        try:
-            cause = model.CollectorEvent.model_validate_json(held.cause)
-        except ValueError:
+        cause = held.event()
+        if cause is None:
             return self.controls_ref()
         t = cause.target
         return st.ObjectRef("Pod" if t.kind is model.TargetKind.POD else "Node", "v1", t.name or t.node,

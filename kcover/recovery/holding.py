@@ -43,9 +43,8 @@ def replan_held(key: str, held: ledger.HeldRestart, snapshot: planning.Snapshot,
     there, and the restart of the unit still runs."""
     if now.timestamp() >= held.until:
         return [], "it was held past recovery.hold_seconds"
-    try:
-        cause = model.CollectorEvent.model_validate_json(held.cause)
-    except ValueError:
+    cause = held.event()
+    if cause is None:
         return [], "its cause could not be read"
     workload_uid = key[2:].split(".g")[0]
     if cause.target.kind is model.TargetKind.POD:

@@ -161,6 +161,13 @@ class HeldRestart:
         except (KeyError, TypeError, ValueError):
             return None
 
+    def event(self) -> model.CollectorEvent | None:
+        """The held cause, or None if the entry's JSON cannot be read (the entry is untrusted input)."""
+        try:
+            return model.CollectorEvent.model_validate_json(self.cause)
+        except ValueError:
+            return None
+
 
 @dataclass
 class Unit:

@@ -259,8 +259,8 @@ def render(report: Report) -> str:
     else:
         lines.append("acting:     on everything it decides")
     lines.append(f"breaker:    {_breaker_line(report)}")
-    does = report.reset_does()
-    lines.append(f"            a reset does {does}" if does.startswith("nothing") else f"            a reset {does}")
+    verb = "a reset" if report.breaker.latched else "a reset does"  # reset_does() reads "nothing: ..." then
+    lines.append(f"            {verb} {report.reset_does()}")
     if not report.breaker.latch:
         lines.append("            recovery.breaker_latch is off: a trip refuses that action only")
     lines.append("limits:")
