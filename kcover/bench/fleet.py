@@ -176,7 +176,13 @@ async def _sync_and_relist(kubeconfig: str, workload_kinds: tuple[str, ...],
     return row, relist
 
 
-async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None) -> dict[str, Any]:
+Progress = Callable[[dict[str, Any]], None]
+"""Given the report so far (its `figures` of what was measured, `partial` true) after each section: a run stopped
+at a time limit keeps what it measured."""
+
+
+async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None,
+              progress: Progress | None = None) -> dict[str, Any]:
     """The whole fleet scenario (see the module docstring); the report (JSON-able)."""
     run_id = uuid.uuid4().hex[:6]
     controller_kubeconfig = options.controller_kubeconfig or kubeconfig
@@ -188,6 +194,11 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                            "operator": options.operator, "background_kind": options.background_kind}
     report: dict[str, Any] = {"environment": env}
     started = time.perf_counter()
+
+    def done(section: str) -> None:
+        log.info("bench_fleet_section_done", section=section, seconds=round(time.perf_counter() - started, 1))
+        if progress is not None:
+            progress({**report, "partial": True, "figures": figures(report)})
     async with await rawapi.open_api(kubeconfig) as api:
         try:
             t0 = time.perf_counter()
@@ -196,6 +207,7 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
             env["load_after_seed"] = _load()
             log.info("bench_fleet_seeded", pods=len(fleet), seconds=env["seed_seconds"])
             report["sync"], report["relist"] = await _sync_and_relist(controller_kubeconfig, kinds_, expire)
+            done("sync")
             env["load_before_latency"] = _load()
             async with _section(report, "latency"):
                 async with churning.Churn.running(kubeconfig, fleet, rate=options.churn_rate) as churn:
@@ -208,6 +220,7 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                 report["floor_ms"] = reporting.summary_ms(lat.floor)
                 report["write_ms"] = reporting.summary_ms(lat.floor_write)
                 report["api_requests_per_recovery"] = reporting.api_section(lat.api_requests)
+            done("latency")
             if options.restart_pods and options.restart_kinds:
                 env["load_before_restarts"] = _load()
                 async with _section(report, "restarts"):
@@ -217,6 +230,7 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                                                       operator=options.operator if options.restart_operator is None
                                                       else options.restart_operator, pod_labels=options.pod_labels)
                     report["restarts"] = restarts.section(rows)
+            done("restarts")
             if options.failover:
                 env["load_before_failover"] = _load()
                 async with _section(report, "failover"):
@@ -224,6 +238,7 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                                                                 ledger_units=options.failover_units,
                                                                 workload_kinds=kinds_,
                                                                 job_kind=options.background_kind)
+            done("failover")
             if options.ledger_sizes:
                 env["load_before_ledger"] = _load()
                 async with _section(report, "ledger"):

@@ -140,3 +140,18 @@ def test_restart_bench_on_the_simulated_cluster_times_kcover_and_the_floor(capsy
         assert row["vs_floor"] > 0
         removal = "DELETE pods" if kind == "pytorchjob" else "CREATE pods/eviction"
         assert row["by_request"][removal] == pods
+
+
+def test_a_fleet_report_cut_short_after_its_sync_has_the_sync_figures_and_names_no_others() -> None:
+    from kcover.bench import fleet
+    sync = {"pods": 4000, "nodes": 2000, "sync_seconds": 15.0, "rss_bytes": 100 * 2**20,
+            "peak_rss_bytes": 120 * 2**20, "bytes_per_pod": 1500}
+    got = {f["figure"]: f for f in fleet.figures({"environment": {}, "sync": sync, "relist": {}})}
+    assert got["sync of 4000 pods, 2000 nodes"]["ratio"] == reporting.ratio(15.0, fleet.SYNC_TARGET_SECONDS)
+    assert got["peak / synced RSS during the sync"]["measured"] == 1.2
+    assert got["peak RSS within the chart's memory limit (MiB)"]["measured"] == 120.0
+    assert not [name for name in got if "fault to action" in name or "ledger" in name or "failover" in name]
+    text = fleet.markdown({"environment": {"nodes": 2000}, "sync": sync, "figures": list(got.values()),
+                           "errors": {"latency": "TimeoutError: x"}})
+    assert "| sync of 4000 pods, 2000 nodes | 15.0 s | 30 s |" in text
+    assert "Not measured: latency: TimeoutError: x" in text
