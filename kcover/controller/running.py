@@ -123,6 +123,10 @@ class Controller:
             maxlen=cfg.bus.subscriber_capacity)
         """(monotonic time, event) a follower observed: replayed when it becomes leader, because a leader
         that died without acting (its Lease not released) leaves faults nobody else would act on."""
+        self._held_evicted = 0
+        """Held events pushed out by newer ones (the deque's capacity) since the last take."""
+        self.held_dropped = 0
+        """Held events a term's start did not replay (older than its horizon, or pushed out): logged then."""
         self._replay = asyncio.Event()
         self._resumed_epoch = -1
         if self.elector is None or self.elector.is_leader():
@@ -216,6 +220,14 @@ class Controller:
         lease = self.settings.lease
         horizon = min(now, alive) - 2 * lease.lease_duration_seconds - lease.replay_margin_seconds
         events = [ev for at, ev in self._held if at >= horizon]
+        old = [ev for at, ev in self._held if at < horizon]
+        if old or self._held_evicted:
+            # the old leader's to act on: said, so that a fault missed this way can be traced to the horizon
+            log.info("held_events_not_replayed", older_than_horizon=len(old), pushed_out=self._held_evicted,
+                     horizon_seconds_ago=round(now - horizon, 1),
+                     examples=[f"{ev.reason} {ev.target.kind}/{ev.target.name}" for ev in old[-5:]])
+        self.held_dropped += len(old) + self._held_evicted
+        self._held_evicted = 0
         self._held.clear()
         return events
 
@@ -246,6 +258,7 @@ class Controller:
             if self.engine is None or not self.is_leader():
                 if self.engine is not None:
                     now = self.clock.monotonic()
+                    self._held_evicted += max(0, len(self._held) + len(batch) - (self._held.maxlen or 0))
                     self._held.extend((now, ev) for ev in batch)
                 self.held_while_following += len(batch)
                 continue
