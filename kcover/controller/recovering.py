@@ -185,11 +185,27 @@ def build(deps: EngineDeps) -> LeaderEngine:
         auditing.Audit(recovery=recovery),
     ]
     inner = engine.RecoveryEngine(deps.cache, ledger_, coordinator, recovery=recovery, clock=deps.clock,
-                                  metrics_=deps.metrics, devices=devices, verifier=verifier)
+                                  metrics_=deps.metrics, devices=devices, verifier=verifier,
+                                  on_hold_dropped=_on_hold_dropped(recorder, deps.clock))
     leader = LeaderEngine(inner, gw, recorder, deps.epoch, live, synced=deps.cache.wait_synced,
                           leading=deps.is_leader)
     leader.faults = fleet.FaultMetrics(deps.metrics.registry)
     return leader
+
+
+def _on_hold_dropped(recorder: recording.Recorder, clock: clock_.Clock) -> Callable[[str, str, bool], None]:
+    """A held restart dropped without running: its Recovery leaves `Held` (Failed when given up at
+    `recovery.hold_seconds`, Recovered when the workload recovered by itself, Refused otherwise)."""
+    def dropped(key: str, why: str, expired: bool) -> None:
+        at = clock.now().timestamp()
+        if expired:
+            recorder.phase(key, recording.Phase.FAILED, at=at, cause="HoldExpired", message=f"given up: {why}")
+        elif "recovered by itself" in why:
+            recorder.phase(key, recording.Phase.RECOVERED, at=at, cause="RecoveredByItself",
+                           message=f"not restarted: {why}")
+        else:
+            recorder.phase(key, recording.Phase.REFUSED, at=at, cause="HoldDropped", message=f"not restarted: {why}")
+    return dropped
 
 
 def _on_verified(recorder: recording.Recorder) -> Callable[[verifying.Record], None]:

@@ -87,8 +87,12 @@ class RecoveryEngine:
 
     def __init__(self, snapshot: planning.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
-                 devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None) -> None:
+                 devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None,
+                 on_hold_dropped: Callable[[str, str, bool], None] | None = None) -> None:
         self._snapshot = snapshot
+        self._on_hold_dropped = on_hold_dropped
+        """Told (ledger key, why, whether it expired) when a held restart is dropped without running: the
+        Recovery it left `Held` is moved on."""
         self.ledger = ledger_
         self.coordinator = coordinator
         self._recovery = recovery
@@ -327,7 +331,10 @@ class RecoveryEngine:
                                                     rules_=self._rules)
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
-                if "past recovery.hold_seconds" in dropped:
+                expired = "past recovery.hold_seconds" in dropped
+                if self._on_hold_dropped is not None:
+                    self._on_hold_dropped(key, dropped, expired)
+                if expired:
                     await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))

@@ -313,3 +313,25 @@ async def test_every_outcome_is_typed_and_every_refusal_has_a_code() -> None:
         assert {type(x) for x in outcomes} <= {st.Done, st.Refused, st.Failed, st.Held}
         refused = [x for x in outcomes if isinstance(x, st.Refused)]
         assert [x.code for x in refused] == [st.Code.TARGET_UNKNOWN]
+
+
+async def test_a_held_restart_given_up_at_hold_seconds_leaves_its_recovery_failed_not_held() -> None:
+    """Paused past `recovery.hold_seconds`: the hold is given up (KcoverRecoveryFailed) and its Recovery
+    says so (Failed, HoldExpired) instead of staying Held for good."""
+    objs = pytorchjob()
+    failing(objs[1])
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    async with engines.rig([*nodes(1), *objs, controls_map], overrides={"recovery": {"hold_seconds": 30.0}}) as r:
+        await r.handle(pod_fault("train-0"))
+        await r.records()
+        (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert held["status"]["phase"] == "Held"
+        await asyncio.sleep(31.0)
+        await r.tick()
+        await r.records()
+        assert len(r.events("KcoverRecoveryFailed")) == 1
+        (record,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert (record["status"]["phase"], record["status"]["cause"]) == ("Failed", "HoldExpired")
+        assert "held past recovery.hold_seconds" in record["status"]["message"]
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted"
