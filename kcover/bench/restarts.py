@@ -98,8 +98,12 @@ def _labels(kind: str, name: str, uid: str) -> dict[str, str]:
     return {kinds.KUBEFLOW_JOB_NAME: name, kinds.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
 
 
-async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The workload object and the controller ownerReference its pods carry."""
+async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str,
+                    pods: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The workload object and the controller ownerReference its pods carry. A JobSet's child Job asks for
+    as many pods as the bench creates and tolerates their failures: where a real Job controller runs (the
+    fleet cluster) it resolves the bench's pods by that ownerReference, and a Job of parallelism 1 and
+    backoffLimit 0 would delete all but one of them before the restart."""
     opt = {proj.OPT_IN_LABEL: "true"}
     pod_spec = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "trainer"}]}
     if kind == "job":
@@ -125,7 +129,8 @@ async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str) -> 
         "metadata": {"name": f"{name}-w", "namespace": ns, "labels": {kinds.JOBSET_NAME: name, kinds.JOBSET_UID: uid},
                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name,
                                           "uid": uid, "controller": True}]},
-        "spec": {"backoffLimit": 0, "template": {"spec": pod_spec}}})
+        "spec": {"backoffLimit": 2 * pods + 6, "parallelism": pods, "completions": pods,
+                 "template": {"spec": pod_spec}}})
     return js, {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-w", "uid": child["metadata"]["uid"],
                 "controller": True}
 
@@ -304,7 +309,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
     try:
         if not operator:
             await _nodes(kube)
-            workload, owner = await _workload(kube, ns, kind, "big")
+            workload, owner = await _workload(kube, ns, kind, "big", pods)
             await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
         else:
             await _operated(kube, ns, kind, "big", pods, dict(pod_labels or {}))
@@ -387,6 +392,9 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
                                     operator=operator, pod_labels=pod_labels)
             log.info("bench_restart", kind=kind, pods=pods, seconds=round(row.seconds, 3), removed=row.removed,
                      requests=row.total_requests, recreated=row.recreated_seconds, throttled=row.throttled)
+            if row.removed < pods:
+                log.error("bench_restart_incomplete", kind=kind, pods=pods, removed=row.removed,
+                          why="the restart found fewer of the bench's pods than it created")
             rows.append(row)
     return rows
 

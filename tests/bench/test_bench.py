@@ -155,3 +155,13 @@ def test_a_fleet_report_cut_short_after_its_sync_has_the_sync_figures_and_names_
                            "errors": {"latency": "TimeoutError: x"}})
     assert "| sync of 4000 pods, 2000 nodes | 15.0 s | 30 s |" in text
     assert "Not measured: latency: TimeoutError: x" in text
+
+
+def test_a_fleet_restart_that_removed_fewer_pods_than_the_bench_made_is_not_reported_as_timed() -> None:
+    from kcover.bench import fleet
+    rows = [{"kind": "jobset", "pods": 2048, "seconds": 0.0007, "removed": 0, "requests": 0, "throttled": 0},
+            {"kind": "pytorchjob", "pods": 2048, "seconds": 6.0, "removed": 2049, "requests": 2051, "throttled": 0}]
+    got = {f["figure"]: f for f in fleet.figures({"restarts": {"rows": rows}})}
+    assert got["jobset of 2048 pods: only 0 removed (the rest were gone before the restart), not timed"]["measured"] is None
+    assert "jobset of 2048 pods: fault to every pod removed" not in got
+    assert got["pytorchjob of 2048 pods: fault to every pod removed"]["measured"] == 6.0
