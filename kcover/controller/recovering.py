@@ -34,6 +34,7 @@ from kcover.recovery import (
     dryrun,
     engine,
     escalating,
+    holding,
     ledger,
     logsaving,
     recording,
@@ -193,18 +194,17 @@ def build(deps: EngineDeps) -> LeaderEngine:
     return leader
 
 
-def _on_hold_dropped(recorder: recording.Recorder, clock: clock_.Clock) -> Callable[[str, str, bool], None]:
+def _on_hold_dropped(recorder: recording.Recorder,
+                     clock: clock_.Clock) -> Callable[[str, str, holding.DropCode], None]:
     """A held restart dropped without running: its Recovery leaves `Held` (Failed when given up at
     `recovery.hold_seconds`, Recovered when the workload recovered by itself, Refused otherwise)."""
-    def dropped(key: str, why: str, expired: bool) -> None:
-        at = clock.now().timestamp()
-        if expired:
-            recorder.phase(key, recording.Phase.FAILED, at=at, cause="HoldExpired", message=f"given up: {why}")
-        elif "recovered by itself" in why:
-            recorder.phase(key, recording.Phase.RECOVERED, at=at, cause="RecoveredByItself",
-                           message=f"not restarted: {why}")
-        else:
-            recorder.phase(key, recording.Phase.REFUSED, at=at, cause="HoldDropped", message=f"not restarted: {why}")
+    phases = {holding.DropCode.EXPIRED: (recording.Phase.FAILED, "given up"),
+              holding.DropCode.RECOVERED: (recording.Phase.RECOVERED, "not restarted"),
+              holding.DropCode.DROPPED: (recording.Phase.REFUSED, "not restarted")}
+
+    def dropped(key: str, why: str, code: holding.DropCode) -> None:
+        phase, said = phases[code]
+        recorder.phase(key, phase, at=clock.now().timestamp(), cause=code.value, message=f"{said}: {why}")
     return dropped
 
 

@@ -88,10 +88,10 @@ class RecoveryEngine:
     def __init__(self, snapshot: planning.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
                  devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None,
-                 on_hold_dropped: Callable[[str, str, bool], None] | None = None) -> None:
+                 on_hold_dropped: Callable[[str, str, holding.DropCode], None] | None = None) -> None:
         self._snapshot = snapshot
         self._on_hold_dropped = on_hold_dropped
-        """Told (ledger key, why, whether it expired) when a held restart is dropped without running: the
+        """Told (ledger key, why, its code) when a held restart is dropped without running: the
         Recovery it left `Held` is moved on."""
         self.ledger = ledger_
         self.coordinator = coordinator
@@ -331,10 +331,10 @@ class RecoveryEngine:
                                                     rules_=self._rules)
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
-                expired = "past recovery.hold_seconds" in dropped
+                code = dropped.code if isinstance(dropped, holding.Dropped) else holding.DropCode.DROPPED
                 if self._on_hold_dropped is not None:
-                    self._on_hold_dropped(key, dropped, expired)
-                if expired:
+                    self._on_hold_dropped(key, dropped, code)
+                if code is holding.DropCode.EXPIRED:
                     await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))

@@ -9,6 +9,7 @@ recovered by itself meanwhile. Pure, like the plan.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Sequence
 
 from kcover import model, settings
@@ -16,6 +17,24 @@ from kcover.aio import clock as clock_
 from kcover.kube import projections as proj
 from kcover.recovery import ledger, planning, rules
 from kcover.recovery import steps as st
+
+
+class DropCode(enum.StrEnum):
+    """Why a held restart was dropped without running, as its Recovery's cause."""
+    EXPIRED = "HoldExpired"
+    RECOVERED = "RecoveredByItself"
+    DROPPED = "HoldDropped"
+
+
+class Dropped(str):
+    """The text of why a held restart was dropped, with its `code` (read, never parsed from the text)."""
+
+    code: DropCode
+
+    def __new__(cls, text: str, code: DropCode = DropCode.DROPPED) -> Dropped:
+        self = super().__new__(cls, text)
+        self.code = code
+        return self
 
 
 def _failed_since(pod: proj.Pod, at: float) -> bool:
@@ -35,17 +54,17 @@ def _failed_since(pod: proj.Pod, at: float) -> bool:
 
 def replan_held(key: str, held: ledger.HeldRestart, snapshot: planning.Snapshot, history: planning.History,
                 rs: settings.RecoverySettings, now: dt.datetime,
-                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], str]:
+                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], Dropped | str]:
     """Plan a held restart again: (steps, why it was dropped). Dropped (no steps) when it expired, when its
     cause cannot be read, or when the workload recovered by itself meanwhile: its faulting pod was replaced
     (by its operator) and no pod of it failed since, or, for a node's fault, none of its pods is left on
     that node. A container restarted in place by its kubelet is no recovery of the job: the pod is still
     there, and the restart of the unit still runs."""
     if now.timestamp() >= held.until:
-        return [], "it was held past recovery.hold_seconds"
+        return [], Dropped("it was held past recovery.hold_seconds", DropCode.EXPIRED)
     cause = held.event()
     if cause is None:
-        return [], "its cause could not be read"
+        return [], Dropped("its cause could not be read")
     workload_uid = key[2:].split(".g")[0]
     if cause.target.kind is model.TargetKind.POD:
         pod = snapshot.pod(cause.target.uid)
@@ -53,19 +72,20 @@ def replan_held(key: str, held: ledger.HeldRestart, snapshot: planning.Snapshot,
             failing = sorted((p for p in snapshot.pods_of_workload(workload_uid)
                               if not p.deleting and _failed_since(p, held.at)), key=lambda p: (p.namespace, p.name))
             if not failing:
-                return [], "it recovered by itself: its faulting pod was replaced and none failed since"
+                return [], Dropped("it recovered by itself: its faulting pod was replaced and none failed since",
+                                 DropCode.RECOVERED)
             pod = failing[0]
             cause = cause.model_copy(update={"target": model.Target(
                 kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node)})
     steps = planning.plan(cause, snapshot, history, rs, now, rules_=rules_)
     mine = [s for s in steps if isinstance(s, st.Restart | st.Hold) and _key_of(s) == key]
     if not mine:
-        return [], "the fault no longer calls for a restart of it"
+        return [], Dropped("the fault no longer calls for a restart of it")
     step = mine[0]
     restart = step.restart if isinstance(step, st.Hold) else step
     if cause.target.kind is not model.TargetKind.POD and restart.node and not any(
             p.node == restart.node for p in snapshot.pods_of_workload(workload_uid) if not p.deleting):
-        return [], f"none of its pods runs on Node {restart.node} any more"
+        return [], Dropped(f"none of its pods runs on Node {restart.node} any more")
     if isinstance(step, st.Hold):
         return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], ""
     return [step], ""
