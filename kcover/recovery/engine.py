@@ -331,10 +331,9 @@ class RecoveryEngine:
                                                     rules_=self._rules)
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
-                code = dropped.code if isinstance(dropped, holding.Dropped) else holding.DropCode.DROPPED
                 if self._on_hold_dropped is not None:
-                    self._on_hold_dropped(key, dropped, code)
-                if code is holding.DropCode.EXPIRED:
+                    self._on_hold_dropped(key, dropped, dropped.code)
+                if dropped.code is holding.DropCode.EXPIRED:
                     await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "
                                             f"given up: {dropped}"))

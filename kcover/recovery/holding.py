@@ -27,7 +27,8 @@ class DropCode(enum.StrEnum):
 
 
 class Dropped(str):
-    """The text of why a held restart was dropped, with its `code` (read, never parsed from the text)."""
+    """The text of why a held restart was dropped, with its `code` (read, never parsed from the text); empty
+    (`KEPT`) when it was not."""
 
     code: DropCode
 
@@ -35,6 +36,10 @@ class Dropped(str):
         self = super().__new__(cls, text)
         self.code = code
         return self
+
+
+KEPT = Dropped("")
+"""A held restart planned again, not dropped."""
 
 
 def _failed_since(pod: proj.Pod, at: float) -> bool:
@@ -54,7 +59,7 @@ def _failed_since(pod: proj.Pod, at: float) -> bool:
 
 def replan_held(key: str, held: ledger.HeldRestart, snapshot: planning.Snapshot, history: planning.History,
                 rs: settings.RecoverySettings, now: dt.datetime,
-                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], Dropped | str]:
+                rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], Dropped]:
     """Plan a held restart again: (steps, why it was dropped). Dropped (no steps) when it expired, when its
     cause cannot be read, or when the workload recovered by itself meanwhile: its faulting pod was replaced
     (by its operator) and no pod of it failed since, or, for a node's fault, none of its pods is left on
@@ -87,8 +92,8 @@ def replan_held(key: str, held: ledger.HeldRestart, snapshot: planning.Snapshot,
             p.node == restart.node for p in snapshot.pods_of_workload(workload_uid) if not p.deleting):
         return [], Dropped(f"none of its pods runs on Node {restart.node} any more")
     if isinstance(step, st.Hold):
-        return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], ""
-    return [step], ""
+        return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], KEPT
+    return [step], KEPT
 
 
 

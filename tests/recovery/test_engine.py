@@ -335,3 +335,26 @@ async def test_a_held_restart_given_up_at_hold_seconds_leaves_its_recovery_faile
         assert (record["status"]["phase"], record["status"]["cause"]) == ("Failed", "HoldExpired")
         assert "held past recovery.hold_seconds" in record["status"]["message"]
         assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted"
+
+
+async def test_a_held_restart_whose_job_recovered_by_itself_leaves_its_recovery_recovered_not_held() -> None:
+    """Held while paused; meanwhile the faulting pod is replaced by its operator and nothing fails since: the
+    hold is dropped without a restart and its Recovery says `Recovered`, cause `RecoveredByItself`."""
+    objs = pytorchjob()
+    failing(objs[1])
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+        await r.handle(pod_fault("train-0"))
+        await r.records()
+        (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert held["status"]["phase"] == "Held"
+        r.store.delete("pods", "ml", objs[1]["metadata"]["name"], grace_seconds=0)
+        r.create(o.pod("train-worker-0b", uid="train-0b", node="n1", labels=objs[1]["metadata"]["labels"], owner=objs[0]))
+        await r.settle()
+        await r.tick()
+        await r.records()
+        (record,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert (record["status"]["phase"], record["status"]["cause"]) == ("Recovered", "RecoveredByItself")
+        assert "recovered by itself" in record["status"]["message"]
+        assert r.events("KcoverRestartedWorkload") == [], "nothing restarted"
