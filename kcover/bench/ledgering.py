@@ -2,7 +2,7 @@
 
 Owns one scenario against any API server that serves LedgerEntries: a ledger of its own (name
 `kcover-bench-ledger-<run>`, in a namespace `kcover-bench-ledger-<run>`) grown to each size (objects created
-in the ledger's own encoding, `ledger.entry_body`, through the HTTP gateway), every unit holding what a busy hour leaves
+in the ledger's own encoding, `ledgerentries.entry_body`, through the HTTP gateway), every unit holding what a busy hour leaves
 (three restarts inside the budget window, where each fault was, a note and the signal each answered).
 At each size it times a restart's ledger write (`Ledger.update`: the budget check, the entry recorded
 with its intent, one fenced write with the resourceVersion as precondition) through the product's
@@ -28,7 +28,7 @@ from kcover import errors
 from kcover.bench import reporting
 from kcover.kube import client as client_
 from kcover.kube import gateway
-from kcover.recovery import ledger
+from kcover.recovery import ledger, ledgerentries
 
 log = structlog.get_logger()
 
@@ -53,24 +53,24 @@ def _key(i: int) -> str:
     return f"w.{i:08d}-7f3c-4b1e-9a2d-{i:012d}"
 
 
-def _seeded(i: int, now: float) -> tuple[ledger.Unit, dict[str, float]]:
+def _seeded(i: int, now: float) -> tuple[ledgerentries.Unit, dict[str, float]]:
     """Unit `i` as a busy hour leaves it: three restarts in the window, where each fault was, a note, a signal."""
-    entry = ledger.Unit(note=f"PyTorchJob team-{i % 50}/pretrain-{i}")
+    entry = ledgerentries.Unit(note=f"PyTorchJob team-{i % 50}/pretrain-{i}")
     for r in range(RESTARTS):
         entry.record(now - 3000 + 900 * r + i % 60, f"gpu-{i % 2000:05d}/gpu-{r}")
     return entry, {f"ev-{i:08d}:1|{_key(i)}": now - 100}
 
 
 def _restart(key: str, at: float, w: int) -> Any:
-    def mutate(entry: ledger.Entry, signals: dict[str, float]) -> None:
-        assert isinstance(entry, ledger.Unit)
+    def mutate(entry: ledgerentries.Entry, signals: dict[str, float]) -> None:
+        assert isinstance(entry, ledgerentries.Unit)
         entry.trim(at - RETENTION_SECONDS)
         entry.record(at, "gpu-00001/gpu-0")
         entry.note = "bench restart"
-        entry.intent = ledger.Intent(id=uuid.uuid4().hex[:12], fault=f"bench-{w}", leader="kcover-bench", epoch=1,
-                                     at=at, workload=("PyTorchJob", "kubeflow.org/v1", "team-0", "pretrain", key[2:]),
-                                     selector="training.kubeflow.org/job-name=pretrain", uids=("a", "b", "c", "d"),
-                                     complete=True, message="bench")
+        entry.intent = ledgerentries.Intent(id=uuid.uuid4().hex[:12], fault=f"bench-{w}", leader="kcover-bench", epoch=1,
+                                            at=at, workload=("PyTorchJob", "kubeflow.org/v1", "team-0", "pretrain", key[2:]),
+                                            selector="training.kubeflow.org/job-name=pretrain", uids=("a", "b", "c", "d"),
+                                            complete=True, message="bench")
         signals[f"bench-{w}|{key}"] = at
         return None
     return mutate
@@ -84,7 +84,7 @@ async def grow(gw: gateway.Http, ns: str, name: str, have: int, units: int) -> N
     async def one(i: int) -> None:
         entry, signals = _seeded(i, now)
         async with gate:
-            await gw.create_ledger_entry(ledger.entry_body(name, ns, _key(i), entry, signals))
+            await gw.create_ledger_entry(ledgerentries.entry_body(name, ns, _key(i), entry, signals))
 
     async with asyncio.TaskGroup() as tg:
         for i in range(have, units):

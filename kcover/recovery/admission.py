@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from kcover import settings
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 from kcover.recovery.steps import Code
 
 
@@ -62,7 +62,7 @@ def replayed(acted_at: float | None, signal: str, what: str) -> Refusal | None:
                                        "a signal moves a unit once")
 
 
-def breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) -> Refusal | None:
+def breaker(state: ledgerentries.Breaker, rs: settings.RecoverySettings, now: float) -> Refusal | None:
     """The latched breaker, and the cooldown after a person reset it."""
     if state.latched:
         assert state.opened_at is not None
@@ -76,8 +76,8 @@ def breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) ->
     return None
 
 
-def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySettings, now: float,
-            breaker_state: ledger.Breaker, load: Load | None, pod_created: float | None = None,
+def restart(unit: ledgerentries.Unit | None, *, what: str, rs: settings.RecoverySettings, now: float,
+            breaker_state: ledgerentries.Breaker, load: Load | None, pod_created: float | None = None,
             pod_terminating: bool = False) -> Refusal | None:
     """May the unit be restarted now? `pod_created`: when the faulting pod was created (epoch), if known;
     `pod_terminating`: the faulting pod is being deleted.
@@ -86,7 +86,7 @@ def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySetting
     latched = breaker(breaker_state, rs, now)
     if latched is not None:
         return latched
-    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+    times = ledgerentries.restarts_within(unit, now - rs.restart_window_seconds)
     # creationTimestamp has whole seconds: a pod stamped a second or more before the restart predates it
     if times and (pod_terminating or (pod_created is not None and pod_created + 1.0 <= times[-1])):
         return Refusal(Code.ALREADY_RESTARTED, f"{what} was restarted at {_when(times[-1])}, after its faulting pod "
@@ -111,8 +111,8 @@ def restart(unit: ledger.Unit | None, *, what: str, rs: settings.RecoverySetting
     return None
 
 
-def cordon(node: ledger.Node | None, name: str, *, rs: settings.RecoverySettings, now: float,
-           breaker_state: ledger.Breaker, load: Load | None) -> Refusal | None:
+def cordon(node: ledgerentries.Node | None, name: str, *, rs: settings.RecoverySettings, now: float,
+           breaker_state: ledgerentries.Breaker, load: Load | None) -> Refusal | None:
     """May `name` be cordoned now? The node's cooldown and the cordon breaker, cordons in flight counted
     (`load` None: as for `restart`)."""
     latched = breaker(breaker_state, rs, now)
@@ -149,7 +149,7 @@ def held_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
     return min(rs.max_cordoned_nodes, math.ceil(rs.max_cordoned_fraction * gpu_nodes)) if gpu_nodes > 0 else 0
 
 
-def window_start(rs: settings.RecoverySettings, breaker: ledger.Breaker, now: float) -> float:
+def window_start(rs: settings.RecoverySettings, breaker: ledgerentries.Breaker, now: float) -> float:
     """Where the breaker's window begins: `recovery.breaker_window_seconds` ago, or at a person's reset of the
     latched breaker if that is later (a reset accounts for what tripped it: counting those actions again
     would trip the breaker on the first action after the cooldown). The limits on what is held at once
@@ -162,14 +162,14 @@ def window_cordon_limit(rs: settings.RecoverySettings, gpu_nodes: int) -> int:
     return min(rs.max_cordons_per_window, max(1, int(rs.max_cordons_per_window_fraction * gpu_nodes)))
 
 
-def until_budget_frees(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
+def until_budget_frees(unit: ledgerentries.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
     """When the unit's oldest restart in the window leaves it (a held restart may run then)."""
-    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+    times = ledgerentries.restarts_within(unit, now - rs.restart_window_seconds)
     return times[0] + rs.restart_window_seconds if times else now
 
 
-def until_cooldown_ends(unit: ledger.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
-    times = ledger.restarts_within(unit, now - rs.restart_window_seconds)
+def until_cooldown_ends(unit: ledgerentries.Unit | None, rs: settings.RecoverySettings, now: float) -> float:
+    times = ledgerentries.restarts_within(unit, now - rs.restart_window_seconds)
     return times[-1] + rs.workload_cooldown_seconds if times else now
 
 
@@ -183,8 +183,8 @@ class DeviceLoad:
     """Device taints in flight across the cluster (this one not included)."""
 
 
-def device_taint(node: ledger.Node | None, device: str, name: str, *, rs: settings.RecoverySettings, now: float,
-                 breaker_state: ledger.Breaker, recent: int, load: DeviceLoad) -> Refusal | None:
+def device_taint(node: ledgerentries.Node | None, device: str, name: str, *, rs: settings.RecoverySettings, now: float,
+                 breaker_state: ledgerentries.Breaker, recent: int, load: DeviceLoad) -> Refusal | None:
     """May `device` (a resourceID) of Node `name` be tainted now? The latched breaker, and the device taints'
     own caps, in-flight taints counted: `recovery.device_taints.max_per_node` (`DEVICE_TAINT_LIMIT`, a cap)
     and `max_per_window` (`BREAKER_OPEN`, a trip: that many devices failing at once is a fleet's). `recent`:

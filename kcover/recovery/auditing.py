@@ -16,7 +16,7 @@ from collections.abc import Callable
 from kcover import kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import events, gateway
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 from kcover.recovery import steps as st
 
 REPORTING_CONTROLLER = "kcover.io/controller"
@@ -103,7 +103,7 @@ class Audit:
         if isinstance(outcome, st.Refused):
             if outcome.code is st.Code.INTENT_REFUSED and isinstance(step, st.Resume):
                 ledger_ref = st.ObjectRef("LedgerEntry", gateway.LEDGER_GROUP_VERSION,
-                                          ledger.object_name(rs.ledger_name, step.key), rs.ledger_namespace)
+                                          ledgerentries.object_name(rs.ledger_name, step.key), rs.ledger_namespace)
                 return st.Emit(ledger_ref, "KcoverIntentRefused", "RestartWorkload",
                                f"dropped the pending restart {step.intent.id} under {step.key} (recorded by "
                                f"{step.intent.leader or 'unknown'}): {outcome.text}; nothing was removed")

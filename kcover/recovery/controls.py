@@ -14,7 +14,7 @@ action), and the rule for each:
   latched: on a closed breaker it changes nothing, and `kcover breaker reset` says so without writing.
 
 Pure, but for `request_reset`, the CLI's write of the annotation. The breaker's state itself is the
-ledger's (`ledger.Breaker`).
+ledger's (`ledgerentries.Breaker`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kcover import errors
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
 from kcover.kube import projections as proj
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 
 PAUSED = "kcover.io/paused"
 BREAKER_RESET = "kcover.io/breaker-reset"
@@ -84,7 +84,7 @@ def paused_scope(view: View, *, workload_uid: str = "", namespace: str = "", pod
     return ""
 
 
-def reset_request(view: View, breaker: ledger.Breaker) -> str:
+def reset_request(view: View, breaker: ledgerentries.Breaker) -> str:
     """The reset request the leader should act on now ("" for none): a new value while latched."""
     cm = view.controls()
     if cm is None:
@@ -95,7 +95,7 @@ def reset_request(view: View, breaker: ledger.Breaker) -> str:
     return value if breaker.latched else ""
 
 
-def describe(breaker: ledger.Breaker, *, now: float, cooldown_seconds: float) -> str:
+def describe(breaker: ledgerentries.Breaker, *, now: float, cooldown_seconds: float) -> str:
     """One line for people: open since when and why, cooling down, or closed."""
     if breaker.latched and breaker.opened_at is not None:
         return (f"latched open since {clock_.rfc3339(dt.datetime.fromtimestamp(breaker.opened_at, dt.UTC))}: "

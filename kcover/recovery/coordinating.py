@@ -36,6 +36,7 @@ from kcover.recovery import (
     devicetainting,
     escalating,
     ledger,
+    ledgerentries,
     restarting,
     returning,
 )
@@ -55,7 +56,7 @@ RECORD_CLASSES: dict[type, settings.RecordOnly] = {
 """The step of each `recovery.record_only` class (a Resume finishes a restart already recorded: never held back)."""
 
 
-def _joined(prior: ledger.HeldRestart | None, cause: model.CollectorEvent) -> model.CollectorEvent | None:
+def _joined(prior: ledgerentries.HeldRestart | None, cause: model.CollectorEvent) -> model.CollectorEvent | None:
     """The cause of the restart held before this fault (`prior`), if it is another fault's."""
     first = prior.event() if prior is not None else None
     return first if first is not None and first.id != cause.id else None
@@ -251,8 +252,8 @@ class Coordinator:
         if refusal is not None and refusal[0] is not Code.ALREADY_CORDONED:
             return st.Refused(step, refusal[0], refusal[1])
 
-        def record(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Node)
+        def record(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
             entry.cordoned_at = now.timestamp()
             entry.reason = step.reason[:120]
             if signal:
@@ -294,15 +295,15 @@ class Coordinator:
         now = self._clock.now().timestamp()
         recent = self._ledger.device_taints_since(now - rs.device_taints.window_seconds)
 
-        def record(entry: ledger.Entry, signals: dict[str, float]) -> admission.Refusal | str | None:
-            assert isinstance(entry, ledger.Node)
+        def record(entry: ledgerentries.Entry, signals: dict[str, float]) -> admission.Refusal | str | None:
+            assert isinstance(entry, ledgerentries.Node)
             if rid in entry.devices:
                 return ALREADY_HELD  # a replay, or a write that landed before its rule: the rule is written again
             refused = admission.device_taint(entry, rid, step.node, rs=rs, now=now, breaker_state=self._ledger.breaker(),
                                              recent=recent, load=admission.DeviceLoad())
             if refused is not None:
                 return refused
-            entry.devices[rid] = ledger.TaintedDevice(step.device, now)
+            entry.devices[rid] = ledgerentries.TaintedDevice(step.device, now)
             return None
 
         refusal = await self._ledger.update(f"n.{step.node}", record, now=now)
@@ -340,8 +341,8 @@ class Coordinator:
         if not node:
             return
 
-        def forget(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Node)
+        def forget(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
             if entry.devices.pop(rid, None) is None:
                 return "not held"
             return None
@@ -353,18 +354,18 @@ class Coordinator:
     async def hold(self, step: st.Hold) -> st.Outcome:
         """Keep a refused restart in the ledger, to plan it again when its blocker lifts."""
         now = self._clock.now().timestamp()
-        held = ledger.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
-                                  cause=step.cause.model_dump_json())
+        held = ledgerentries.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
+                                         cause=step.cause.model_dump_json())
 
-        prior: ledger.HeldRestart | None = None
+        prior: ledgerentries.HeldRestart | None = None
 
-        def keep(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+        def keep(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
             nonlocal prior
-            assert isinstance(entry, ledger.Unit)
+            assert isinstance(entry, ledgerentries.Unit)
             prior = entry.held
             if entry.held is not None and (entry.held.code, entry.held.until) == (held.code, held.until):
                 return "already held"
-            entry.held = held if entry.held is None else ledger.HeldRestart(
+            entry.held = held if entry.held is None else ledgerentries.HeldRestart(
                 code=held.code, text=held.text, at=entry.held.at, until=min(held.until, entry.held.until),
                 cause=entry.held.cause)
             return None
@@ -378,8 +379,8 @@ class Coordinator:
 
     async def drop_hold(self, key: str, why: str) -> None:
         """Forget a held restart (planned again and done, expired, or recovered by itself)."""
-        def forget(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Unit)
+        def forget(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Unit)
             if entry.held is None:
                 return "not held"
             entry.held = None
@@ -406,8 +407,8 @@ class Coordinator:
             now = self._clock.now().timestamp()
             timeout = self._recovery().judgement.validation_timeout_seconds
 
-            def suspect(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-                assert isinstance(entry, ledger.Node)
+            def suspect(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+                assert isinstance(entry, ledgerentries.Node)
                 if entry.pending_suspicion() and entry.suspect_at is not None and now - entry.suspect_at < timeout:
                     return "already suspect, its validation not answered yet"
                 entry.suspect_at, entry.suspicion = now, step.evidence[:500]
@@ -421,8 +422,8 @@ class Coordinator:
     async def judge(self, step: st.Judge) -> st.Outcome:
         now = self._clock.now().timestamp()
 
-        def settle(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Node)
+        def settle(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
             entry.judged_at, entry.verdict = now, step.verdict
             return None
 
@@ -435,14 +436,14 @@ class Coordinator:
     async def latch(self, step: st.LatchBreaker) -> st.Outcome:
         now = self._clock.now().timestamp()
 
-        def open_(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Breaker)
+        def open_(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Breaker)
             if entry.latched:
                 return "already latched"
             entry.opened_at, entry.reason = now, step.reason[:250]
             return None
 
-        if await self._ledger.update(ledger.BREAKER_KEY, open_, now=now) is not None:
+        if await self._ledger.update(ledgerentries.BREAKER_KEY, open_, now=now) is not None:
             return st.Done(step, detail="already latched", noop=True)
         log.warning("breaker_latched", reason=step.reason)
         return st.Done(step)
@@ -451,9 +452,9 @@ class Coordinator:
         now = self._clock.now().timestamp()
         was = ""
 
-        def close(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
+        def close(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
             nonlocal was
-            assert isinstance(entry, ledger.Breaker)
+            assert isinstance(entry, ledgerentries.Breaker)
             if entry.reset_request == step.requested_at:
                 return "this request was acted on already"
             entry.reset_request = step.requested_at
@@ -463,7 +464,7 @@ class Coordinator:
             entry.opened_at, entry.reason, entry.closed_at = None, "", now
             return None
 
-        if await self._ledger.update(ledger.BREAKER_KEY, close, now=now) is not None or not was:
+        if await self._ledger.update(ledgerentries.BREAKER_KEY, close, now=now) is not None or not was:
             return st.Done(step, detail="the breaker was not latched", noop=True)
         log.info("breaker_reset", by="request", was=was)
         return st.Done(step, detail=f"it had latched open: {was}")

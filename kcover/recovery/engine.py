@@ -44,6 +44,7 @@ from kcover.recovery import (
     escalating,
     holding,
     ledger,
+    ledgerentries,
     planning,
     restarting,
     rules,
@@ -370,7 +371,7 @@ class RecoveryEngine:
                 why=f"kcover held it tainted since {_when(taint.at)}, {limit:g}s "
                     "(recovery.device_taints.max_hold_seconds), with no word that it is healthy again")])
 
-    def _unit_ref(self, held: ledger.HeldRestart) -> st.ObjectRef:
+    def _unit_ref(self, held: ledgerentries.HeldRestart) -> st.ObjectRef:
         cause = held.event()
         if cause is None:
             return self.controls_ref()

@@ -29,7 +29,7 @@ from typing import Protocol
 from kcover import model, settings
 from kcover.kube import projections as proj
 from kcover.nvml import xid_policy
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledger, ledgerentries
 from kcover.recovery import steps as st
 
 AK = model.Action
@@ -114,9 +114,9 @@ class Evidence(Protocol):
 
     def failures_at(self, node: str, since: float) -> list[ledger.Failure]: ...
 
-    def unit(self, key: str) -> ledger.Unit | None: ...
+    def unit(self, key: str) -> ledgerentries.Unit | None: ...
 
-    def node(self, name: str) -> ledger.Node | None: ...
+    def node(self, name: str) -> ledgerentries.Node | None: ...
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
     return None
 
 
-def _only_here(unit: ledger.Unit | None, node: str, since: float) -> bool:
+def _only_here(unit: ledgerentries.Unit | None, node: str, since: float) -> bool:
     """Every restart of the unit since `since` was for a fault on `node`."""
     if unit is None:
         return True

@@ -26,7 +26,7 @@ from kcover import codec, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, controls, cordoning, judging, ledger, rules
+from kcover.recovery import admission, controls, cordoning, judging, ledger, ledgerentries, rules
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -52,11 +52,11 @@ class Snapshot(controls.View, Protocol):
 class LedgerView(Protocol):
     """What the plan reads of the ledger (`ledger.Ledger` provides it)."""
 
-    def unit(self, key: str) -> ledger.Unit | None: ...
+    def unit(self, key: str) -> ledgerentries.Unit | None: ...
 
-    def node(self, name: str) -> ledger.Node | None: ...
+    def node(self, name: str) -> ledgerentries.Node | None: ...
 
-    def breaker(self) -> ledger.Breaker: ...
+    def breaker(self) -> ledgerentries.Breaker: ...
 
     def acted_on(self, signal: str, key: str) -> float | None: ...
 
@@ -70,14 +70,14 @@ class LedgerView(Protocol):
 
 
 class _Empty:
-    def unit(self, key: str) -> ledger.Unit | None:
+    def unit(self, key: str) -> ledgerentries.Unit | None:
         return None
 
-    def node(self, name: str) -> ledger.Node | None:
+    def node(self, name: str) -> ledgerentries.Node | None:
         return None
 
-    def breaker(self) -> ledger.Breaker:
-        return ledger.Breaker()
+    def breaker(self) -> ledgerentries.Breaker:
+        return ledgerentries.Breaker()
 
     def acted_on(self, signal: str, key: str) -> float | None:
         return None
@@ -297,7 +297,7 @@ class _Planner:
         limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
         return st.Hold(restart, code, text, until=min(until, limit) if until is not None else limit)
 
-    def _hold_for(self, restart: st.Restart, refused: admission.Refusal, entry: ledger.Unit | None) -> st.Hold | None:
+    def _hold_for(self, restart: st.Restart, refused: admission.Refusal, entry: ledgerentries.Unit | None) -> st.Hold | None:
         """A hold for a refusal whose blocker lifts, or None when it would not lift within `hold_seconds`."""
         limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
         if refused.code is Code.BUDGET_EXHAUSTED:
@@ -435,11 +435,11 @@ def _failing(pod: proj.Pod) -> bool:
     return any((c.terminated is not None and c.terminated.exit_code != 0) for c in pod.containers)
 
 
-def _cordoned_since(node: ledger.Node | None, since: float) -> bool:
+def _cordoned_since(node: ledgerentries.Node | None, since: float) -> bool:
     return node is not None and node.cordoned_at is not None and node.cordoned_at >= since
 
 
-def _restarted_since(unit: ledger.Unit | None, since: float) -> bool:
+def _restarted_since(unit: ledgerentries.Unit | None, since: float) -> bool:
     return unit is not None and any(t >= since for t in unit.restarts)
 
 
@@ -540,17 +540,17 @@ def verdict(node: str, outcome: codec.ValidationOutcome | None, text: str, cause
     it shows a hardware signal (`recovery.judgement.hardware_conditions`), else left schedulable."""
     p = _Planner(cause, snapshot, history, rs, now.timestamp(), blame=model.Blame.NODE)
     if outcome is codec.ValidationOutcome.PASSED:
-        return [st.Judge(node, ledger.Verdict.HEALTHY, text, cause)]
+        return [st.Judge(node, ledgerentries.Verdict.HEALTHY, text, cause)]
     if outcome is codec.ValidationOutcome.FAILED:
-        return [st.Judge(node, ledger.Verdict.FAULTY, text, cause),
+        return [st.Judge(node, ledgerentries.Verdict.FAULTY, text, cause),
                 *p.cordon(node, reason=f"suspect, and failed validation: {text}")]
     found = snapshot.node(node)
     signal = judging.hardware_signal([(c.type, c.status) for c in found.conditions] if found else [], rs.judgement)
     if signal:
         why = f"{text}; its condition {signal} is False"
-        return [st.Judge(node, ledger.Verdict.FAULTY, why, cause),
+        return [st.Judge(node, ledgerentries.Verdict.FAULTY, why, cause),
                 *p.cordon(node, reason=f"suspect, not validated, and a hardware signal: {why}")]
-    return [st.Judge(node, ledger.Verdict.UNVALIDATED, text, cause)]
+    return [st.Judge(node, ledgerentries.Verdict.UNVALIDATED, text, cause)]
 
 
 def about_event(event: model.CollectorEvent, snapshot: Snapshot) -> st.ObjectRef | None:

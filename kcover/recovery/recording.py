@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kcover import errors, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -502,9 +502,9 @@ def _kind_unserved(exc: errors.NotFoundError) -> bool:
     return str(details.get("kind") or "") not in ("namespaces",)
 
 
-_JUDGED = {ledger.Verdict.HEALTHY: (Phase.RECOVERED, "ValidatedHealthy"),
-           ledger.Verdict.FAULTY: (Phase.RECOVERED, "ValidationFailed"),
-           ledger.Verdict.UNVALIDATED: (Phase.REFUSED, "NotValidated")}
+_JUDGED = {ledgerentries.Verdict.HEALTHY: (Phase.RECOVERED, "ValidatedHealthy"),
+           ledgerentries.Verdict.FAULTY: (Phase.RECOVERED, "ValidationFailed"),
+           ledgerentries.Verdict.UNVALIDATED: (Phase.REFUSED, "NotValidated")}
 """A suspect node's Recovery after its verdict: validated healthy (left schedulable), failed (the cordon has a
 Recovery of its own), or not validated (left schedulable)."""
 

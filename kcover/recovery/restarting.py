@@ -33,7 +33,7 @@ from kcover import errors, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, judging, ledger, logsaving, planning
+from kcover.recovery import admission, judging, ledger, ledgerentries, logsaving, planning
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -51,24 +51,24 @@ def place_of(step: st.Restart) -> str:
     return judging.place_of(step.node, step.cause.fault)
 
 
-def _intent(step: st.Restart, *, identity: str, epoch: int, now: float) -> ledger.Intent:
+def _intent(step: st.Restart, *, identity: str, epoch: int, now: float) -> ledgerentries.Intent:
     w = step.workload
     uids = list(dict.fromkeys([*([step.pod.uid] if step.pod is not None else []), *(m.uid for m in step.members)]))
     fault = f"{step.cause.reason} from {step.cause.detector} on {step.cause.target.describe()}"
-    return ledger.Intent(id=uuid.uuid4().hex[:12], fault=step.cause.id, leader=identity, epoch=epoch, at=now,
-                         workload=(w.kind, w.api_version, w.namespace, w.name, w.uid), selector=step.selector.render(),
-                         pod=(step.pod.namespace, step.pod.name, step.pod.uid) if step.pod is not None else None,
-                         uids=tuple(uids[:ledger.MAX_INTENT_UIDS]), complete=len(uids) <= ledger.MAX_INTENT_UIDS,
-                         message=model.fit(f"{step.what} after {fault}: {step.cause.message}", 300), unit=step.unit)
+    return ledgerentries.Intent(id=uuid.uuid4().hex[:12], fault=step.cause.id, leader=identity, epoch=epoch, at=now,
+                                workload=(w.kind, w.api_version, w.namespace, w.name, w.uid), selector=step.selector.render(),
+                                pod=(step.pod.namespace, step.pod.name, step.pod.uid) if step.pod is not None else None,
+                                uids=tuple(uids[:ledgerentries.MAX_INTENT_UIDS]), complete=len(uids) <= ledgerentries.MAX_INTENT_UIDS,
+                                message=model.fit(f"{step.what} after {fault}: {step.cause.message}", 300), unit=step.unit)
 
 
-def vet(key: str, intent: ledger.Intent, snapshot: planning.Snapshot,
+def vet(key: str, intent: ledgerentries.Intent, snapshot: planning.Snapshot,
         rs: settings.RecoverySettings) -> st.Restart | str:
     """The restart a pending intent stands for, rebuilt from the cluster as the cache shows it now, or why
     the cluster disagrees with it (then it is dropped: anyone allowed to write LedgerEntries could have
     written it). It must name a workload that exists with the recorded uid, kind, namespace and name, whose
     namespace is allowed, which is opted in, and whose unit `key` has a live pod with the recorded selector.
-    The members are the unit's live pods the intent recorded (all of them, up to `ledger.MAX_INTENT_UIDS`;
+    The members are the unit's live pods the intent recorded (all of them, up to `ledgerentries.MAX_INTENT_UIDS`;
     past it, also those certainly created before the intent): a pod its controller created since is never
     taken away."""
     kind, api_version, namespace, name, uid = intent.workload
@@ -128,7 +128,7 @@ def _created_before(pod: proj.Pod, at: float) -> bool:
         return False
 
 
-def resume_steps(pending: dict[str, ledger.Intent], busy: set[str]) -> list[st.Resume]:
+def resume_steps(pending: dict[str, ledgerentries.Intent], busy: set[str]) -> list[st.Resume]:
     """One `Resume` per pending intent not being carried out here right now, oldest first."""
     return [st.Resume(key=key, intent=intent) for key, intent in sorted(pending.items(), key=lambda kv: kv[1].at)
             if intent.id not in busy]
@@ -163,8 +163,8 @@ class Restarter:
         breaker = self._ledger.breaker()
         retention = rs.memory_seconds()
 
-        def record(entry: ledger.Entry, signals: dict[str, float]) -> admission.Refusal | None:
-            assert isinstance(entry, ledger.Unit)
+        def record(entry: ledgerentries.Entry, signals: dict[str, float]) -> admission.Refusal | None:
+            assert isinstance(entry, ledgerentries.Unit)
             if entry.intent is not None and entry.intent.id == intent.id:
                 return None  # an earlier attempt of this very write landed; its answer was lost
             refused = (admission.replayed(signals.get(f"{signal}|{key}") if signal else None, signal, step.what)
@@ -190,7 +190,7 @@ class Restarter:
         finally:
             self.busy.discard(intent.id)
 
-    async def _carry_out(self, step: st.Restart, intent: ledger.Intent, members: Sequence[st.PodRef]) -> st.Outcome:
+    async def _carry_out(self, step: st.Restart, intent: ledgerentries.Intent, members: Sequence[st.PodRef]) -> st.Outcome:
         rs = self._recovery()
         where = ""
         if self._save_logs is not None and rs.save_logs.enabled:
@@ -248,11 +248,11 @@ class Restarter:
             raise group.exceptions[0] from None
         return counts[gateway.Removal.REMOVED], counts[gateway.Removal.HELD]
 
-    async def _refund(self, key: str, intent: ledger.Intent) -> bool:
+    async def _refund(self, key: str, intent: ledgerentries.Intent) -> bool:
         """Take a restart that did not happen off the unit's budget, with its intent; False if another replica
         changed the intent meanwhile."""
-        def refund(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Unit)
+        def refund(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Unit)
             if entry.intent is None or entry.intent.id != intent.id:
                 return "another replica handled it"
             entry.intent = None
@@ -263,7 +263,7 @@ class Restarter:
 
     # ------------------------------------------------------------------------------------ resume
 
-    def _live(self, intent: ledger.Intent) -> bool:
+    def _live(self, intent: ledgerentries.Intent) -> bool:
         """A pod the intent names is still cached and not terminating: its removals did not (all) happen."""
         for uid in intent.uids:
             pod = self._snapshot.pod(uid)
@@ -298,8 +298,8 @@ class Restarter:
             if (intent.leader, intent.epoch) != (self.identity, self._epoch()):
                 claimed = dataclasses.replace(intent, leader=self.identity, epoch=self._epoch())
 
-                def claim(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-                    assert isinstance(entry, ledger.Unit)
+                def claim(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+                    assert isinstance(entry, ledgerentries.Unit)
                     current = entry.intent
                     if current is None or current.id != intent.id or current.leader != intent.leader:
                         return "another replica took it over"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kcover import kinds, model
 from kcover.kube import events
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 
 ObjectRef = events.About
 """What an Event is about (`involvedObject`): the Event builder's own type, so an `Emit` needs no translation."""
@@ -239,7 +239,7 @@ class Resume:
     leader's own whose removals failed. `restart` is what it stands for, once vetted against the cluster."""
 
     key: str
-    intent: ledger.Intent
+    intent: ledgerentries.Intent
     restart: Restart | None = None
 
     @property
@@ -302,7 +302,7 @@ class Judge:
     longer counts) and its Recovery."""
 
     node: str
-    verdict: ledger.Verdict
+    verdict: ledgerentries.Verdict
     text: str
     cause: model.CollectorEvent
 

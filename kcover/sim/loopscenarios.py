@@ -21,7 +21,7 @@ from kcover import codec
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 from kcover.kube import gateway
-from kcover.recovery import controls, ledger, returning
+from kcover.recovery import controls, ledgerentries, returning
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios as sc
 
@@ -209,13 +209,13 @@ async def pause(run: sc.Run) -> None:
 
 # ---------------------------------------------------------------------------------------------- breaker-latch
 
-def _breaker(c: cluster_.SimCluster) -> ledger.Breaker:
+def _breaker(c: cluster_.SimCluster) -> ledgerentries.Breaker:
     """The breaker as the ledger in the simulated cluster holds it."""
     for obj in c.srv.store.iter_objects("ledgerentries.kcover.io"):
-        raw = (obj.get("data") or {}).get(ledger.BREAKER_KEY)
+        raw = (obj.get("data") or {}).get(ledgerentries.BREAKER_KEY)
         if raw:
-            return ledger.Breaker.decode(orjson.loads(raw))
-    return ledger.Breaker()
+            return ledgerentries.Breaker.decode(orjson.loads(raw))
+    return ledgerentries.Breaker()
 
 
 async def breaker_latch(run: sc.Run) -> None:

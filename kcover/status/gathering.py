@@ -24,7 +24,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import caching, gateway, gpus, leasing
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
-from kcover.recovery import admission, controls, ledger, recording
+from kcover.recovery import admission, controls, ledger, ledgerentries, recording
 from kcover.status import deployed
 from kcover.status import report as report_
 
@@ -86,7 +86,7 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
     report.ledger_available = book is not None
     if book is not None:
         report.held = [_held(book, key, h) for key, h in sorted(book.held().items(), key=lambda kv: kv[1].at)]
-    report.breaker = _breaker(book.breaker() if book is not None else ledger.Breaker(), rs, now.timestamp())
+    report.breaker = _breaker(book.breaker() if book is not None else ledgerentries.Breaker(), rs, now.timestamp())
     report.suspects = _suspects(book, rs, now.timestamp()) if book is not None else []
     report.limits = _limits(book, rs, report, now.timestamp())
     report.recoveries, report.recoveries_available = await _recoveries(kube, now)
@@ -152,7 +152,7 @@ async def _ledger(kube: kube_client.KubeClient, rs: settings.RecoverySettings) -
     return book
 
 
-def _breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) -> report_.Breaker:
+def _breaker(state: ledgerentries.Breaker, rs: settings.RecoverySettings, now: float) -> report_.Breaker:
     left = 0.0
     if not state.latched and state.closed_at is not None:
         left = max(0.0, rs.breaker_cooldown_seconds - (now - state.closed_at))
@@ -161,7 +161,7 @@ def _breaker(state: ledger.Breaker, rs: settings.RecoverySettings, now: float) -
                            reset_at=report_.when(state.closed_at), cooling_seconds_left=round(left, 1))
 
 
-def _held(book: ledger.Ledger, key: str, hold: ledger.HeldRestart) -> report_.Held:
+def _held(book: ledger.Ledger, key: str, hold: ledgerentries.HeldRestart) -> report_.Held:
     unit = book.unit(key)
     return report_.Held(key, (unit.note if unit is not None else "") or key, hold.code, hold.text,
                         report_.when(hold.at), report_.when(hold.until))

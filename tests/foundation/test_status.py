@@ -131,7 +131,7 @@ async def test_a_workload_out_of_budget_is_read_from_the_per_unit_ledger() -> No
     from kcover.aio import clock as clock_
     from kcover.kube import client as client_
     from kcover.kube import gateway
-    from kcover.recovery import ledger
+    from kcover.recovery import ledger, ledgerentries
     from kcover.sim import server as simserver
 
     cfg = settings.Settings.model_validate({"recovery": {"max_restarts_per_window": 2}})
@@ -140,9 +140,9 @@ async def test_a_workload_out_of_budget_is_read_from_the_per_unit_ledger() -> No
         led = ledger.Ledger(gateway.Http(kube), namespace=cfg.recovery.ledger_namespace,
                             name=cfg.recovery.ledger_name, retention_seconds=lambda: 3600.0)
 
-        def restarted(times: list[float], note: str) -> Callable[[ledger.Entry, dict[str, float]], None]:
-            def mutate(entry: ledger.Entry, signals: dict[str, float]) -> None:
-                assert isinstance(entry, ledger.Unit)
+        def restarted(times: list[float], note: str) -> Callable[[ledgerentries.Entry, dict[str, float]], None]:
+            def mutate(entry: ledgerentries.Entry, signals: dict[str, float]) -> None:
+                assert isinstance(entry, ledgerentries.Unit)
                 for at in times:
                     entry.record(at, "")
                 entry.note = note

@@ -31,7 +31,7 @@ from kcover.detectors import event_watcher
 from kcover.kube import caching
 from kcover.kube import projections as proj
 from kcover.nvml import dcgmi, xid_policy
-from kcover.recovery import ledger, restarting
+from kcover.recovery import ledger, ledgerentries, restarting
 
 EXAMPLES = 250
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -147,11 +147,11 @@ def test_a_ledger_entry_decodes_anything_into_an_entry_it_can_write_again(data: 
     nothing, and never raises; what it reads writes back to the same entry."""
     item: dict[str, Any] = {"metadata": {"name": "kcover-ledger.x", "resourceVersion": "1"}, "data": data}
     book = ledger.Ledger.offline()
-    parsed = ledger._parse(item)  # the one read path of every entry
+    parsed = ledgerentries.parse_body(item)  # the one read path of every entry
     if parsed is None:
         return
     key, held = parsed
-    again = ledger.decode_entry(key, orjson.loads(orjson.dumps(held.entry.encode())))
+    again = ledgerentries.decode_entry(key, orjson.loads(orjson.dumps(held.entry.encode())))
     assert again == held.entry
     assert book.acted_on("", key) is None
 
@@ -159,9 +159,9 @@ def test_a_ledger_entry_decodes_anything_into_an_entry_it_can_write_again(data: 
 @FUZZ
 @given(json_like(LEDGER_KEYS))
 def test_an_intent_decodes_or_is_absent(raw: Any) -> None:
-    intent = ledger.Intent.decode(raw)
+    intent = ledgerentries.Intent.decode(raw)
     if intent is not None:
-        assert ledger.Intent.decode(intent.encode()) == intent
+        assert ledgerentries.Intent.decode(intent.encode()) == intent
 
 
 def _cache() -> caching.ClusterCache:
@@ -188,7 +188,7 @@ CACHE = _cache()
                                                                min_size=3, max_size=3), max_size=2),
                                        "p": st.lists(words, min_size=3, max_size=3)}))
 def test_vetting_answers_every_intent(key: str, raw: dict[str, Any]) -> None:
-    intent = ledger.Intent.decode(raw)
+    intent = ledgerentries.Intent.decode(raw)
     assert intent is not None
     rebuilt = restarting.vet(key, intent, CACHE, settings_.RecoverySettings())
     if not isinstance(rebuilt, str):  # only the real workload, with the selector its kind gives, passes

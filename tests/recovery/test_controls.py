@@ -13,7 +13,7 @@ from harness import engines
 
 from kcover.aio import clock as clock_
 from kcover.kube import caching, gateway
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledgerentries
 
 CM = "kcover-controls"
 NS = "kcover-system"
@@ -27,7 +27,7 @@ def view(annotations: dict[str, str] | None) -> caching.ClusterCache:
     return caching.ClusterCache.offline(objs)
 
 
-LATCHED = ledger.Breaker(opened_at=100.0, reason="2 of 10 GPU nodes cordoned")
+LATCHED = ledgerentries.Breaker(opened_at=100.0, reason="2 of 10 GPU nodes cordoned")
 
 
 @pytest.mark.parametrize(("annotations", "breaker", "expected"), [
@@ -38,20 +38,20 @@ LATCHED = ledger.Breaker(opened_at=100.0, reason="2 of 10 GPU nodes cordoned")
     ({}, LATCHED, ""),
     (None, LATCHED, ""),
     # a request acted on once does not reset a later latch
-    ({controls.BREAKER_RESET: "true"}, ledger.Breaker(opened_at=200.0, reason="x", reset_request="true"), ""),
+    ({controls.BREAKER_RESET: "true"}, ledgerentries.Breaker(opened_at=200.0, reason="x", reset_request="true"), ""),
     # on a breaker that is not latched a request changes nothing (and is not even looked at)
-    ({controls.BREAKER_RESET: "2026-01-01T00:00:00Z"}, ledger.Breaker(), ""),
+    ({controls.BREAKER_RESET: "2026-01-01T00:00:00Z"}, ledgerentries.Breaker(), ""),
 ])
-def test_which_reset_request_the_leader_acts_on(annotations: dict[str, str] | None, breaker: ledger.Breaker,
+def test_which_reset_request_the_leader_acts_on(annotations: dict[str, str] | None, breaker: ledgerentries.Breaker,
                                                 expected: str) -> None:
     assert controls.reset_request(view(annotations), breaker) == expected
 
 
 def test_describe_says_what_the_breaker_is_doing() -> None:
     assert controls.describe(LATCHED, now=200.0, cooldown_seconds=300).startswith("latched open since ")
-    assert controls.describe(ledger.Breaker(closed_at=150.0), now=200.0, cooldown_seconds=300) == \
+    assert controls.describe(ledgerentries.Breaker(closed_at=150.0), now=200.0, cooldown_seconds=300) == \
         "reset 50s ago; cooling down for 250s"
-    assert controls.describe(ledger.Breaker(closed_at=150.0), now=500.0, cooldown_seconds=300) == "closed"
+    assert controls.describe(ledgerentries.Breaker(closed_at=150.0), now=500.0, cooldown_seconds=300) == "closed"
 
 
 @pytest.mark.looptime

@@ -17,7 +17,7 @@ from harness import engines
 from harness import objects as o
 
 from kcover import model, settings
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 
 pytestmark = pytest.mark.looptime
 
@@ -56,7 +56,7 @@ def recorded(r: engines.Rig, node: str) -> list[str]:
     for obj in r.store.iter_objects("ledgerentries.kcover.io"):
         raw = (obj.get("data") or {}).get(f"n.{node}")
         if raw:
-            return sorted(ledger.Node.decode(orjson.loads(raw)).devices)
+            return sorted(ledgerentries.Node.decode(orjson.loads(raw)).devices)
     return []
 
 

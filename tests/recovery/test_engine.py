@@ -17,7 +17,7 @@ from harness import objects as o
 
 from kcover import kinds, model
 from kcover.kube import projections as proj
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledgerentries
 from kcover.recovery import steps as st
 
 pytestmark = pytest.mark.looptime
@@ -254,12 +254,12 @@ async def test_a_replica_that_is_not_leading_writes_nothing() -> None:
         assert r.pod_uids() == {f"train-{i}" for i in range(4)}
 
 
-def _breaker(r: engines.Rig) -> ledger.Breaker:
+def _breaker(r: engines.Rig) -> ledgerentries.Breaker:
     for obj in r.store.iter_objects("ledgerentries.kcover.io"):
-        raw = (obj.get("data") or {}).get(ledger.BREAKER_KEY)
+        raw = (obj.get("data") or {}).get(ledgerentries.BREAKER_KEY)
         if raw:
-            return ledger.Breaker.decode(orjson.loads(raw))
-    return ledger.Breaker()
+            return ledgerentries.Breaker.decode(orjson.loads(raw))
+    return ledgerentries.Breaker()
 
 
 async def test_the_breaker_latches_holds_restarts_and_is_reset_on_request() -> None:
@@ -298,7 +298,7 @@ async def test_a_reset_request_on_a_breaker_that_is_not_latched_changes_nothing(
             "annotations": {controls.BREAKER_RESET: "2025-06-01T12:00:10Z"}}})
         await r.settle()
         await r.tick()
-        assert _breaker(r) == ledger.Breaker()
+        assert _breaker(r) == ledgerentries.Breaker()
         assert not r.events("KcoverBreakerReset")
         assert "UPDATE ledgerentries.kcover.io" not in r.requests
         assert "CREATE ledgerentries.kcover.io" not in r.requests

@@ -18,7 +18,7 @@ from harness import objects as o
 from kcover import errors, kinds, model
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import ledger
+from kcover.recovery import ledgerentries
 
 pytestmark = pytest.mark.looptime
 
@@ -47,7 +47,7 @@ def entries(r: engines.Rig) -> dict[str, dict[str, Any]]:
     out = {}
     for obj in r.store.iter_objects("ledgerentries.kcover.io"):
         for key, raw in (obj.get("data") or {}).items():
-            if key != ledger.SIGNALS:
+            if key != ledgerentries.SIGNALS:
                 out[key] = orjson.loads(raw)
     return out
 
@@ -187,13 +187,13 @@ async def test_an_intent_older_than_the_cooldown_is_given_up_refunded_and_report
 async def test_a_forged_intent_naming_another_workload_is_dropped_and_reported() -> None:
     """A LedgerEntry is data, not a command: one that names a workload the key is not its own is refused."""
     async with engines.rig(world()) as r:
-        forged = ledger.Intent(id="forged", fault="x", leader="mallory", epoch=9, at=engines.START.timestamp(),
-                               workload=("PyTorchJob", "kubeflow.org/v1", "ml", "eval", "train-uid"),
-                               selector="x=y", uids=("eval-0",), complete=True)
+        forged = ledgerentries.Intent(id="forged", fault="x", leader="mallory", epoch=9, at=engines.START.timestamp(),
+                                      workload=("PyTorchJob", "kubeflow.org/v1", "ml", "eval", "train-uid"),
+                                      selector="x=y", uids=("eval-0",), complete=True)
         r.create({"apiVersion": "kcover.io/v1alpha1", "kind": "LedgerEntry", "metadata": {
             "name": "kcover-ledger.w.train-uid", "namespace": "kcover-system",
             "labels": {"kcover.io/ledger": "kcover-ledger"}},
-            "data": {"w.train-uid": orjson.dumps(ledger.Unit(restarts=[forged.at], intent=forged).encode()).decode()}})
+            "data": {"w.train-uid": orjson.dumps(ledgerentries.Unit(restarts=[forged.at], intent=forged).encode()).decode()}})
         await r.tick()
         assert r.requests.get("DELETE pods", 0) == 0
         (refused,) = r.events("KcoverIntentRefused")

@@ -15,7 +15,7 @@ from harness import objects as o
 from kcover import errors, kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import holding, ledger, planning, rules
+from kcover.recovery import holding, ledger, ledgerentries, planning, rules
 from kcover.recovery import steps as st
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -112,7 +112,7 @@ def rs(**kw: Any) -> settings.RecoverySettings:
 
 
 def restarted(key: str, *times: float) -> planning.History:
-    return planning.History(ledger=ledger.Ledger.offline({key: ledger.Unit(restarts=list(times))}))
+    return planning.History(ledger=ledger.Ledger.offline({key: ledgerentries.Unit(restarts=list(times))}))
 
 
 KF_SEL = "training.kubeflow.org/job-name=train,training.kubeflow.org/operator-name=pytorchjob-controller"
@@ -180,7 +180,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
     ("rule can make a node fault cordon only", node_event("n2"), H0,
      {"rules": [{"detector": "node-condition", "action": "cordon-node"}]}, ["cordon n2"]),
     ("node cooldown", node_event("n2"),
-     planning.History(ledger=ledger.Ledger.offline({"n.n2": ledger.Node(cordoned_at=T - 60)})), {},
+     planning.History(ledger=ledger.Ledger.offline({"n.n2": ledgerentries.Node(cordoned_at=T - 60)})), {},
      ["skip Cooldown quiet", PT]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown quiet"]),
     ("a container's exit blames the workload: a cordon rule only reports", pod_event("vc-0"), H0,
@@ -266,12 +266,12 @@ def test_cordons_in_flight_count_against_the_breaker() -> None:
 
 
 def test_a_latched_breaker_holds_restarts_and_refuses_cordons() -> None:
-    latched = planning.History(ledger=ledger.Ledger.offline({ledger.BREAKER_KEY: ledger.Breaker(
+    latched = planning.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(
         opened_at=T - 100, reason="too many cordons")}))
     assert summary(planning.plan(pod_event("pt-0"), world(), latched, rs(), NOW)) == ["hold BreakerLatched w.pt-uid"]
     assert summary(planning.plan(node_event("n1", recommended=model.Action.CORDON_NODE), world(), latched, rs(),
                                  NOW)) == ["skip BreakerLatched"]
-    reset = planning.History(ledger=ledger.Ledger.offline({ledger.BREAKER_KEY: ledger.Breaker(closed_at=T - 10)}))
+    reset = planning.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(closed_at=T - 10)}))
     assert summary(planning.plan(pod_event("pt-0"), world(), reset, rs(), NOW)) == ["hold BreakerCooldown w.pt-uid"]
 
 
@@ -389,8 +389,8 @@ def test_invalid_rules(raw: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------------ held restarts
 
-def _held(cause: model.CollectorEvent, *, at: float = T - 60, until: float = T + 600) -> ledger.HeldRestart:
-    return ledger.HeldRestart(code="Paused", text="paused", at=at, until=until, cause=cause.model_dump_json())
+def _held(cause: model.CollectorEvent, *, at: float = T - 60, until: float = T + 600) -> ledgerentries.HeldRestart:
+    return ledgerentries.HeldRestart(code="Paused", text="paused", at=at, until=until, cause=cause.model_dump_json())
 
 
 def test_a_held_restart_runs_once_its_blocker_lifted() -> None:

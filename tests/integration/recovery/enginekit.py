@@ -19,7 +19,7 @@ from kcover import cli, errors, kinds, metrics, model, settings
 from kcover.controller import recovering
 from kcover.kube import caching, client
 from kcover.kube import projections as proj
-from kcover.recovery import ledger
+from kcover.recovery import ledger, ledgerentries
 from kcover.recovery import steps as st
 
 Cluster = Any  # tests/backends.py's Cluster
@@ -216,7 +216,7 @@ async def ledger_data(cluster: Cluster) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in await items(cluster, f"/apis/kcover.io/v1alpha1/namespaces/{cluster.namespace}/ledgerentries"):
         for key, raw in (item.get("data") or {}).items():
-            if key != ledger.SIGNALS:
+            if key != ledgerentries.SIGNALS:
                 out[key] = orjson.loads(raw)
     return out
 

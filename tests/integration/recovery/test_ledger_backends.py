@@ -16,7 +16,7 @@ import orjson
 from kcover import settings
 from kcover.kube import client as client_
 from kcover.kube import gateway
-from kcover.recovery import admission, ledger
+from kcover.recovery import admission, ledger, ledgerentries
 
 Cluster = Any
 NAME = "kcover-ledger"
@@ -34,18 +34,18 @@ async def _entries(cluster: Cluster) -> dict[str, dict[str, str]]:
     return {i["metadata"]["name"]: i.get("data") or {} for i in listed["items"]}
 
 
-def _intent(uid: str, at: float) -> ledger.Intent:
-    return ledger.Intent(id=f"i-{uid}", fault="f1", leader="a", epoch=1, at=at,
-                         workload=("PyTorchJob", "kubeflow.org/v1", "ml", "train", uid),
-                         selector="training.kubeflow.org/job-name=train", uids=("p0", "p1"), message="restart")
+def _intent(uid: str, at: float) -> ledgerentries.Intent:
+    return ledgerentries.Intent(id=f"i-{uid}", fault="f1", leader="a", epoch=1, at=at,
+                                workload=("PyTorchJob", "kubeflow.org/v1", "ml", "train", uid),
+                                selector="training.kubeflow.org/job-name=train", uids=("p0", "p1"), message="restart")
 
 
-def _restart(key: str, now: float, *, intent: ledger.Intent | None = None, signal: str = "") -> Any:
+def _restart(key: str, now: float, *, intent: ledgerentries.Intent | None = None, signal: str = "") -> Any:
     """The restart executor's record: refused by `admission` from what the entry holds, else recorded."""
-    def record(entry: ledger.Entry, signals: dict[str, float]) -> admission.Refusal | None:
-        assert isinstance(entry, ledger.Unit)
+    def record(entry: ledgerentries.Entry, signals: dict[str, float]) -> admission.Refusal | None:
+        assert isinstance(entry, ledgerentries.Unit)
         refused = (admission.replayed(signals.get(f"{signal}|{key}") if signal else None, signal, key)
-                   or admission.restart(entry, what=key, rs=RS, now=now, breaker_state=ledger.Breaker(), load=None))
+                   or admission.restart(entry, what=key, rs=RS, now=now, breaker_state=ledgerentries.Breaker(), load=None))
         if refused is None:
             entry.record(now, "gpu-1")
             entry.note = "PyTorchJob ml/train"
@@ -129,15 +129,15 @@ async def test_the_breaker_entry_is_one_object_both_replicas_agree_on(cluster: C
         await a.load()
         await b.load()
 
-        def latch(entry: ledger.Entry, signals: dict[str, float]) -> str | None:
-            assert isinstance(entry, ledger.Breaker)
+        def latch(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Breaker)
             if entry.latched:
                 return "already latched"
             entry.opened_at, entry.reason = now, "2 of 10 GPU nodes cordoned"
             return None
 
-        assert await a.update(ledger.BREAKER_KEY, latch, now=now) is None
-        assert await b.update(ledger.BREAKER_KEY, latch, now=now) == "already latched"  # re-read on its 409
+        assert await a.update(ledgerentries.BREAKER_KEY, latch, now=now) is None
+        assert await b.update(ledgerentries.BREAKER_KEY, latch, now=now) == "already latched"  # re-read on its 409
         assert b.breaker().latched
     fresh = _ledger(cluster)
     await fresh.load()

@@ -28,7 +28,7 @@ from enginekit import Clock, Cluster, Rig, events, items, run_cli
 
 from kcover import errors, model, settings
 from kcover.kube import caching, gateway, gpus
-from kcover.recovery import admission, controls, ledger
+from kcover.recovery import admission, controls, ledger, ledgerentries
 from kcover.status import report
 
 DRIVER = "gpu.nvidia.com"
@@ -174,7 +174,7 @@ FLEET, STORM, BATCHES = 1000, 100, 10
 LEDGER_ENTRIES = "/apis/kcover.io/v1alpha1/namespaces/{ns}/ledgerentries"
 
 
-async def _breaker(cluster: Cluster) -> ledger.Breaker:
+async def _breaker(cluster: Cluster) -> ledgerentries.Breaker:
     """The breaker as the ledger holds it, read over the API as `kcover breaker reset` reads it."""
     book = ledger.Ledger(gateway.Http(cluster.client), namespace=cluster.namespace, name="kcover-ledger",
                          retention_seconds=lambda: 3600.0)

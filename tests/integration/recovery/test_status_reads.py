@@ -26,7 +26,7 @@ from enginekit import run_cli as _cli
 
 from kcover.kube import gateway
 from kcover.kube import projections as proj
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledger, ledgerentries
 
 Cluster = Any
 
@@ -46,11 +46,11 @@ def _book(cluster: Cluster) -> ledger.Ledger:
                          retention_seconds=lambda: 86400.0)
 
 
-def _set(**fields: Any) -> Callable[[ledger.Entry, dict[str, float]], None]:
-    def mutate(entry: ledger.Entry, signals: dict[str, float]) -> None:
+def _set(**fields: Any) -> Callable[[ledgerentries.Entry, dict[str, float]], None]:
+    def mutate(entry: ledgerentries.Entry, signals: dict[str, float]) -> None:
         for key, value in fields.items():
             if key == "record":
-                assert isinstance(entry, ledger.Unit)
+                assert isinstance(entry, ledgerentries.Unit)
                 entry.record(*value)
             else:
                 setattr(entry, key, value)
@@ -88,12 +88,12 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
         "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "OnFailure"}}}})
     book = _book(cluster)
     tripped = "breaker tripped: kcover cordoned 3 nodes within 3600s (limit 3)"
-    await book.update(ledger.BREAKER_KEY, _set(opened_at=now - 600, reason=tripped), now=now)
-    hold = ledger.HeldRestart(code="BreakerLatched", text="breaker latched open", at=now - 300, until=now + 1500,
-                              cause="{}")
+    await book.update(ledgerentries.BREAKER_KEY, _set(opened_at=now - 600, reason=tripped), now=now)
+    hold = ledgerentries.HeldRestart(code="BreakerLatched", text="breaker latched open", at=now - 300, until=now + 1500,
+                                     cause="{}")
     await book.update("w.u1", _set(record=(now - 900, nodes[0]), note=f"PyTorchJob {ns}/train", held=hold), now=now)
-    intent = ledger.Intent(id="i1", fault="f1", leader="a", epoch=1, at=now - 800,
-                           workload=("PyTorchJob", "kubeflow.org/v1", ns, "other", "uid-2"))
+    intent = ledgerentries.Intent(id="i1", fault="f1", leader="a", epoch=1, at=now - 800,
+                                  workload=("PyTorchJob", "kubeflow.org/v1", ns, "other", "uid-2"))
     await book.update("w.u2", _set(record=(now - 800, nodes[1]), note=f"PyTorchJob {ns}/other", intent=intent),
                       now=now)
     await book.update(f"n.{nodes[0]}", _set(cordoned_at=now - 1000, reason="XID 79"), now=now)
@@ -101,7 +101,7 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
     evidence = "3 different workloads restarted within 21600s for faults on this node"
     await book.update(f"n.{nodes[2]}", _set(suspect_at=now - 100, suspicion=evidence), now=now)
     await book.update(f"n.{nodes[3]}", _set(suspect_at=now - 900, suspicion=evidence, judged_at=now - 800,
-                                            verdict=ledger.Verdict.HEALTHY), now=now)
+                                            verdict=ledgerentries.Verdict.HEALTHY), now=now)
     base = ("status", "--kubeconfig", cluster.kubeconfig_path, "--namespace", ns)
     code, text, err = await asyncio.to_thread(_cli, *base)
     code_json, doc_text, _ = await asyncio.to_thread(_cli, *base, "-o", "json")
@@ -155,7 +155,7 @@ async def test_a_reset_of_a_breaker_that_is_not_latched_writes_nothing_and_says_
     ns = cluster.namespace
     book = _book(cluster)
     now = time.time()
-    await book.update(ledger.BREAKER_KEY, _set(closed_at=now - 30), now=now)  # reset half a minute ago: closed
+    await book.update(ledgerentries.BREAKER_KEY, _set(closed_at=now - 30), now=now)  # reset half a minute ago: closed
     await _config_map(cluster, "kcover-config", data={"config.yaml": "recovery: {breaker_cooldown_seconds: 120}\n"})
     before = await cluster.client.request("GET", f"/apis/kcover.io/v1alpha1/namespaces/{ns}/ledgerentries")
     code, out, err = await asyncio.to_thread(_cli, "breaker", "reset", "--kubeconfig", cluster.kubeconfig_path,
@@ -178,7 +178,7 @@ async def test_a_reset_of_a_breaker_that_is_not_latched_writes_nothing_and_says_
 async def test_a_reset_of_a_latched_breaker_is_requested_in_the_release_namespace(cluster: Cluster) -> None:
     ns = cluster.namespace
     now = time.time()
-    await _book(cluster).update(ledger.BREAKER_KEY, _set(opened_at=now - 60, reason="breaker tripped"), now=now)
+    await _book(cluster).update(ledgerentries.BREAKER_KEY, _set(opened_at=now - 60, reason="breaker tripped"), now=now)
     code, out, err = await asyncio.to_thread(_cli, "breaker", "reset", "--kubeconfig", cluster.kubeconfig_path,
                                              "--namespace", ns, "--wait", "1")
     cm = await gateway.Http(cluster.client).get_config_map(ns, "kcover-controls")

@@ -23,7 +23,7 @@ import test_recovery_scenarios as base
 
 from kcover import errors
 from kcover.kube import gateway
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledger, ledgerentries
 
 Cluster = Any
 RESET = controls.RESET_REASON
@@ -39,7 +39,7 @@ async def _reset_events(cluster: Cluster) -> list[dict[str, Any]]:
             and e["involvedObject"].get("kind") == "ConfigMap"]
 
 
-async def _breaker(cluster: Cluster) -> ledger.Breaker:
+async def _breaker(cluster: Cluster) -> ledgerentries.Breaker:
     """The breaker as the ledger holds it, read over the API like `kcover breaker reset` reads it."""
     book = ledger.Ledger(gateway.Http(cluster.client), namespace=cluster.namespace, name="kcover-ledger",
                          retention_seconds=lambda: 3600.0)
@@ -87,7 +87,7 @@ async def test_breaker_reset_by_annotation_closes_the_latch_once_and_restarts_th
         await asyncio.sleep(1.5)  # past the node-condition detector's recovered_hold_seconds
         await loop._gpu_condition(cluster, second, healthy=False)
 
-        async def latched_again() -> ledger.Breaker | None:
+        async def latched_again() -> ledgerentries.Breaker | None:
             state = await _breaker(cluster)
             return state if state.latched else None
         again = await base._until(latched_again, "the breaker latched again")

@@ -28,7 +28,7 @@ import test_recovery_scenarios as base
 from kcover import errors, settings
 from kcover.agent import validating
 from kcover.kube import gateway
-from kcover.recovery import controls, ledger
+from kcover.recovery import controls, ledger, ledgerentries
 
 Cluster = Any
 STALLED = "KcoverRecoveryStalled"
@@ -323,7 +323,7 @@ async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp
     gw = gateway.Http(cluster.client)
     book = ledger.Ledger(gw, namespace=ns, name="kcover-ledger", retention_seconds=lambda: 3600.0)
 
-    async def breaker() -> ledger.Breaker:
+    async def breaker() -> ledgerentries.Breaker:
         await book.load()
         return book.breaker()
 
@@ -343,7 +343,7 @@ async def test_breaker_latches_until_reset_then_cools_down(cluster: Cluster, tmp
             await cluster.client.request("GET", f"/api/v1/namespaces/{ns}/configmaps/kcover-controls")
         value = await controls.request_reset(gw, namespace=ns, name="kcover-controls", now=base.clock_.utcnow())
 
-        async def closed() -> ledger.Breaker | None:
+        async def closed() -> ledgerentries.Breaker | None:
             state = await breaker()
             return state if not state.latched else None
         reset = await base._until(closed, "the breaker closed in the ledger")
