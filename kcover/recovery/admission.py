@@ -120,8 +120,9 @@ def cordon(node: ledgerentries.Node | None, name: str, *, rs: settings.RecoveryS
         return latched
     last = node.cordoned_at if node is not None else None
     if last is not None and now - last < rs.node_cooldown_seconds:
-        return Refusal(Code.COOLDOWN, f"Node {name} was cordoned {now - last:.0f}s ago; cooldown is "
-                       f"{rs.node_cooldown_seconds:.0f}s")
+        return Refusal(Code.NODE_COOLDOWN, f"Node {name} faulted again {now - last:.0f}s after kcover cordoned it, "
+                       f"and is in service: it is not cordoned again within recovery.node_cooldown_seconds "
+                       f"({rs.node_cooldown_seconds:.0f}s); look at it")
     if load is None:
         return None
     held = load.cordoned + load.cordons_in_flight

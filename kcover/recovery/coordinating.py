@@ -165,6 +165,8 @@ class Coordinator:
             return await self.restarter.resume(step)
         if isinstance(step, st.Cordon):
             return await self.cordon(step)
+        if isinstance(step, st.EnterCordon):
+            return await self.enter_cordon(step)
         if isinstance(step, st.Uncordon):
             return await self.uncordon(step)
         if isinstance(step, st.TaintDevice):
@@ -264,6 +266,24 @@ class Coordinator:
         if refusal is not None:
             return st.Done(step, detail=refusal[1], noop=True)
         log.info("node_cordoned", node=step.node, reason=step.reason, cause=step.cause.id)
+        return st.Done(step)
+
+    async def enter_cordon(self, step: st.EnterCordon) -> st.Outcome:
+        """The ledger entry of a cordon that landed without one; nothing if the entry holds it (or a later one)."""
+        now = self._clock.now().timestamp()
+
+        def enter(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
+            if cordoning.entered(entry.cordoned_at, step.at):
+                return "the ledger holds this cordon"
+            entry.cordoned_at = step.at
+            entry.reason = step.reason[:120]
+            return None
+
+        if await self._ledger.update(f"n.{step.node}", enter, now=now) is not None:
+            return st.Done(step, detail="the ledger holds this cordon", noop=True)
+        log.warning("node_cordon_entered", node=step.node, cordoned_at=step.at, reason=step.reason,
+                    why="kcover's cordon was on the node without its ledger entry (a term ended between the two)")
         return st.Done(step)
 
     async def uncordon(self, step: st.Uncordon) -> st.Outcome:

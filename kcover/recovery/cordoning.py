@@ -2,8 +2,9 @@
 
 Owns `refusal()` (the one rule for "kcover will not cordon this node": already cordoned by kcover, or
 unschedulable by someone else), applied by the plan to the cached node and by the executor to the node it
-just read, `cordon()` and `uncordon()`, the pure edits the executor applies before its write, and the
-hand-over rule below. At cordon
+just read, `cordon()` and `uncordon()`, the pure edits the executor applies before its write,
+`landed_at()` and `entered()` (is a cordon found on a node in its ledger entry), and the hand-over rule
+below. At cordon
 kcover writes `spec.unschedulable`, its taint (`recovery.taint_key`) and annotations, among them
 `kcover.io/cordon-taints`: the other scheduling taints (NoSchedule, NoExecute) the node had then.
 
@@ -31,10 +32,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kcover import model
+from kcover.aio import clock as clock_
 from kcover.kube import gateway
 from kcover.kube import projections as proj
 from kcover.recovery.steps import Code
 
+ENTRY_SLACK_SECONDS = 2.0
+"""How much earlier than a node's `kcover.io/cordoned-at` its ledger entry's cordon time may be and still
+be that cordon (the annotation is written at whole seconds, before the entry)."""
 SYSTEM_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 """Taints the node lifecycle and cloud controllers add and remove themselves: never a person's cordon."""
 BLOCKING = frozenset({"NoSchedule", "NoExecute"})
@@ -72,9 +77,12 @@ def taken_over(node: Mapping[str, Any], taint_key: str) -> str:
     return ""
 
 
-def refusal(*, cordoned_by_kcover: bool, unschedulable: bool, node: str) -> tuple[Code, str] | None:
-    """Why kcover does not cordon `node` now, or None."""
-    if cordoned_by_kcover:
+def refusal(*, cordoned_by_kcover: bool, unschedulable: bool, kcover_tainted: bool, node: str
+            ) -> tuple[Code, str] | None:
+    """Why kcover does not cordon `node` now, or None. kcover's cordon is in effect while its annotation is
+    there with `spec.unschedulable` or kcover's taint; its annotation alone (a person un-cordoned the node and
+    removed the taint, the marks left) is no cordon: a new fault cordons the node again."""
+    if cordoned_by_kcover and (unschedulable or kcover_tainted):
         return Code.ALREADY_CORDONED, f"Node {node} is already cordoned by kcover"
     if unschedulable:
         return Code.CORDONED_BY_OTHERS, (f"Node {node} is already unschedulable (not by kcover); kcover leaves it "
@@ -115,7 +123,8 @@ def cordon(node: gateway.NodeBody, *, taint_key: str, ours: list[gateway.TaintBo
     spec = node.setdefault("spec", {})
     name = meta.get("name", "")
     refused = refusal(cordoned_by_kcover=annotations.get(proj.CORDONED_BY) == "kcover",
-                      unschedulable=spec.get("unschedulable") is True, node=name)
+                      unschedulable=spec.get("unschedulable") is True,
+                      kcover_tainted=any(t.get("key") == taint_key for t in spec.get("taints") or []), node=name)
     if refused is not None:
         return refused
     mine = {(t["key"], t["effect"]) for t in ours}
@@ -128,6 +137,22 @@ def cordon(node: gateway.NodeBody, *, taint_key: str, ours: list[gateway.TaintBo
     annotations[proj.CORDONED_AT] = now
     meta["annotations"] = annotations
     return None
+
+
+def landed_at(node: proj.Node, taint_key: str) -> float | None:
+    """When kcover's whole cordon (its annotation, `spec.unschedulable` and its taint) landed on `node`, by its
+    `kcover.io/cordoned-at`; None when the node does not carry all of it or the time does not parse."""
+    if not (node.cordoned_by_kcover and node.unschedulable and any(t.key == taint_key for t in node.taints)):
+        return None
+    try:
+        return clock_.parse_time(proj.get(node.annotations, proj.CORDONED_AT)).timestamp()
+    except ValueError:
+        return None
+
+
+def entered(cordoned_at: float | None, landed: float) -> bool:
+    """Whether a ledger entry's cordon time (`cordoned_at`) is the cordon that `landed` then, or a later one."""
+    return cordoned_at is not None and cordoned_at >= landed - ENTRY_SLACK_SECONDS
 
 
 def uncordon(node: gateway.NodeBody, *, taint_key: str) -> tuple[tuple[Code, str] | None, str]:

@@ -14,7 +14,8 @@ superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecov
 `kcover_faults_given_up_total`. Nothing is lost silently.
 
 `tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
-the pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the
+kcover's cordons found on nodes without their ledger entry (entered, as on each load of the ledger), the
+pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the
 verifications' Events, the validations' answers, the drains, the device taints held past
 `recovery.device_taints.max_hold_seconds` (removed, with an Event), and the retried faults. The engine is
 called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
@@ -37,9 +38,11 @@ from prometheus_client import Counter, Gauge
 
 from kcover import errors, metrics, model, settings
 from kcover.aio import clock as clock_
+from kcover.kube import projections as proj
 from kcover.recovery import (
     controls,
     coordinating,
+    cordoning,
     devicetainting,
     escalating,
     holding,
@@ -56,6 +59,9 @@ log = structlog.get_logger()
 
 CORDON_RESERVATION_SECONDS = 60.0
 """A done cordon stays reserved until the cache shows the node cordoned, or this long at most."""
+ENTRY_SETTLE_SECONDS = 30.0
+"""The periodic pass enters a cordon found without its ledger entry once it is this old (its own write
+follows the Node's within milliseconds unless it failed)."""
 RETRY_INITIAL_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 """A fault whose first write failed is handled again after 1, 2, 4, ... seconds, at most 30 apart."""
@@ -110,9 +116,9 @@ class RecoveryEngine:
         self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
         """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._retries: dict[str, _Retry] = {}
+        """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._expiry_recorded: set[str] = set()
         """resourceIDs whose removal past `device_taints.max_hold_seconds` was recorded only (record-only mode)."""
-        """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._unavailable_said = False
         self.ledger_problem = ""
         """Why the ledger cannot be used now ("" while it can): what /readyz says of it."""
@@ -144,6 +150,7 @@ class RecoveryEngine:
     async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
         """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
         False when the ledger cannot be read."""
+        fresh = not self.ledger.loaded
         try:
             await self.ledger.ensure_loaded()
         except errors.NotLeaderError:
@@ -154,6 +161,8 @@ class RecoveryEngine:
         except errors.LedgerUnavailable as exc:
             await self._unavailable(exc)
             return False
+        if fresh:
+            await self._enter_cordons(settled=0.0)  # nothing of this term is in flight yet
         if self._unavailable_said:
             log.info("recovery_ledger_available")
             self._unavailable_said = False
@@ -173,6 +182,33 @@ class RecoveryEngine:
                                         f"device {dra[0].fault.dra.resource_id if dra[0].fault.dra else ''} and "
                                         "later device faults are answered at node level"))
         return True
+
+    async def _enter_cordons(self, *, settled: float) -> None:
+        """Enter in the ledger the cordons of kcover's found on nodes whose entry lacks them (`st.EnterCordon`):
+        the Node is written before its entry, so a term that ended between the two, or an entry write that
+        failed, left a cordon the node's cooldown and the breaker's window did not count. Only cordons recent
+        enough for either to count, and at least `settled` seconds old (so no cordon of this term is still
+        writing its entry). The annotation can be written by whoever may write the Node: entering a forged one
+        only holds kcover back (a cooldown, one more cordon in the window), never moves a node."""
+        rs = self._recovery()
+        now = self._clock.now().timestamp()
+        counts_since = now - max(rs.node_cooldown_seconds, rs.breaker_window_seconds)
+        found: list[st.Step] = []
+        for name in self._snapshot.cordoned_by_kcover():
+            node = self._snapshot.node(name)
+            landed = cordoning.landed_at(node, rs.taint_key) if node is not None else None
+            if node is None or landed is None or landed < counts_since or now - landed < settled:
+                continue
+            entry = self.ledger.node(name)
+            if not cordoning.entered(entry.cordoned_at if entry is not None else None, landed):
+                found.append(st.EnterCordon(node=name, at=min(landed, now),
+                                            reason=proj.get(node.annotations, proj.CORDON_REASON)))
+        if not found:
+            return
+        try:
+            await self.coordinator.run(found)
+        except errors.LedgerUnavailable as exc:  # its CRD went away since it was read: said, and entered later
+            await self._unavailable(exc)
 
     async def _unavailable(self, exc: errors.LedgerUnavailable) -> None:
         """The ledger's kind is not served: said once (log, Event, `kcover_ledger_available` 0, readiness)."""
@@ -291,6 +327,7 @@ class RecoveryEngine:
         request = controls.reset_request(self._snapshot, breaker)
         if request:
             await self.coordinator.run([st.ResetBreaker(requested_at=request)])
+        await self._enter_cordons(settled=ENTRY_SETTLE_SECONDS)
         await self.coordinator.run(restarting.resume_steps(self.ledger.pending(), self.coordinator.restarter.busy))
         await self._held(now, rs)
         if self._verifier is not None:

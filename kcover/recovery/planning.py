@@ -354,7 +354,7 @@ class _Planner:
         if name in self.planned_cordons:
             return []
         refused = cordoning.refusal(cordoned_by_kcover=node.cordoned_by_kcover, unschedulable=node.unschedulable,
-                                    node=name)
+                                    kcover_tainted=any(t.key == self.rs.taint_key for t in node.taints), node=name)
         if refused is not None:
             return [self.refuse(refused[0], refused[1], about)]
         if name in self.history.cordons_in_flight:

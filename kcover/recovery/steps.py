@@ -79,7 +79,12 @@ class Code(enum.StrEnum):
     PAUSED = "Paused"
     """`controls.paused_scope`: `kcover.io/paused=true` at the global, namespace, workload, pod or node scope."""
     COOLDOWN = "Cooldown"
-    """`admission.admit_restart` / `admit_cordon`: the unit or node was acted on within its cooldown."""
+    """`admission.restart`, `planning`: the unit was restarted within its cooldown (or a restart of it is in
+    flight)."""
+    NODE_COOLDOWN = "NodeCooldown"
+    """`admission.cordon`: the node, in service again (returned or uncordoned by a person), faulted within
+    `recovery.node_cooldown_seconds` of kcover's last cordon of it. Not routine: an Event says it was left
+    in service (a node kcover holds cordoned is `ALREADY_CORDONED`, decided before this)."""
     BUDGET_EXHAUSTED = "BudgetExhausted"
     """`admission.admit_restart`: the unit's restarts within the window reached the budget."""
     ALREADY_ACTED = "AlreadyActedOn"
@@ -93,7 +98,8 @@ class Code(enum.StrEnum):
     BREAKER_COOLDOWN = "BreakerCooldown"
     """`admission.breaker`: a latched breaker was reset less than `recovery.breaker_cooldown_seconds` ago."""
     ALREADY_CORDONED = "AlreadyCordoned"
-    """`cordoning.refusal`: kcover already cordoned the node."""
+    """`cordoning.refusal`: kcover's cordon is in effect on the node (its annotation, with `spec.unschedulable`
+    or kcover's taint)."""
     CORDONED_BY_OTHERS = "CordonedByOthers"
     """`cordoning.refusal`: someone else made the node unschedulable; kcover leaves it alone."""
     NOT_CORDONED_BY_KCOVER = "NotCordonedByKcover"
@@ -161,6 +167,18 @@ class Cordon:
     reason: str
     cause: model.CollectorEvent
     blame: model.Blame = model.Blame.UNKNOWN
+
+
+@dataclass(frozen=True)
+class EnterCordon:
+    """Enter in the ledger a cordon of kcover's found on a node whose entry lacks it: a term ended between
+    the Node write and its entry (`Coordinator.cordon` writes them in that order), or the entry's write
+    failed. The node's cooldown and the breaker's window then count it, as they count every other cordon."""
+
+    node: str
+    at: float
+    """Epoch seconds of the cordon: the node's `kcover.io/cordoned-at`."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -347,7 +365,7 @@ class Emit:
     warning: bool = True
 
 
-Step = (Restart | Resume | Cordon | Uncordon | TaintDevice | UntaintDevice | Report | Refuse | Hold | Drain
+Step = (Restart | Resume | Cordon | EnterCordon | Uncordon | TaintDevice | UntaintDevice | Report | Refuse | Hold | Drain
         | RequestRemediation | CallPerson | RequestValidation | Judge | RecordOnly | LatchBreaker | ResetBreaker
         | Emit)
 
@@ -358,7 +376,8 @@ def name_of(step: Step) -> str:
 
 
 _NAMES: dict[type, str] = {
-    Restart: "restart_workload", Resume: "restart_workload", Cordon: "cordon_node", Uncordon: "uncordon_node", TaintDevice: "taint_device",
+    Restart: "restart_workload", Resume: "restart_workload", Cordon: "cordon_node", EnterCordon: "enter_cordon",
+    Uncordon: "uncordon_node", TaintDevice: "taint_device",
     UntaintDevice: "untaint_device", Report: "report", Refuse: "refuse", Hold: "hold", Drain: "drain",
     RequestRemediation: "remediation", CallPerson: "call_person", RequestValidation: "request_validation",
     Judge: "judge_node", LatchBreaker: "latch_breaker", ResetBreaker: "reset_breaker", Emit: "event",

@@ -358,3 +358,50 @@ async def test_a_held_restart_whose_job_recovered_by_itself_leaves_its_recovery_
         assert (record["status"]["phase"], record["status"]["cause"]) == ("Recovered", "RecoveredByItself")
         assert "recovered by itself" in record["status"]["message"]
         assert r.events("KcoverRestartedWorkload") == [], "nothing restarted"
+
+
+async def test_a_node_faulting_again_in_service_within_its_cooldown_is_refused_with_an_event() -> None:
+    """kcover cordoned a node and returned it; the node faults again within `recovery.node_cooldown_seconds`.
+    It is not cordoned again, and the refusal is not routine: an Event (and a Recovery) on the node says it
+    was left in service, where a node kcover still holds cordoned is refused silently."""
+    async with engines.rig(nodes(2)) as r:
+        await r.handle(node_fault("n0"))
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True
+        await r.handle(node_fault("n0"))
+        assert not r.events("KcoverRecoverySkipped"), "a node kcover holds cordoned: a routine refusal"
+        await r.leader.inner.coordinator.run([st.Uncordon(node="n0", cause=node_fault("n0"))])
+        await r.settle()
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is not True
+        await asyncio.sleep(60)
+        await r.handle(node_fault("n0"))
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is not True, "within its cooldown"
+        [skipped] = r.events("KcoverRecoverySkipped", name="n0")
+        assert skipped["type"] == "Warning"
+        assert skipped["message"].startswith("NodeCooldown: Node n0 faulted again 6")  # 60 s and the settling
+        assert "not cordoned again within recovery.node_cooldown_seconds (300s)" in skipped["message"]
+        refused = [x for x in r.leader.inner.outcomes if isinstance(x, st.Refused)]
+        assert [x.code for x in refused][-1] is st.Code.NODE_COOLDOWN
+
+
+async def test_a_node_put_back_in_service_by_a_person_with_kcovers_marks_left_is_cordoned_on_its_next_fault() -> None:
+    """`kubectl uncordon` and kcover's taint removed by hand leave kcover's annotations: that is no cordon
+    any more, and the node's next fault (past its cooldown) cordons it again instead of being refused as
+    already cordoned. With only `kubectl uncordon` (kcover's taint left) the node is still kcover's."""
+    key = engines.settings_of().recovery.taint_key
+    async with engines.rig(nodes(2), overrides={"recovery": {"node_cooldown_seconds": 60}}) as r:
+        await r.handle(node_fault("n0"))
+        r.store.mutate("nodes", "", "n0", lambda n: n["spec"].update(unschedulable=False))  # kubectl uncordon
+        await r.settle()
+        await asyncio.sleep(61)
+        await r.handle(node_fault("n0"))
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is not True, "kcover's taint holds it"
+        assert len(r.events("KcoverCordonedNode")) == 1
+        r.store.mutate("nodes", "", "n0", lambda n: n["spec"].update(taints=[]))  # and its taint removed
+        await r.settle()
+        node = r.store.get("nodes", "", "n0")
+        assert node["metadata"]["annotations"][proj.CORDONED_BY] == "kcover", "the marks are left"
+        await r.handle(node_fault("n0"))
+        node = r.store.get("nodes", "", "n0")
+        assert node["spec"].get("unschedulable") is True
+        assert [t["key"] for t in node["spec"]["taints"]] == [key]
+        assert len(r.events("KcoverCordonedNode")) == 2

@@ -16,9 +16,11 @@ from harness import engines
 from harness import objects as o
 
 from kcover import errors, kinds, model
+from kcover.aio import clock as clock_
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import ledgerentries
+from kcover.recovery import engine, ledgerentries
+from kcover.recovery import steps as st
 
 pytestmark = pytest.mark.looptime
 
@@ -285,3 +287,42 @@ async def test_a_cordon_cut_short_by_the_end_of_a_term_is_finished_by_the_succes
             await r.settle()
         assert cordoned(r, "gpu-1")
         assert not (live(r, "train") | live(r, "eval")) & old, "both jobs on the node restarted"
+
+
+async def test_a_cordon_landed_without_its_ledger_entry_is_entered_by_the_successor() -> None:
+    """The term ends as soon as the Node write lands, before the node's ledger entry. The successor's first
+    load of the ledger finds kcover's cordon on the node and enters it (its cooldown and the breaker's
+    window count it); a replayed fault then writes nothing more. Before, the replay met "already cordoned"
+    at plan time and the cordon was never entered."""
+    async with engines.rig(world()) as r:
+        async with r.replica("a", fence=Term(lambda: cordoned(r, "gpu-1")), epoch=1) as a:
+            with pytest.raises(errors.NotLeaderError):
+                await a.handle([xid_on("gpu-1")])
+        assert cordoned(r, "gpu-1")
+        assert "c" not in entries(r).get("n.gpu-1", {}), "the term ended before the entry"
+        landed = r.store.get("nodes", "", "gpu-1")["metadata"]["annotations"][proj.CORDONED_AT]
+        async with r.replica("b", epoch=2) as b:
+            await b.resume()
+            assert entries(r)["n.gpu-1"]["c"] == clock_.parse_time(landed).timestamp()
+            await asyncio.sleep(engine.ENTRY_SETTLE_SECONDS + 1)
+            await b.resume()  # the periodic pass looks again: the entry holds the cordon
+            await b.handle([xid_on("gpu-1")])
+            await r.settle()
+            entered = [x for x in b.inner.outcomes if isinstance(x.step, st.EnterCordon)]
+            assert [(x.step.node, type(x)) for x in entered] == [("gpu-1", st.Done)], "entered once"
+        assert cordoned(r, "gpu-1")
+
+
+async def test_a_cordon_found_on_a_node_with_its_entry_written_is_not_entered_again() -> None:
+    """A complete cordon (the Node and its entry both written): the successor's load writes nothing."""
+    async with engines.rig(world()) as r:
+        async with r.replica("a", epoch=1) as a:
+            await a.handle([xid_on("gpu-1")])
+            await r.settle()
+        assert cordoned(r, "gpu-1")
+        assert "c" in entries(r)["n.gpu-1"]
+        before = dict(r.requests)
+        async with r.replica("b", epoch=2) as b:
+            await b.resume()
+            await r.settle()
+        assert not {k for k in writes(before, r.requests) if "ledgerentries" in k}

@@ -181,7 +181,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
      {"rules": [{"detector": "node-condition", "action": "cordon-node"}]}, ["cordon n2"]),
     ("node cooldown", node_event("n2"),
      planning.History(ledger=ledger.Ledger.offline({"n.n2": ledgerentries.Node(cordoned_at=T - 60)})), {},
-     ["skip Cooldown quiet", PT]),
+     ["skip NodeCooldown", PT]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown quiet"]),
     ("a container's exit blames the workload: a cordon rule only reports", pod_event("vc-0"), H0,
      {"rules": [{"detector": "pod-status", "reason": "ContainerError", "action": "cordon-node"}]}, ["report"]),
