@@ -7,7 +7,8 @@ the product CLI, its Lease and ledger in that namespace, the cluster's whole fle
 both are ready and one holds the Lease, the bench kills the leader (SIGKILL: no release, the successor
 waits out the Lease), writes a container failure to one of the job's pods at once, and times until every
 pod of the job is being deleted (polled through the API every 20 ms). The target is the Lease duration
-plus 5 s. It also reports when the survivor logged `lease_acquired`, its RSS, and the units it loaded.
+plus 5 s. It also reports when the survivor logged `lease_acquired`, its RSS, the units it loaded, and
+the survivor's log from the kill to the action (`survivor_timeline`: where its time went).
 
 It decides nothing; it reports. How it fails: a controller that does not get ready or lead, or a
 restart that does not come within `timeout`, raises `errors.KcoverError` with the logs' tail.
@@ -101,13 +102,15 @@ async def measure(kubeconfig: str, controller_kubeconfig: str, *, run_id: str, l
                 await seeding.write_pod_status(api, ns, job.pods[1], objects.failed_status(1))
                 acted = await _taken_away(api, job, timeout=timeout)
                 led = await survivor.logged("lease_acquired", timeout=timeout)
+                timeline = survivor.timeline(t0, acted)
     seconds = acted - t0
     target = LEASE_DURATION_SECONDS + MARGIN_SECONDS
     out = {"seconds": round(seconds, 3), "lease_acquired_seconds": round(led - t0, 3),
            "after_lease_acquired_seconds": round(acted - led, 3), "target_seconds": target,
            "ratio_to_target": reporting.ratio(seconds, target), "ledger_units": ledger_units,
-           "ledger_seed_seconds": round(seeded, 1), "rss_mib": {k: round(v / 2**20, 1) for k, v in rss.items()}}
-    log.info("bench_failover", **{k: v for k, v in out.items() if k != "rss_mib"})
+           "ledger_seed_seconds": round(seeded, 1), "rss_mib": {k: round(v / 2**20, 1) for k, v in rss.items()},
+           "survivor_timeline": timeline}
+    log.info("bench_failover", **{k: v for k, v in out.items() if k not in ("rss_mib", "survivor_timeline")})
     return out
 
 
@@ -120,4 +123,6 @@ def markdown(sec: dict[str, Any]) -> str:
         f"| kill to the survivor's lease_acquired (s) | {sec['lease_acquired_seconds']} | | |",
         f"| lease_acquired to the action (s; the ledger of {sec['ledger_units']} units loaded first) | "
         f"{sec['after_lease_acquired_seconds']} | | |",
-        f"| RSS leader / follower before the kill (MiB) | {sec['rss_mib']['leader']} / {sec['rss_mib']['follower']} | | |"])
+        f"| RSS leader / follower before the kill (MiB) | {sec['rss_mib']['leader']} / {sec['rss_mib']['follower']} | | |",
+        "", "The survivor's log from the kill to the action (seconds after the kill, the first line of each event): "
+        + (", ".join(f"{at} {event}" for at, event in sec.get("survivor_timeline") or []) or "none"), ""])

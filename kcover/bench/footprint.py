@@ -85,6 +85,18 @@ class Role:
     def tail(self) -> str:
         return "\n".join(json.dumps(line) for _, line in self.lines[-20:])
 
+    def timeline(self, start: float, end: float, *, limit: int = 40) -> list[list[Any]]:
+        """[seconds after `start`, event] of the first line of each event the role logged between the two
+        perf_counter moments, in order (at most `limit`): where a role's time went."""
+        seen: set[str] = set()
+        out: list[list[Any]] = []
+        for at, line in self.lines:
+            event = str(line.get("event", ""))
+            if start <= at <= end and event not in seen and len(out) < limit:
+                seen.add(event)
+                out.append([round(at - start, 3), event])
+        return out
+
     async def logged(self, event: str, *, timeout: float) -> float:
         """perf_counter when the role logged `event` (waiting for it)."""
         try:

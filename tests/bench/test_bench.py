@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import math
+import sys
+import time
 from typing import Any
 
 import pytest
 
 from kcover import cli
-from kcover.bench import reporting, running, scale
+from kcover.bench import footprint, reporting, running, scale
 
 
 @pytest.mark.parametrize(("values", "q", "expected"), [
@@ -165,3 +169,18 @@ def test_a_fleet_restart_that_removed_fewer_pods_than_the_bench_made_is_not_repo
     assert got["jobset of 2048 pods: only 0 removed (the rest were gone before the restart), not timed"]["measured"] is None
     assert "jobset of 2048 pods: fault to every pod removed" not in got
     assert got["pytorchjob of 2048 pods: fault to every pod removed"]["measured"] == 6.0
+
+
+async def test_a_roles_timeline_is_the_first_line_of_each_event_between_two_moments() -> None:
+    """`footprint.Role.timeline`: what the failover section reports of the survivor's log."""
+    lines = ["start", "lease_acquired", "ledger_loaded", "ledger_loaded", "workload_restarted"]
+    script = "import json, sys\nfor e in " + repr(lines) + ":\n    print(json.dumps({'event': e}), file=sys.stderr)\n"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stderr=asyncio.subprocess.PIPE)
+    role = footprint.Role(proc, 0, time.perf_counter())
+    await role.logged("workload_restarted", timeout=30)
+    await proc.wait()
+    first = role.lines[1][0]
+    timeline = role.timeline(first, role.lines[-1][0])
+    assert [event for _, event in timeline] == ["lease_acquired", "ledger_loaded", "workload_restarted"]
+    assert timeline[0][0] == 0.0
+    assert all(a <= b for (a, _), (b, _) in itertools.pairwise(timeline))
