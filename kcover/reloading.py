@@ -6,7 +6,7 @@ this polls the *resolved* target's identity (realpath, inode, size, mtime) and c
 files the settings name (`watch`, e.g. the agent's XID policy file) are polled the same way: an edit
 of one, at the same path, reloads as if its setting had changed (`apply` gets that setting's path).
 
-The caller's `load` callable reads and checks everything (only `cli.py` reads files; it checks the
+The caller's `load` callable reads and checks everything (only `kcover.cli` reads files; it checks the
 rules, detector configs and the XID policy with `kcover.checking`), so nothing is applied unless all
 of it is valid. An invalid change keeps the old configuration, logs every problem
 (`config_reload_refused` with `field_errors`), and counts `kcover_config_reload_failures_total`; so

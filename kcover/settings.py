@@ -2,7 +2,7 @@
 
 Owns the schema, defaults, units and the layering CLI flags > environment (`KCOVER_`, `__` nesting)
 > YAML file > defaults, with the provenance of every value. It does not read files or the
-environment itself: `cli.py` reads them and passes plain mappings to `layer()`.
+environment itself: `kcover.cli` reads them and passes plain mappings to `layer()`.
 
 Fails with `errors.ConfigError` carrying one line per bad field (`recovery.cooldown_seconds: ...`),
 including settings that were removed (`REMOVED`: named as removed, with what replaced them) and

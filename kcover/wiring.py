@@ -3,7 +3,7 @@
 Owns the table of role commands the CLI offers (`controller`, `agent`): a role appears here only
 once it works. Each role main builds its Kubernetes client from the settings, runs until `stop`,
 and registers a reconfigure callable in `hooks` for hot reload. Reading files and the environment
-stays in `cli.py`, which passes what a role needs (`environ`). A role's main imports its own package
+stays in `kcover.cli`, which passes what a role needs (`environ`). A role's main imports its own package
 when it starts, so `kcover agent` never loads the controller, nor the controller the agent.
 """
 
@@ -33,9 +33,11 @@ class RoleHooks:
     """What a running role offers back to the process: how to apply a new configuration."""
 
     environ: Mapping[str, str]
-    """The process environment, read by `cli.py` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster variables)."""
+    """The process environment, read by `kcover.cli` (POD_NAME, NODE_NAME, KUBECONFIG, in-cluster
+    variables)."""
     detectors: registry.Registry | None = None
-    """The detectors discovered once by `cli.py` (the registry its configuration check used); None: discover."""
+    """The detectors discovered once by `kcover.cli` (the registry its configuration check used); None:
+    discover."""
     reconfigure: Reconfigure | None = None
     fake_nvml_file: str = ""
     """`kcover agent --fake-nvml FILE`: use `nvml.scripted`'s fake driven by FILE instead of the real NVML."""

@@ -9,7 +9,7 @@ ResourceSlices (`dradevices`: a fault on a GPU published through DRA is reported
 until `stop` is set, then closes the bus
 so the reporter drains what was queued. `reconfigure()` applies a reload; a changed XID policy (a new
 path, or new content at the same path: the reloader watches it) is loaded first and the NVML and DCGM
-detectors restart with it. It does not read the environment (`cli.py` does) and never imports the
+detectors restart with it. It does not read the environment (`kcover.cli` does) and never imports the
 controller.
 
 Fails with `errors.ConfigError` on an invalid XID policy or detector settings before anything runs,

@@ -11,7 +11,7 @@ leader could not finish (its Lease lost before or during it) is held again the s
 business. Readiness: caches synced, no detector failed, and (the default engine's) the leader's ledger served.
 
 It decides nothing about faults (detectors, `kcover.recovery`) and does not read files or the
-environment (`cli.py`). How it fails: a component that raises out of its own retry loop ends the
+environment (`kcover.cli`). How it fails: a component that raises out of its own retry loop ends the
 process's one TaskGroup, and the error propagates to the CLI, which exits non-zero; on `stop` the
 Lease is released, the bus drained, and every task ends.
 """

@@ -13,8 +13,9 @@ import pytest
 import structlog
 import yaml
 
-from kcover import checking, cli, metrics, reloading, settings
+from kcover import checking, metrics, reloading, settings
 from kcover.agent import running
+from kcover.cli import configuring
 from kcover.detectors import contract, registry
 from kcover.kube import client
 from kcover.nvml import fake, xid_policy
@@ -196,8 +197,8 @@ async def test_an_xid_policy_edited_in_place_applies_live_and_an_invalid_edit_is
                   "xid_policy_file": str(policy_file)},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.05}},
                                   "dcgm": {"enabled": False}}}}))
-    load = cli.checked_loader(str(config_file), {}, role=contract.Role.AGENT, detectors=registry.discover(),
-                              environ={})
+    load = configuring.checked_loader(str(config_file), {}, role=contract.Role.AGENT, detectors=registry.discover(),
+                                      environ={})
     config = load().settings
     nvml = fake.FakeNvml(8)
     m = metrics.Metrics()

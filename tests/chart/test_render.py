@@ -281,7 +281,7 @@ def test_the_kubelet_waits_for_a_bounded_shutdown(render: Render, scenario: str)
     """SIGTERM: kcover stops within server.shutdown_grace_seconds and exits at the latest EXIT_MARGIN_SECONDS
     later; each pod's terminationGracePeriodSeconds must cover both, or the kubelet kills it before the Lease
     is released."""
-    from kcover import cli
+    from kcover.cli import lifecycle
 
     objs = render(SCENARIOS[scenario])
     config, _ = rendered_config(objs)
@@ -290,7 +290,7 @@ def test_the_kubelet_waits_for_a_bounded_shutdown(render: Render, scenario: str)
         env = resolved_env(c, pod=f"kcover-{role}-abc", namespace=NAMESPACE, node="gpu-1")
         grace = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env).settings
         kubelet_waits = pod_spec(find(objs, kind, suffix)).get("terminationGracePeriodSeconds", 30)  # API default
-        assert grace.server.shutdown_grace_seconds + cli.EXIT_MARGIN_SECONDS <= kubelet_waits, (role, kubelet_waits)
+        assert grace.server.shutdown_grace_seconds + lifecycle.EXIT_MARGIN_SECONDS <= kubelet_waits, (role, kubelet_waits)
 
 
 def test_the_chart_refuses_a_grace_period_shorter_than_the_shutdown(helm_bin: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kcover import cli, wiring
+from kcover import wiring
+from kcover.cli import parsing
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
@@ -62,7 +63,7 @@ def invocations() -> list[tuple[str, list[str], list[str]]]:
                 except ValueError:
                     words = match.group(1).split()
                 found.append((f"{doc.relative_to(ROOT)}:{number}", words))
-    parser = cli.build_parser(wiring.ROLES)
+    parser = parsing.build_parser(wiring.ROLES)
     out = []
     for where, words in found:
         path: list[str] = []
@@ -70,7 +71,7 @@ def invocations() -> list[tuple[str, list[str], list[str]]]:
         rest = list(words)
         while rest and ((sub := _subparsers(current)).get(rest[0]) is not None or path + rest[:1] == ["sim", "inject"]):
             path.append(rest[0])
-            current = cli.sim_inject_parser() if path == ["sim", "inject"] else sub[rest.pop(0)]
+            current = parsing.sim_inject_parser() if path == ["sim", "inject"] else sub[rest.pop(0)]
             if path == ["sim", "inject"]:
                 rest.pop(0)
         if not path:
@@ -81,9 +82,9 @@ def invocations() -> list[tuple[str, list[str], list[str]]]:
 
 
 def _command(path: list[str]) -> argparse.ArgumentParser:
-    current = cli.build_parser(wiring.ROLES)
+    current = parsing.build_parser(wiring.ROLES)
     for i, word in enumerate(path):
-        current = cli.sim_inject_parser() if path[:i + 1] == ["sim", "inject"] else _subparsers(current)[word]
+        current = parsing.sim_inject_parser() if path[:i + 1] == ["sim", "inject"] else _subparsers(current)[word]
     return current
 
 
@@ -113,7 +114,7 @@ def test_the_readme_command_table_lists_every_command() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = [line for line in readme.splitlines() if line.startswith("| `kcover ")]
     listed = {line.split("`")[1].split()[1] for line in table}
-    commands = set(_subparsers(cli.build_parser(wiring.ROLES)))
+    commands = set(_subparsers(parsing.build_parser(wiring.ROLES)))
     assert commands - listed == set(), f"README's command table omits {sorted(commands - listed)}"
     assert listed - commands == set(), f"README's command table lists {sorted(listed - commands)}, which do not exist"
 

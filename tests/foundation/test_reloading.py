@@ -9,7 +9,8 @@ import structlog
 import yaml
 
 from kcover import bus as bus_
-from kcover import cli, metrics, reloading, settings
+from kcover import metrics, reloading, settings
+from kcover.cli import configuring
 from kcover.detectors import contract, supervising
 
 from . import detectors_for_tests as d
@@ -48,7 +49,7 @@ async def test_reload_applies_valid_changes_refuses_invalid_ones_and_restarts_ch
     cm.publish(base_config("v1"))
     m = metrics.Metrics()
     b = bus_.Bus(dedupe_window_seconds=0)
-    first = cli.load_settings(str(cm.path), {}, environ={})
+    first = configuring.load_settings(str(cm.path), {}, environ={})
     ctx = contract.DetectorContext(role=contract.Role.CONTROLLER, metrics=m)
     sup = supervising.Supervisor(make_registry(), ctx, b, first.settings.detectors, m)
     applied: list[settings.Settings] = []
@@ -57,7 +58,7 @@ async def test_reload_applies_valid_changes_refuses_invalid_ones_and_restarts_ch
         sup.reconfigure(new.detectors)
         applied.append(new)
 
-    reloader = reloading.Reloader(str(cm.path), lambda: cli.load_settings(str(cm.path), {}, environ={}), apply,
+    reloader = reloading.Reloader(str(cm.path), lambda: configuring.load_settings(str(cm.path), {}, environ={}), apply,
                                   first.settings, m, interval_seconds=0.05)
     d.Ticker.starts.clear()
     stop = asyncio.Event()
@@ -124,8 +125,8 @@ async def test_reload_applies_nothing_unless_rules_and_detector_configs_are_vali
     cm = ConfigMapDir(tmp_path)
     cm.publish(base_config("v1"))
     m = metrics.Metrics()
-    load = cli.checked_loader(str(cm.path), {}, role=contract.Role.CONTROLLER, detectors=make_registry(),
-                              environ={})
+    load = configuring.checked_loader(str(cm.path), {}, role=contract.Role.CONTROLLER, detectors=make_registry(),
+                                      environ={})
     applied: list[set[str]] = []
 
     async def apply(new: settings.Settings, changed: set[str]) -> None:

@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 import pytest
 import structlog.testing
 
-from kcover import cli, wiring
+from kcover import wiring
+from kcover.cli import parsing
 from kcover.detectors import registry
 from kcover.sim import cluster, running, scenarios
 
@@ -108,7 +109,7 @@ def test_cli_exits_non_zero_for_a_scenario_that_cannot_run(monkeypatch: pytest.M
     needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
                                plugin="no-such-plugin")
     monkeypatch.setitem(scenarios.SCENARIOS, needs.name, needs)
-    args = cli.build_parser(wiring.ROLES, command="sim").parse_args(["sim", needs.name, "--nodes", "2"])
+    args = parsing.build_parser(wiring.ROLES, command="sim").parse_args(["sim", needs.name, "--nodes", "2"])
     args.config_given = False
     buf = io.StringIO()
     assert running.main(args, buf) == running.NOT_RUN == 3
