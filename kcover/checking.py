@@ -9,7 +9,7 @@ as the supervisor's `wanted()` does), the limits between a setting and a detecto
 a file that passes the check is one the roles accept, and a reload applies nothing unless all of it is
 valid. `warnings()` names what is valid but likely wrong (a rule that cordons for any fault of any
 detector); `kcover config check` prints them and a role logs them, neither refuses them. It also names the files besides the settings file whose content is configuration
-(`watched_files`), for the reloader to poll. The settings schema itself is `settings.layer()`'s.
+(`watched_files`), for the reloader to poll. The settings schema itself is `layering.layer()`'s.
 
 It reads the XID policy file (through `xid_policy.load`) and nothing else; it never raises on a bad
 configuration: problems come back as lines `<dotted setting>: <what is wrong>`, and `validate()`

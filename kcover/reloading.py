@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from kcover import errors, metrics, settings
+from kcover import errors, layering, metrics, settings
 from kcover.aio import waiting
 
 log = structlog.get_logger()
 
-Loader = Callable[[], settings.Layered]
+Loader = Callable[[], layering.Layered]
 Apply = Callable[[settings.Settings, set[str]], Awaitable[None]]
 Watch = Callable[[settings.Settings], Mapping[str, str]]
 """Settings -> {setting path: file} for the files besides the settings file whose content is configuration."""
@@ -61,8 +61,8 @@ def merge_live(current: settings.Settings, new: settings.Settings) -> tuple[sett
 
     Returns (effective, applied paths, paths needing a restart).
     """
-    changed = settings.changed_paths(current, new)
-    frozen = settings.restart_required_paths()
+    changed = layering.changed_paths(current, new)
+    frozen = layering.restart_required_paths()
     blocked = {p for p in changed if p in frozen}
     if not blocked:
         return new, changed, set()

@@ -1,36 +1,28 @@
 """kcover's settings: one pydantic-settings root made of grouped sub-models.
 
-Owns the schema, defaults, units and the layering CLI flags > environment (`KCOVER_`, `__` nesting)
-> YAML file > defaults, with the provenance of every value. It does not read files or the
-environment itself: `kcover.cli` reads them and passes plain mappings to `layer()`.
+Owns the schema: the root `Settings`, every group, their defaults, units and documentation, and which
+fields cannot change while running (`restart_required` in their schema extras). It does not own the base
+the groups share (removed settings, relations between fields: `kcover.settinggroups`) nor the layering
+CLI flags > environment (`KCOVER_`, `__` nesting) > YAML file > defaults with each value's provenance
+(`kcover.layering`), and it reads no file and no environment itself (`kcover.cli` does).
 
-Fails with `errors.ConfigError` carrying one line per bad field (`recovery.cooldown_seconds: ...`),
-including settings that were removed (`REMOVED`: named as removed, with what replaced them) and
-relations between fields (`lease.renew_deadline_seconds` below `lease.lease_duration_seconds`).
-Fields that cannot change while running carry `restart_required` in their schema extras.
+Fails with a `pydantic.ValidationError` carrying one line per bad field, including settings that were
+removed (named as removed, with what replaced them) and relations between fields
+(`lease.renew_deadline_seconds` below `lease.lease_duration_seconds`); `kcover.layering` turns those into
+`errors.ConfigError`.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ModelWrapValidatorHandler,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, field_validator
 from pydantic.config import JsonDict
-from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcover import codec, errors, kinds
+from kcover import codec, kinds, settinggroups
 
 DEFAULT_CONFIG_PATH = "/etc/kcover/config.yaml"
 """Where the chart mounts the ConfigMap."""
@@ -40,74 +32,6 @@ ENV_NESTING = "__"
 
 _RESTART: JsonDict = {"restart_required": True}
 
-REMOVED = "removed_setting"
-"""Error type of a setting that no longer exists (see `_Group.removed`)."""
-RELATION = "settings_relation"
-"""Error type of a field that contradicts another field of its group (see `_Group.relations`)."""
-
-
-def _error(kind: str, message: str, field: str, value: Any) -> InitErrorDetails:
-    return {"type": PydanticCustomError(kind, message), "loc": (field,), "input": value}
-
-
-class Relation(NamedTuple):
-    """A field that contradicts another one of its group (`_Group.relations`)."""
-
-    field: str
-    problem: str
-    others: tuple[str, ...] = ()
-    """The group's other fields the judgement read: it is not made while one of them is itself invalid."""
-
-
-def _reraised(exc: ValidationError) -> list[InitErrorDetails]:
-    """A ValidationError's lines as details to raise again together with others (type and message kept)."""
-    return [{"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
-            for e in exc.errors()]
-
-
-class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-    removed: ClassVar[Mapping[str, str]] = {}
-    """Settings this group no longer has -> what to do instead. A file still naming one is refused with that
-    text, at the field, rather than the generic "extra inputs are not permitted"."""
-
-    def relations(self) -> list[Relation]:
-        """Each field that contradicts another one; checked after the fields."""
-        return []
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _check_group(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-        gone = [k for k in data if k in cls.removed] if isinstance(data, Mapping) else []
-        details = [_error(REMOVED, f"removed setting: {cls.removed[k]}", k, data[k]) for k in gone]
-        kept = {k: v for k, v in data.items() if k not in gone} if gone else data
-        try:
-            group = handler(kept)
-        except ValidationError as exc:
-            details += _reraised(exc)
-            details += cls._relations_beside(kept, exc, handler)
-        else:
-            details += [_error(RELATION, r.problem, r.field, getattr(group, r.field)) for r in group.relations()]
-            if not details:
-                return group
-        raise ValidationError.from_exception_data(cls.__name__, details)
-
-    @classmethod
-    def _relations_beside(cls, data: Any, exc: ValidationError,
-                          handler: ModelWrapValidatorHandler[Any]) -> list[InitErrorDetails]:
-        """The relations among the fields that did validate, so that one run reports them with the field errors
-        (a relation that reads an invalid field is left for the next run)."""
-        bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        if not isinstance(data, Mapping) or not bad:
-            return []
-        try:
-            group = handler({k: v for k, v in data.items() if k not in bad})
-        except ValidationError:
-            return []  # an error outside the fields (a nested group's own): nothing more to judge
-        return [_error(RELATION, r.problem, r.field, getattr(group, r.field)) for r in group.relations()
-                if r.field not in bad and not bad & set(r.others)]
-
 
 class LogFormat(enum.StrEnum):
     AUTO = "auto"
@@ -115,7 +39,7 @@ class LogFormat(enum.StrEnum):
     CONSOLE = "console"
 
 
-class ServerSettings(_Group):
+class ServerSettings(settinggroups.Group):
     host: str = Field("0.0.0.0", description="Address the health and metrics server binds. All interfaces so the kubelet and Prometheus reach it.",
                       json_schema_extra=_RESTART)
     port: int = Field(8080, ge=0, le=65535, description="Port of /healthz, /readyz and /metrics; 0 picks a free one.",
@@ -125,19 +49,19 @@ class ServerSettings(_Group):
     shutdown_grace_seconds: float = Field(20.0, gt=0, description="Seconds after SIGTERM before what has not stopped is cancelled; the process exits at the latest 5 s later whatever is left (a plugin thread stuck in a blocking call). Below the chart's terminationGracePeriodSeconds (30), so the Lease is released before the kubelet kills the pod.")
 
 
-class LoggingSettings(_Group):
+class LoggingSettings(settinggroups.Group):
     level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$", description="Minimum level logged.")
     format: LogFormat = Field(LogFormat.AUTO, description="json in the cluster, console on a terminal; auto picks by whether stderr is a TTY.")
 
 
-class BusSettings(_Group):
+class BusSettings(settinggroups.Group):
     subscriber_capacity: int = Field(10_000, ge=1, description="Events: queue bound per subscriber. 10,000 holds a burst of one event per pod of a 10,000-pod wave.")
     dedupe_window_seconds: float = Field(5.0, ge=0, description="Seconds: equal dedupe keys within this window are delivered once; 0 disables. Covers the duplicate reports a re-list or two sources give for one fault.")
     block_timeout_seconds: float = Field(1.0, gt=0, description="Seconds a publisher waits on a full `block` subscriber before the event is dropped, so a slow consumer never stalls detectors.")
     drain_timeout_seconds: float = Field(5.0, ge=0, description="Seconds given to subscribers on shutdown to take what is queued.")
 
 
-class DetectorEntry(_Group):
+class DetectorEntry(settinggroups.Group):
     enabled: bool = Field(True, description="Run this detector (on the role it belongs to).")
     config: dict[str, Any] = Field(default_factory=dict, description="The detector's own settings, validated against its config model.")
     isolated: bool | None = Field(None, description="Run it in its own thread and event loop behind a rate-limited bridge to the bus (`detectors.plugin_*`), so blocking or flooding cannot stall the process. Unset: third-party plugins are isolated, kcover's built-in detectors keep the fast path.")
@@ -152,7 +76,7 @@ def _default_detectors() -> dict[str, DetectorEntry]:
     return {name: DetectorEntry() for name in BUILTIN_DETECTORS}
 
 
-class DetectorsSettings(_Group):
+class DetectorsSettings(settinggroups.Group):
     entries: dict[str, DetectorEntry] = Field(default_factory=_default_detectors,
                                               description="Detector name (entry point in `kcover.detectors`) to its settings.")
     restart_initial_seconds: float = Field(1.0, gt=0, description="Seconds before the first restart of a detector that raised.")
@@ -174,7 +98,7 @@ class DetectorsSettings(_Group):
     stop_grace_seconds: float = Field(5.0, gt=0, description="Seconds an isolated detector is given to return after it was asked to stop; then it is abandoned (its thread left behind, unable to publish) so shutdown stays bounded.")
 
 
-class KubeSettings(_Group):
+class KubeSettings(settinggroups.Group):
     kubeconfig: str = Field("", description="Path of a kubeconfig; empty means in-cluster, then $KUBECONFIG, then ~/.kube/config.",
                             json_schema_extra=_RESTART)
     page_size: int = Field(500, ge=1, le=10_000, description="Objects per list page: the API server's own default chunk size for informers.")
@@ -216,7 +140,7 @@ class SaveLogsScope(enum.StrEnum):
     """Every pod the restart takes away."""
 
 
-class SaveLogsSettings(_Group):
+class SaveLogsSettings(settinggroups.Group):
     enabled: bool = Field(True, description="Save the pods' logs before a restart deletes them.")
     scope: SaveLogsScope = Field(SaveLogsScope.FAULTED, description="Whose logs: `faulted` (the faulting pod, the pods on a faulting node, and every pod with a container that ended with an error) or `all` (every pod the restart takes away). The save runs before the removal, so `all` makes a 1,000-pod job's restart wait for about 2,000 log reads, cut at `timeout_seconds`; `faulted` reads a handful. The other pods' logs go with them unless the cluster's log pipeline keeps them.")
     directory: str = Field("/var/lib/kcover/logs", description="Sink directory (the chart mounts a PVC here); one folder per recovery.")
@@ -241,13 +165,13 @@ class DrainMode(enum.StrEnum):
     """Evict every pod except DaemonSet pods and mirror (static) pods, as `kubectl drain` does."""
 
 
-class VerifySettings(_Group):
+class VerifySettings(settinggroups.Group):
     enabled: bool = Field(True, description="Follow every restarted workload until all its pods run again with new uids (or it finished), export the time from the fault to running again as `kcover_recovery_mttr_seconds`, and report it Stalled past the deadline.")
     deadline_seconds: float = Field(600.0, gt=0, description="Seconds after a restart by which the workload must run again; past it the recovery is Stalled (a `KcoverRecoveryStalled` Event with the cause read from the cluster). Ten minutes covers image pulls and gang scheduling of a large job.")
     max_followed: int = Field(1000, ge=1, description="Recoveries followed at once; past it the oldest is dropped (logged). A bound on memory, far above what the restart breaker lets through.")
 
 
-class EscalationSettings(_Group):
+class EscalationSettings(settinggroups.Group):
     drain_mode: DrainMode = Field(DrainMode.NONE, description="After kcover cordoned a node: `none`, `opted-in` (evict the pods of opted-in workloads) or `all` (every pod but DaemonSet and mirror pods), through the Eviction API, which honours PodDisruptionBudgets.")
     drain_timeout_seconds: float = Field(300.0, gt=0, description="Seconds a drain keeps retrying evictions a PodDisruptionBudget refuses (HTTP 429) before it gives up and says so.")
     remediation_enabled: bool = Field(False, description="After the cordon (and drain), ask an external remediator to repair the node: the label `kcover.io/remediation-requested=true` and the Node condition `KcoverRemediationRequested=True`, which medik8s NodeHealthCheck or a reboot/reimage controller can select on.")
@@ -260,7 +184,7 @@ class EscalationSettings(_Group):
     }
 
 
-class RecordsSettings(_Group):
+class RecordsSettings(settinggroups.Group):
     enabled: bool = Field(True, description="Write a `Recovery` resource (kcover.io/v1alpha1) for every action and every audited refusal, in the workload's namespace (a node's in `ledger_namespace`), so `kubectl get recoveries -A` shows what kcover did after its Events expired. Written after the action, by a task of its own: never on the recovery's critical path.")
     retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a Recovery is kept: one week, long enough to read what happened over a weekend.")
     retention_per_target: int = Field(20, ge=1, description="Recoveries kept per target (workload or node), newest first: a restart storm leaves its last 20 rows, not thousands.")
@@ -268,7 +192,7 @@ class RecordsSettings(_Group):
     prune_interval_seconds: float = Field(600.0, gt=0, description="Seconds between the leader's retention passes (one paginated LIST of kcover's recoveries, then a DELETE per expired one).")
 
 
-class ReturnValidationSettings(_Group):
+class ReturnValidationSettings(settinggroups.Group):
     enabled: bool = Field(False, description="Before kcover un-cordons a node whose fault cleared, ask the node's agent to run `dcgmi diag -r diag_level` (the annotations `kcover.io/validate-request` and `kcover.io/validate-level` on the Node) and un-cordon only when its answer, the Node condition `KcoverGPUValidated`, says it passed. A failure climbs the node ladder again; no answer within `timeout_seconds` leaves the node cordoned. Needs `agent.validation.enabled` on the agents.")
     diag_level: int = Field(1, ge=1, le=4, description="The `dcgmi diag -r` level: 1 takes seconds and is safe beside anything still running on the node; 2 (minutes) to 4 (about an hour on eight GPUs) stress the GPUs and belong after a drain.")
     timeout_seconds: float = Field(1800.0, gt=0, description="Seconds the controller waits for the agent's answer before it gives up, leaves the node cordoned and says so (`ValidationTimedOut`). Half an hour covers a level 3 run on eight GPUs.")
@@ -285,7 +209,7 @@ class DeviceTaintEffect(enum.StrEnum):
     """Informational only: nothing is kept off the device."""
 
 
-class DeviceTaintSettings(_Group):
+class DeviceTaintSettings(settinggroups.Group):
     enabled: bool = Field(True, description="Isolate a faulty DRA device instead of its node: a DeviceTaintRule on that device only (driver, pool, device), the workloads holding it restarted, the node left schedulable. Off, or where the API server does not serve DeviceTaintRules, kcover acts on the node as for any other fault.")
     effect: DeviceTaintEffect = Field(DeviceTaintEffect.NO_SCHEDULE, description="Effect of kcover's device taints. `NoSchedule` keeps new claims off the device and leaves eviction to kcover's own restart of the holders (which honours cooldowns and budgets); `NoExecute` also lets Kubernetes evict every pod using the device, opted in or not.")
     key: str = Field("kcover.io/unhealthy", description="Key of kcover's device taints (a label name), the one pods tolerate to use a device kcover isolated.")
@@ -320,7 +244,7 @@ class RecordOnly(enum.StrEnum):
     REMEDIATION = "remediation"
 
 
-class JudgementSettings(_Group):
+class JudgementSettings(settinggroups.Group):
     workload_blame: JudgementMode = Field(JudgementMode.ACT, description="Application signals (container exits, application-class XIDs) blame the workload: they restart it and never move a node by themselves, whatever a rule or the fault's source recommends. `off` lets the rules and recommendations move nodes for them as well (an earlier version's behaviour).")
     suspect_node: JudgementMode = Field(JudgementMode.ACT, description="Differential evidence against a node: `node_workloads` different workloads restarted for faults on it within `window_seconds`, or one workload restarted `same_workload_restarts` times for faults only there, from different pods, while it runs on other nodes too. The node becomes suspect and kcover asks its agent to validate it; only a failed validation cordons it.")
     suspect_device: JudgementMode = Field(JudgementMode.ACT, description="Differential evidence against one GPU: `device_workloads` different workloads restarted for faults on it within `window_seconds`; its node becomes suspect and is validated.")
@@ -344,7 +268,7 @@ class NodeJudgement(enum.StrEnum):
     """Recommendations are ignored: only the rules decide."""
 
 
-class RecoverySettings(_Group):
+class RecoverySettings(settinggroups.Group):
     dry_run: bool = Field(False, description="Plan and decide as for real, write the Events (with reasons of their own, `KcoverDryRun...`) and Recovery resources, and change nothing else: no pod, node, device taint or ledger entry is written (the ledger is kept in memory, so cooldowns and budgets hold as they would). A change applies to the next action: the ledger is read again from the cluster.")
     workload_cooldown_seconds: float = Field(60.0, ge=0, description="Seconds after a restart during which the same workload is not restarted again; longer than the default 30 s termination grace so the old pods are gone.")
     max_restarts_per_window: int = Field(5, ge=1, description="Restarts of one workload allowed per window before kcover stops and says why.")
@@ -400,7 +324,7 @@ class RecoverySettings(_Group):
     }
 
 
-class LeaseSettings(_Group):
+class LeaseSettings(settinggroups.Group):
     enabled: bool = Field(True, description="Elect a leader; off only for a single replica in tests.", json_schema_extra=_RESTART)
     name: str = Field("kcover-controller", description="Lease name.", json_schema_extra=_RESTART)
     namespace: str = Field("kcover-system", description="Lease namespace.", json_schema_extra=_RESTART)
@@ -410,26 +334,28 @@ class LeaseSettings(_Group):
     retry_period_seconds: float = Field(2.0, gt=0, description="Seconds between attempts to acquire or renew: client-go's default. Must be below `renew_deadline_seconds`, which must be below `lease_duration_seconds`, so a leader renews before its Lease can expire.")
     replay_margin_seconds: float = Field(60.0, ge=0, description="Seconds added to twice `lease_duration_seconds` when a replica that becomes leader picks which faults it saw while following to act on: those seen up to this long (and twice the Lease duration) before the last renewal of the previous leader. That leader may have seen a fault late or not at all before it died (an overloaded process, a watch being re-established); replaying one it did act on costs a refusal (its pod replaced, its node cordoned or in cooldown), never a second action. A minute covers a watch tens of seconds behind.")
 
-    def relations(self) -> list[Relation]:
+    def relations(self) -> list[settinggroups.Relation]:
         out = []
         if self.renew_deadline_seconds >= self.lease_duration_seconds:
-            out.append(Relation("renew_deadline_seconds", f"must be below lease.lease_duration_seconds "
-                                f"({self.lease_duration_seconds:g}): a leader must give up before its Lease expires, "
-                                f"or two replicas may lead at once", ("lease_duration_seconds",)))
+            out.append(settinggroups.Relation(
+                "renew_deadline_seconds", f"must be below lease.lease_duration_seconds "
+                f"({self.lease_duration_seconds:g}): a leader must give up before its Lease expires, "
+                f"or two replicas may lead at once", ("lease_duration_seconds",)))
         if self.retry_period_seconds >= self.renew_deadline_seconds:
-            out.append(Relation("retry_period_seconds", f"must be below lease.renew_deadline_seconds "
-                                f"({self.renew_deadline_seconds:g}): otherwise the leader gets at most one renewal "
-                                f"attempt before it steps down", ("renew_deadline_seconds",)))
+            out.append(settinggroups.Relation(
+                "retry_period_seconds", f"must be below lease.renew_deadline_seconds "
+                f"({self.renew_deadline_seconds:g}): otherwise the leader gets at most one renewal "
+                f"attempt before it steps down", ("renew_deadline_seconds",)))
         return out
 
 
-class AgentValidationSettings(_Group):
+class AgentValidationSettings(settinggroups.Group):
     enabled: bool = Field(True, description="Answer the controller's validation requests (a suspect node's, `recovery.judgement`, and a node's before its return, `recovery.return_validation`): watch this agent's own Node (one watch with a field selector) and, for each new `kcover.io/validate-request`, run `dcgmi diag -r <level>` and report the result as the Node condition `KcoverGPUValidated`. Without a `dcgmi` it answers `DiagError` at once, so the controller knows the node cannot be validated rather than waiting for its timeout.", json_schema_extra=_RESTART)
     dcgmi_path: str = Field("dcgmi", description="The dcgmi program (looked up on PATH): the agent image carries none, so this needs an image with DCGM.")
     timeout_seconds: float = Field(3600.0, gt=0, description="Seconds one diagnostic may run before it is killed and the validation reported as not run (`DiagError`): level 4 runs for about an hour on eight GPUs.")
 
 
-class AgentSettings(_Group):
+class AgentSettings(settinggroups.Group):
     node_name: str = Field("", description="The node this agent runs on; empty means $NODE_NAME (downward API).", json_schema_extra=_RESTART)
     condition_type: str = Field(codec.AGENT_CONDITION_TYPE, min_length=1, description="Node condition the agent sets; the controller reads the same setting (its node-condition detector's default rule and the reading of the condition's bad status as the agent's cordon judgement, and `kcover_agent_condition_missing_nodes`), so agents and controllers must share it (the chart gives both one value).")
     condition_hold_seconds: float = Field(300.0, ge=0, description="Seconds a fault must stay cleared before the condition returns to True.")
@@ -447,7 +373,7 @@ class AgentSettings(_Group):
 
 
 class Settings(BaseSettings):
-    """The root. Build it with `layer()`; `Settings()` alone reads the process environment."""
+    """The root. Build it with `layering.layer()`; `Settings()` alone reads the process environment."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTING, extra="forbid",
                                       validate_default=True)
@@ -460,164 +386,3 @@ class Settings(BaseSettings):
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
-
-
-# ---------------------------------------------------------------------------------------------- layering
-
-def env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
-    """`KCOVER_RECOVERY__DRY_RUN=true` -> {"recovery": {"dry_run": "true"}}; JSON lists/objects parsed.
-
-    Only nested names (`KCOVER_<GROUP>__<FIELD>`) are settings: single names such as `KCOVER_CACHE`
-    belong to other tools and are left alone. A nested name with an unknown group or field is an error.
-    """
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.upper().startswith(ENV_PREFIX) or ENV_NESTING not in key[len(ENV_PREFIX):]:
-            continue
-        path = [p.lower() for p in key[len(ENV_PREFIX):].split(ENV_NESTING) if p]
-        if not path:
-            continue
-        value: Any = raw
-        if raw[:1] in ("[", "{"):
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise errors.ConfigError("invalid environment", [f"{key}: not valid JSON: {exc}"]) from exc
-        _set(out, path, value)
-    return out
-
-
-def dotted_layer(pairs: Mapping[str, Any]) -> dict[str, Any]:
-    """{"recovery.dry_run": True} -> {"recovery": {"dry_run": True}} (for CLI flags)."""
-    out: dict[str, Any] = {}
-    for dotted, value in pairs.items():
-        _set(out, dotted.split("."), value)
-    return out
-
-
-def _set(target: dict[str, Any], path: list[str], value: Any) -> None:
-    node = target
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise errors.ConfigError("conflicting settings", [f"{'.'.join(path)}: parent is not a group"])
-    node[path[-1]] = value
-
-
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key != "config":
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and not path.endswith(".config") and path != "recovery.rules":
-            yield from _leaves(value, path + ".")
-        else:
-            yield path
-
-
-def format_validation(exc: ValidationError, source: str, *, skip: frozenset[str] = frozenset(),
-                      sources: Mapping[str, str] | None = None) -> list[str]:
-    """One line per error, `SOURCE: dotted.path: message (got value)`; error types in `skip` are left out.
-
-    `sources` (dotted path -> source) names where a merged value came from instead of `source`."""
-    lines = []
-    for err in exc.errors():
-        if err["type"] in skip:
-            continue
-        loc = ".".join(str(p) for p in err["loc"])
-        got = err.get("input")
-        shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-        origin = source if sources is None else _origin(sources, [str(p) for p in err["loc"]])
-        lines.append(f"{origin}: {loc}: {err['msg']}{shown}")
-    return lines
-
-
-def _origin(sources: Mapping[str, str], loc: list[str]) -> str:
-    for end in range(len(loc), 0, -1):
-        if (found := sources.get(".".join(loc[:end]))) is not None:
-            return found
-    return "default"
-
-
-class Layered:
-    """Validated settings plus where each leaf value came from (`default`, `file:PATH`, `env`, `cli`)."""
-
-    def __init__(self, settings: Settings, provenance: dict[str, str]) -> None:
-        self.settings = settings
-        self.provenance = provenance
-
-
-def layer(*, file_data: Mapping[str, Any] | None = None, file_name: str = "",
-          environ: Mapping[str, str] | None = None, cli: Mapping[str, Any] | None = None) -> Layered:
-    """Merge defaults < file < env < cli and validate. Raises ConfigError with field-level lines."""
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if file_data:
-        if not isinstance(file_data, Mapping):
-            raise errors.ConfigError(f"{file_name}: the top level must be a mapping")
-        layers.append((f"file:{file_name}", dict(file_data)))
-    if environ:
-        layers.append(("env", env_layer(environ)))
-    if cli:
-        layers.append(("cli", dotted_layer(cli)))
-    merged: dict[str, Any] = {}
-    provenance: dict[str, str] = {}
-    problems: list[str] = []
-    for source, data in layers:
-        try:
-            Settings.model_validate(data)
-        except ValidationError as exc:
-            # relations are judged on the merged values: a later layer may set the other field
-            problems += format_validation(exc, source, skip=frozenset({RELATION}))
-        merged = _merge(merged, data)
-        for leaf in _leaves(data):
-            provenance[leaf] = source
-    try:
-        settings = Settings.model_validate(merged)
-    except ValidationError as exc:
-        # every layer's field errors, then what only the merged values show (relations), each line once
-        lines = format_validation(exc, "merged", sources=provenance)
-        fields = {line.split(": ")[1] for line in problems}
-        problems += [line for line in lines if line not in problems and line.split(": ")[1] not in fields]
-        raise errors.ConfigError("invalid configuration", problems) from exc
-    if problems:  # a layer's bad value that a later layer overrode is still refused
-        raise errors.ConfigError("invalid configuration", problems)
-    return Layered(settings, provenance)
-
-
-def restart_required_paths(model_cls: type[BaseModel] = Settings, prefix: str = "") -> set[str]:
-    """Dotted paths of every field marked restart_required."""
-    out: set[str] = set()
-    for name, info in model_cls.model_fields.items():
-        path = f"{prefix}{name}"
-        extra = info.json_schema_extra
-        if isinstance(extra, dict) and extra.get("restart_required"):
-            out.add(path)
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out |= restart_required_paths(annotation, path + ".")
-    return out
-
-
-def changed_paths(old: BaseModel, new: BaseModel, prefix: str = "") -> set[str]:
-    """Dotted paths whose values differ (recursing into groups; detector entries compared per name)."""
-    out: set[str] = set()
-    for name in type(old).model_fields:
-        a, b = getattr(old, name), getattr(new, name)
-        path = f"{prefix}{name}"
-        if isinstance(a, BaseModel) and isinstance(b, BaseModel):
-            out |= changed_paths(a, b, path + ".")
-        elif isinstance(a, dict) and isinstance(b, dict) and path == "detectors.entries":
-            for key in a.keys() | b.keys():
-                if a.get(key) != b.get(key):
-                    out.add(f"{path}.{key}")
-        elif a != b:
-            out.add(path)
-    return out

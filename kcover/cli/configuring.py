@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kcover import checking, errors, reloading, settings
+from kcover import checking, errors, layering, reloading, settings
 from kcover.detectors import contract, registry
 
 # ---------------------------------------------------------------------------------------------- settings I/O
@@ -50,16 +50,16 @@ def read_config_file(path: str, *, required: bool) -> dict[str, Any]:
 
 
 def load_settings(config_path: str, cli_values: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
-                  required: bool = False) -> settings.Layered:
+                  required: bool = False) -> layering.Layered:
     env = os.environ if environ is None else environ
     data = read_config_file(config_path, required=required)
-    return settings.layer(file_data=data, file_name=config_path, environ=env, cli=cli_values)
+    return layering.layer(file_data=data, file_name=config_path, environ=env, cli=cli_values)
 
 
 def checked_loader(config_path: str, cli_values: Mapping[str, Any], *, role: contract.Role,
                    detectors: registry.Registry, environ: Mapping[str, str] | None = None) -> reloading.Loader:
     """The reloader's `load`: read the layers and check all of the configuration as `role` uses it."""
-    def load() -> settings.Layered:
+    def load() -> layering.Layered:
         layered = load_settings(config_path, cli_values, environ=environ)
         checking.validate(layered.settings, detectors, role=role)
         return layered
@@ -121,7 +121,7 @@ def check_file_data(data: Mapping[str, Any], file_name: str, detectors: registry
     """Every problem of a settings file's content. When the schema refuses it, the rules, detector configs
     and XID policy are still checked from what the file holds, so one run lists everything."""
     try:
-        cfg = settings.layer(file_data=data, file_name=file_name).settings
+        cfg = layering.layer(file_data=data, file_name=file_name).settings
     except errors.ConfigError as exc:
         found = list(exc.errors) or [str(exc)]
     else:
@@ -171,7 +171,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     flat = _flatten(layered.settings.model_dump(mode="json"))
-    restart = settings.restart_required_paths()
+    restart = layering.restart_required_paths()
     rows = []
     for path, value in flat.items():
         source = next((s for p, s in layered.provenance.items() if path == p or path.startswith(p + ".")),

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 import kcover
-from kcover import checking, errors, logs, metrics, reloading, serving, settings, wiring
+from kcover import checking, errors, layering, logs, metrics, reloading, serving, settings, wiring
 from kcover.cli import configuring
 from kcover.detectors import contract, registry
 
@@ -74,7 +74,7 @@ async def _bound_shutdown(stop: asyncio.Event, role_task: asyncio.Task[None], gr
         role_task.cancel()
 
 
-async def serve(layered: settings.Layered, args: argparse.Namespace, role: wiring.RoleMain, *,
+async def serve(layered: layering.Layered, args: argparse.Namespace, role: wiring.RoleMain, *,
                 detectors: registry.Registry | None = None) -> int:
     """Run a role with the health server, hot reload and signal handling until SIGTERM/SIGINT.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from kcover import errors, settings
+from kcover import errors, layering, settings
 from kcover.kube import client as kube_client
 from kcover.kube import gateway
 
@@ -50,7 +50,7 @@ async def read(kube: kube_client.KubeClient, *, namespace: str, config_map: str,
     problem, data = _config(await gateway.Http(kube).get_config_map(namespace, config_map), source.config_map)
     if not problem:
         try:
-            return settings.layer(file_data=data, file_name=f"ConfigMap {source.config_map}",
+            return layering.layer(file_data=data, file_name=f"ConfigMap {source.config_map}",
                                   cli={**chart, **overrides}).settings, Source(source.config_map, found=True)
         except errors.ConfigError as exc:
             problem = f"ConfigMap {source.config_map} {CONFIG_KEY} does not validate: " + "; ".join(exc.errors[:3])

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import structlog
 
-from kcover import metrics, settings
+from kcover import layering, metrics
 from kcover.agent import running
 from kcover.kube import client
 from kcover.nvml import fake
@@ -29,7 +29,7 @@ NODE = "probe-node"
 
 
 async def probe(count: int) -> list[float]:
-    config = settings.layer(file_data={
+    config = layering.layer(file_data={
         "bus": {"dedupe_window_seconds": 0},
         "agent": {"node_name": NODE, "condition_hold_seconds": 0.05, "min_write_interval_seconds": 0.0,
                   "max_events_per_minute": 100_000},

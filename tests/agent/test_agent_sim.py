@@ -13,7 +13,7 @@ import pytest
 import structlog
 import yaml
 
-from kcover import checking, metrics, reloading, settings
+from kcover import checking, layering, metrics, reloading, settings
 from kcover.agent import running
 from kcover.cli import configuring
 from kcover.detectors import contract, registry
@@ -26,7 +26,7 @@ NODE = "gpu-node-1"
 
 
 def agent_settings(**agent: Any) -> settings.Settings:
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "agent": {"node_name": NODE, "condition_hold_seconds": 0.5, "min_write_interval_seconds": 0.0, **agent},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.05}},
                                   "dcgm": {"enabled": False}}},

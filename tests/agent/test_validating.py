@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kcover import codec, metrics, settings
+from kcover import codec, layering, metrics
 from kcover.agent import running, validating
 from kcover.kube import client
 from kcover.nvml import fake
@@ -97,7 +97,7 @@ async def kube() -> AsyncIterator[tuple[Any, client.KubeClient]]:
 
 
 async def _agent(kube: client.KubeClient, dcgmi: Path, stop: asyncio.Event, *, timeout: float = 30.0) -> asyncio.Task[None]:
-    config = settings.layer(file_data={
+    config = layering.layer(file_data={
         "agent": {"node_name": NODE, "min_write_interval_seconds": 0.0,
                   "validation": {"enabled": True, "dcgmi_path": str(dcgmi), "timeout_seconds": timeout}},
         "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50}}, "dcgm": {"enabled": False}}},

@@ -13,7 +13,7 @@ import yaml
 from chartkit import CHART, KUBE_VERSION, NAMESPACE, SCENARIOS, Render, find, run_helm
 from test_render import container, pod_spec, rendered_config, resolved_env
 
-from kcover import settings
+from kcover import layering, settings
 
 GIB = 1024**3
 
@@ -31,7 +31,7 @@ def effective_retention(objs: list[dict[str, Any]]) -> int:
     """`recovery.save_logs.retention_bytes` as the controller pod would read it (file and environment)."""
     config, _ = rendered_config(objs)
     env = resolved_env(container(find(objs, "Deployment", "-controller")), pod="c-0", namespace=NAMESPACE, node="")
-    return settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH,
+    return layering.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH,
                           environ=env).settings.recovery.save_logs.retention_bytes
 
 
@@ -226,7 +226,7 @@ async def test_with_preflight_enabled_both_roles_start_and_become_ready(render: 
         env.update({"KCOVER_AGENT__XID_POLICY_FILE": "", "KCOVER_RECOVERY__SAVE_LOGS__DIRECTORY": str(tmp_path / "logs"),
                     "KCOVER_AGENT__POD_RESOURCES_SOCKET": str(tmp_path / "no-kubelet.sock")})
         data = yaml.safe_load(yaml.safe_dump(config).replace("/var/lib/kcover/preflight", str(reports)))
-        built[role] = settings.layer(file_data=data, file_name="config.yaml", environ=env,
+        built[role] = layering.layer(file_data=data, file_name="config.yaml", environ=env,
                                      cli={"lease.enabled": False}).settings
     async with server.SimServer() as srv:
         srv.store.create("nodes", {"metadata": {"name": "gpu-1"}, "spec": {},

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from chartkit import CHART, KUBE_VERSION, NAMESPACE, SCENARIOS, Render, find, run_helm
 
-from kcover import checking, settings
+from kcover import checking, layering, settings
 from kcover.detectors import contract, registry
 from kcover.nvml import xid_policy
 
@@ -83,7 +83,7 @@ def test_config_and_environment_validate_with_kcover_settings(render: Render, sc
         if "KCOVER_AGENT__XID_POLICY_FILE" in env:
             assert env["KCOVER_AGENT__XID_POLICY_FILE"] == f"{CONFIG_DIR}/xid-policy.yaml"
             env["KCOVER_AGENT__XID_POLICY_FILE"] = str(mounted)
-        layered = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env)
+        layered = layering.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env)
         s = layered.settings
         assert s.server.port == int(c["ports"][0]["containerPort"])
         # what the role itself checks before it starts, with the plugins of plugins/ installed (as in the images)
@@ -288,7 +288,7 @@ def test_the_kubelet_waits_for_a_bounded_shutdown(render: Render, scenario: str)
     for kind, suffix, role in (("Deployment", "-controller", "controller"), ("DaemonSet", "-agent", "agent")):
         c = container(find(objs, kind, suffix))
         env = resolved_env(c, pod=f"kcover-{role}-abc", namespace=NAMESPACE, node="gpu-1")
-        grace = settings.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env).settings
+        grace = layering.layer(file_data=config, file_name=settings.DEFAULT_CONFIG_PATH, environ=env).settings
         kubelet_waits = pod_spec(find(objs, kind, suffix)).get("terminationGracePeriodSeconds", 30)  # API default
         assert grace.server.shutdown_grace_seconds + lifecycle.EXIT_MARGIN_SECONDS <= kubelet_waits, (role, kubelet_waits)
 

@@ -199,13 +199,13 @@ def test_a_role_refuses_an_event_retry_past_the_staleness(tmp_path: Path) -> Non
 # ---------------------------------------------------------------------------------------------- config show, help
 
 def test_config_show_marks_the_settings_that_need_a_restart() -> None:
-    from kcover import settings
+    from kcover import layering
 
     out = kcover("config", "show", "--config", "/dev/null", "-o", "json")
     assert out.returncode == 0, out.stderr
     rows = {r["setting"]: r for r in json.loads(out.stdout)}
     marked = {path for path, row in rows.items() if row["restart_required"]}
-    assert marked == settings.restart_required_paths()
+    assert marked == layering.restart_required_paths()
     assert rows["server.port"]["restart_required"] is True
     assert rows["recovery.workload_cooldown_seconds"]["restart_required"] is False
     table = kcover("config", "show", "--config", "/dev/null").stdout

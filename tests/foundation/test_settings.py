@@ -4,7 +4,7 @@ import pydantic
 import pytest
 from pydantic import BaseModel
 
-from kcover import errors, settings
+from kcover import errors, layering, settings
 
 
 def test_defaults_are_valid_and_documented() -> None:
@@ -29,14 +29,14 @@ def test_defaults_are_valid_and_documented() -> None:
 
 
 def test_naming_one_detector_keeps_the_others() -> None:
-    s = settings.layer(file_data={"detectors": {"entries": {"nvml": {"enabled": False}}}}, file_name="f").settings
+    s = layering.layer(file_data={"detectors": {"entries": {"nvml": {"enabled": False}}}}, file_name="f").settings
     assert s.detectors.entries["nvml"].enabled is False
     assert s.detectors.entries["pod-status"].enabled is True
     assert set(settings.BUILTIN_DETECTORS) <= set(s.detectors.entries)
 
 
 def test_precedence_cli_over_env_over_file_over_default() -> None:
-    layered = settings.layer(
+    layered = layering.layer(
         file_data={"recovery": {"workload_cooldown_seconds": 10, "node_cooldown_seconds": 11,
                                 "max_restarts_per_window": 2}},
         file_name="f.yaml",
@@ -55,16 +55,16 @@ def test_precedence_cli_over_env_over_file_over_default() -> None:
 
 
 def test_only_nested_kcover_names_are_settings() -> None:
-    layered = settings.layer(environ={"KCOVER_CACHE": "/tmp/x", "KCOVER_CONTROLPLANE_BIN": "/opt/bin",
+    layered = layering.layer(environ={"KCOVER_CACHE": "/tmp/x", "KCOVER_CONTROLPLANE_BIN": "/opt/bin",
                                       "KCOVER_LEASE__NAME": "mine"})
     assert layered.settings.lease.name == "mine"
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(environ={"KCOVER_LAESE__NAME": "typo"})
+        layering.layer(environ={"KCOVER_LAESE__NAME": "typo"})
     assert info.value.errors[0].startswith("env: laese: Extra inputs are not permitted")
 
 
 def test_env_lists_are_json() -> None:
-    layered = settings.layer(environ={"KCOVER_RECOVERY__NAMESPACES_DENY": '["a", "b"]'})
+    layered = layering.layer(environ={"KCOVER_RECOVERY__NAMESPACES_DENY": '["a", "b"]'})
     assert layered.settings.recovery.namespaces_deny == ["a", "b"]
 
 
@@ -81,24 +81,24 @@ def test_env_lists_are_json() -> None:
 )
 def test_field_level_errors_name_the_source_and_field(file_data: dict[str, object], expected: str) -> None:
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(file_data=file_data, file_name="f.yaml")
+        layering.layer(file_data=file_data, file_name="f.yaml")
     assert any(line.startswith(expected) for line in info.value.errors), info.value.errors
 
 
 def test_env_errors_are_attributed_to_env() -> None:
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(environ={"KCOVER_BUS__SUBSCRIBER_CAPACITY": "0"})
+        layering.layer(environ={"KCOVER_BUS__SUBSCRIBER_CAPACITY": "0"})
     assert info.value.errors[0].startswith("env: bus.subscriber_capacity:")
 
 
 def test_restart_required_fields_and_changed_paths() -> None:
-    required = settings.restart_required_paths()
+    required = layering.restart_required_paths()
     assert {"lease.name", "lease.namespace", "server.port"} <= required
     assert "recovery.workload_cooldown_seconds" not in required
     a = settings.Settings.model_validate({})
     b = settings.Settings.model_validate({"lease": {"name": "other"},
                                           "detectors": {"entries": {"pod-status": {"config": {"x": 1}}}}})
-    assert settings.changed_paths(a, b) == {"lease.name", "detectors.entries.pod-status"}
+    assert layering.changed_paths(a, b) == {"lease.name", "detectors.entries.pod-status"}
 
 
 @pytest.mark.parametrize("layers", [
@@ -108,7 +108,7 @@ def test_restart_required_fields_and_changed_paths() -> None:
 ])
 def test_a_removed_setting_is_refused_by_name_with_what_to_do(layers: dict[str, object]) -> None:
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(**layers)  # type: ignore[arg-type]
+        layering.layer(**layers)  # type: ignore[arg-type]
     (line,) = info.value.errors
     assert "recovery.event_cooldown_seconds: removed setting:" in line
     assert "recovery.workload_cooldown_seconds" in line
@@ -118,7 +118,7 @@ def test_a_removed_setting_is_refused_by_name_with_what_to_do(layers: dict[str, 
 
 def test_a_removed_setting_is_reported_with_the_other_errors_of_its_group() -> None:
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(file_data={"recovery": {"event_cooldown_seconds": 30, "workload_cooldown_seconds": -1,
+        layering.layer(file_data={"recovery": {"event_cooldown_seconds": 30, "workload_cooldown_seconds": -1,
                                                "max_restarts_per_window": "many"}}, file_name="f.yaml")
     fields = sorted(line.split(": ")[1] for line in info.value.errors)
     assert fields == ["recovery.event_cooldown_seconds", "recovery.max_restarts_per_window",
@@ -134,7 +134,7 @@ def test_a_removed_setting_is_reported_with_the_other_errors_of_its_group() -> N
 def test_lease_timings_must_nest(lease: dict[str, float], field: str) -> None:
     """retry_period < renew_deadline < lease_duration, reported at the field, with where it came from."""
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(file_data={"lease": lease}, file_name="f.yaml")
+        layering.layer(file_data={"lease": lease}, file_name="f.yaml")
     (line,) = info.value.errors
     source = "file:f.yaml" if f"lease.{next(iter(lease))}" == field else "default"
     assert line.startswith(f"{source}: {field}: must be below lease.")
@@ -142,7 +142,7 @@ def test_lease_timings_must_nest(lease: dict[str, float], field: str) -> None:
 
 def test_lease_timings_are_judged_on_the_merged_layers() -> None:
     """A file shortening the Lease is fine when the environment shortens the deadlines too."""
-    layered = settings.layer(file_data={"lease": {"lease_duration_seconds": 6}}, file_name="f.yaml",
+    layered = layering.layer(file_data={"lease": {"lease_duration_seconds": 6}}, file_name="f.yaml",
                              environ={"KCOVER_LEASE__RENEW_DEADLINE_SECONDS": "4",
                                       "KCOVER_LEASE__RETRY_PERIOD_SECONDS": "1"})
     assert (layered.settings.lease.lease_duration_seconds, layered.settings.lease.renew_deadline_seconds) == (6, 4)
@@ -152,7 +152,7 @@ def test_lease_timings_are_judged_on_the_merged_layers() -> None:
 
 def test_uncordon_hold_moved_to_the_node_condition_detector() -> None:
     with pytest.raises(errors.ConfigError) as info:
-        settings.layer(file_data={"recovery": {"uncordon_hold_seconds": 60}}, file_name="f.yaml")
+        layering.layer(file_data={"recovery": {"uncordon_hold_seconds": 60}}, file_name="f.yaml")
     (line,) = info.value.errors
     assert "recovery.uncordon_hold_seconds: removed setting:" in line
     assert "detectors.entries.node-condition.config.recovered_hold_seconds" in line

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcover import checking, codec, errors, model
+from kcover import checking, codec, errors, layering, model
 from kcover import settings as settings_
 from kcover.detectors import event_watcher
 from kcover.kube import caching
@@ -212,7 +212,7 @@ SETTING_KEYS = ["recovery", "detectors", "entries", "lease", "agent", "kube", "b
 @given(st.dictionaries(st.sampled_from(SETTING_KEYS[:8]), json_like(SETTING_KEYS), max_size=3))
 def test_a_config_file_gives_settings_or_field_level_errors(data: dict[str, Any]) -> None:
     try:
-        layered = settings_.layer(file_data=data, file_name="config.yaml")
+        layered = layering.layer(file_data=data, file_name="config.yaml")
     except errors.ConfigError:
         return  # field-level lines: a clear refusal
     assert isinstance(layered.settings, settings_.Settings)

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcover import metrics, serving, settings
+from kcover import layering, metrics, serving
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.kube import client
@@ -70,12 +70,12 @@ async def scrapes() -> AsyncIterator[dict[str, str]]:
                                    "status": {"capacity": {"nvidia.com/gpu": "8"},
                                               "conditions": [{"type": "Ready", "status": "True"}]}})
         kubes = [client.from_configuration(srv.kube_configuration()) for _ in range(2)]
-        controller_cfg = settings.layer(file_data={
+        controller_cfg = layering.layer(file_data={
             "lease": {"enabled": False},
             "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
             "recovery": {"save_logs": {"enabled": False}},
         }).settings
-        agent_cfg = settings.layer(file_data={
+        agent_cfg = layering.layer(file_data={
             "agent": {"node_name": NODE},
             "detectors": {"entries": {"nvml": {"config": {"wait_timeout_ms": 50}}, "dcgm": {"enabled": False}}},
         }).settings
@@ -125,7 +125,7 @@ async def blind_scrape() -> AsyncIterator[str]:
         srv.store.create("nodes", {"metadata": {"name": BLIND_NODE}, "spec": {},
                                    "status": {"capacity": {"nvidia.com/gpu": "8"},
                                               "conditions": [{"type": "Ready", "status": "True"}]}})
-        cfg = settings.layer(file_data={
+        cfg = layering.layer(file_data={
             "agent": {"node_name": BLIND_NODE},
             "detectors": {"entries": {"dcgm": {"config": {"dcgmi_path": "/nonexistent/kcover-test/dcgmi"}}}},
         }).settings

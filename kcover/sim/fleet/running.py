@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from kcover import errors, settings
+from kcover import errors, layering
 from kcover.sim.fleet import baselines, kcoverpolicy, plotting, report, virtualtime
 from kcover.sim.fleet import state as st
 from kcover.sim.fleet import taxonomy as tax
@@ -81,7 +81,7 @@ def overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep:
             raise ValueError(f"--set {pair!r}: expected KEY=VALUE")
         values[key.strip()] = yaml.safe_load(raw)
-    return settings.dotted_layer(values)
+    return layering.dotted_layer(values)
 
 
 def params_of(args: argparse.Namespace) -> st.Params:

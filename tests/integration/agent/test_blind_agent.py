@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 import pytest
 
-from kcover import errors, metrics, serving, settings
+from kcover import errors, layering, metrics, serving, settings
 from kcover.agent import running as agent_running
 from kcover.kube import client as client_
 from kcover.nvml import backend, fake, real
@@ -53,7 +53,7 @@ CPU_NODE = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 
 
 def _settings(ns: str, node: str) -> settings.Settings:
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "agent": {"node_name": node, "event_namespace": ns, "pod_resources_socket": "/nonexistent/kubelet.sock"},
         "detectors": {"settle_seconds": 0.5, "restart_initial_seconds": 0.2, "restart_max_seconds": 0.5,
                       "entries": {"nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.2}},

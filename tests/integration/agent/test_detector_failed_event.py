@@ -11,7 +11,7 @@ import secrets
 import time
 from typing import Any, ClassVar
 
-from kcover import metrics, settings
+from kcover import layering, metrics, settings
 from kcover.agent import running as agent_running
 from kcover.detectors import contract, registry
 from kcover.nvml import fake
@@ -32,7 +32,7 @@ class Crasher:
 
 def _settings(ns: str, node: str) -> settings.Settings:
     entries: dict[str, Any] = {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "agent": {"node_name": node, "event_namespace": ns},
         "detectors": {"entries": {**entries, "crasher": {"enabled": True}}, "restart_initial_seconds": 0.1},
     }).settings

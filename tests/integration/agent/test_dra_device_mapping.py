@@ -41,7 +41,7 @@ import pytest
 from aiohttp import web
 from harness.podresources_server import Container, Pod, PodResourcesServer
 
-from kcover import codec, metrics, model, serving, settings
+from kcover import codec, layering, metrics, model, serving, settings
 from kcover.agent import podresources
 from kcover.agent import running as agent_running
 from kcover.agent.reporting import event_body
@@ -79,7 +79,7 @@ def _settings(ns: str, node: str, *, exporter_url: str = "", hold: float = 300.0
     off: dict[str, Any] = {"enabled": False}
     dcgm = {"enabled": True, "config": {"exporter_url": exporter_url, "exporter_interval_seconds": 0.2}} \
         if exporter_url else off
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}},
         "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,

@@ -13,7 +13,7 @@ import asyncio
 import secrets
 from typing import Any
 
-from kcover import metrics, serving, settings
+from kcover import layering, metrics, serving, settings
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.nvml import fake
@@ -56,7 +56,7 @@ async def _node(kube: Any, name: str) -> None:
 
 
 def _settings(ns: str, node: str) -> settings.Settings:
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}},
         "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from kcover import metrics, serving, settings
+from kcover import layering, metrics, serving, settings
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.nvml import fake
@@ -184,7 +184,7 @@ def _settings(world: World, detectors: dict[str, Any], recovery: dict[str, Any])
     }
     for name, entry in detectors.items():
         entries[name] = entry
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "recovery": {"ledger_namespace": world.ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}, "uncordon_enabled": True, **recovery},
         "lease": {"namespace": world.ns, "identity": "controller-a", "lease_duration_seconds": 4,

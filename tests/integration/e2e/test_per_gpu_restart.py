@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from harness.podresources_server import Container, Pod, PodResourcesServer
 
-from kcover import metrics, serving, settings
+from kcover import layering, metrics, serving, settings
 from kcover.agent import podresources
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
@@ -45,7 +45,7 @@ async def _until(probe: Callable[[], Awaitable[bool]], what: str, within: float 
 
 def _settings(ns: str, node: str) -> settings.Settings:
     off = {"enabled": False}
-    return settings.layer(file_data={
+    return layering.layer(file_data={
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}},
         "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,

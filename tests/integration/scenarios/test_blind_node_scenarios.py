@@ -17,7 +17,7 @@ from typing import Any
 import test_closed_loop_scenarios as closed
 import test_recovery_scenarios as base
 
-from kcover import metrics, serving, settings
+from kcover import layering, metrics, serving
 from kcover.agent import running as agent_running
 from kcover.nvml import backend, fake
 
@@ -34,7 +34,7 @@ async def _blind_agents(cluster: Cluster, nodes: list[str], gpu: str) -> AsyncIt
     clients = [cluster.new_client() for _ in nodes]
     tasks = []
     for kube, node in zip(clients, nodes, strict=True):
-        cfg = settings.layer(file_data={
+        cfg = layering.layer(file_data={
             "kube": {"gpu_resources": [gpu]},
             "agent": {"node_name": node, "event_namespace": cluster.namespace, "condition_hold_seconds": 0.2,
                       "min_write_interval_seconds": 0.0, "pod_resources_socket": "/nonexistent/kubelet.sock"},
