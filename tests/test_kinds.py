@@ -8,7 +8,7 @@ import pytest
 from harness import objects as o
 
 from kcover import kinds
-from kcover.kube import caching, ownership
+from kcover.kube import caching, ownership, projecting
 from kcover.kube import projections as proj
 from kcover.recovery import planning
 from kcover.recovery import steps as st
@@ -36,7 +36,7 @@ def obj(api_version: str, kind: str, spec: dict[str, Any], **status: Any) -> dic
     (obj("apps/v1", "Deployment", {"replicas": 0}), False),
 ])
 def test_restart_forbidden(raw: dict[str, Any], forbidden: bool) -> None:
-    w = proj.workload(raw)
+    w = projecting.workload(raw)
     table = kinds.of(w.group, w.kind)
     got = table.forbidden(restart_policies=[p for _, p in w.restart_policies], max_restarts=w.max_restarts,
                           finished=w.finished) if table is not None else ""
@@ -82,17 +82,17 @@ JOBSET = o.workload("jobset.x-k8s.io/v1alpha2", "JobSet", "js", uid="js-uid")
 ])
 def test_resolve(pod: dict[str, Any], expected: str) -> None:
     snap = caching.ClusterCache.offline([CRON_JOB, IMPOSTOR, LWS, JOBSET])
-    found = ownership.resolve(snap, proj.pod(pod))
+    found = ownership.resolve(snap, projecting.pod(pod))
     got = (f"{found.workload.kind} {found.workload.name}" if isinstance(found, ownership.Resolved)
            else found.problem.value)
     assert got == expected
 
 
 def test_legacy_controller_uid_label_and_name_fallback() -> None:
-    job = proj.workload(o.workload("batch/v1", "Job", "bj", uid="bj-uid"))
+    job = projecting.workload(o.workload("batch/v1", "Job", "bj", uid="bj-uid"))
     resolved = ownership.Resolved(job, kinds.Family.BATCH_JOB, (job,))
-    legacy = proj.pod(o.pod("x", labels={"controller-uid": "bj-uid", kinds.BATCH_JOB_NAME: "bj"}))
-    bare = proj.pod(o.pod("x", labels={kinds.BATCH_JOB_NAME: "bj"}))
+    legacy = projecting.pod(o.pod("x", labels={"controller-uid": "bj-uid", kinds.BATCH_JOB_NAME: "bj"}))
+    bare = projecting.pod(o.pod("x", labels={kinds.BATCH_JOB_NAME: "bj"}))
     assert planning.unit_of(resolved, legacy).selector == st.Selector(
         ((kinds.BATCH_JOB_NAME, "bj"), ("controller-uid", "bj-uid")), uid_bearing=True)
     assert planning.unit_of(resolved, bare).selector == st.Selector(((kinds.BATCH_JOB_NAME, "bj"),), uid_bearing=False)

@@ -34,7 +34,7 @@ from kcover.aio import clock as clock_
 from kcover.aio import commands
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
-from kcover.kube import decoding, events, gpus, retrying
+from kcover.kube import decoding, events, gpus, projecting, retrying
 from kcover.kube import projections as proj
 from kcover.nvml import backend, xid_policy
 
@@ -167,12 +167,12 @@ class Agent:
 
     async def _read_node(self) -> proj.Node | None:
         raw = await read_node(self.client, self.node)
-        return proj.node(raw) if raw is not None else None
+        return projecting.node(raw) if raw is not None else None
 
     async def run(self, stop: asyncio.Event) -> None:
         raw = await read_node(self.client, self.node)
         self.context.node_capacity = capacity_of(raw)
-        self.sight.learn(proj.node(raw) if raw is not None else None)
+        self.sight.learn(projecting.node(raw) if raw is not None else None)
         if self.health is not None:
             self.health.add_readiness("detectors", self.supervisor.readiness)
             self.health.add_degradation("gpu-sight", self.sight.degraded)

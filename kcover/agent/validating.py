@@ -31,8 +31,8 @@ from kcover import codec, errors, settings
 from kcover.aio import clock as clock_
 from kcover.aio import commands, waiting
 from kcover.kube import client as client_
+from kcover.kube import projecting, watching
 from kcover.kube import projections as proj
-from kcover.kube import watching
 from kcover.nvml import dcgmi
 
 log = structlog.get_logger()
@@ -72,7 +72,7 @@ class Validator:
         self.answered: dict[str, codec.ValidationOutcome] = {}
         """Request id -> the outcome this agent reported (this process's memory; the condition is the record)."""
         self.reflector: watching.Reflector[proj.Node] = watching.Reflector(
-            kube, "/api/v1/nodes", proj.node, sink=self._changed, name=f"validation:{node}",
+            kube, "/api/v1/nodes", projecting.node, sink=self._changed, name=f"validation:{node}",
             query={"fieldSelector": f"metadata.name={node}"})
 
     def _changed(self, _old: proj.Node | None, new: proj.Node | None) -> None:

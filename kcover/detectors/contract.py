@@ -36,7 +36,7 @@ from kcover import codec, errors, kinds, model
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.aio import commands, waiting
-from kcover.kube import caching, ownership, watching
+from kcover.kube import caching, ownership, projecting, watching
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 from kcover.nvml import backend, xid_policy
@@ -75,7 +75,7 @@ MEMBERSHIP_LABELS = kinds.MEMBERSHIP_LABELS
 Resolved = ownership.Resolved
 """A pod's owner chain up to the workload recovery restarts (`ClusterView.resolve`)."""
 Unresolved = ownership.Unresolved
-controller_of = proj.controller_of
+controller_of = projecting.controller_of
 Nvml = backend.Nvml
 XidDecision = xid_policy.Decision
 XidPolicy = xid_policy.Judge

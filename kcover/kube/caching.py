@@ -34,7 +34,7 @@ import structlog
 from kcover import kinds, model
 from kcover import settings as settings_
 from kcover.aio import waiting
-from kcover.kube import capabilities, decoding, gpus, ownership, watching
+from kcover.kube import capabilities, decoding, gpus, ownership, projecting, watching
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 
@@ -156,25 +156,26 @@ class ClusterCache:
         self.reflectors: list[watching.Reflector[Any]] = []
         self._routes: dict[tuple[str, str], watching.Reflector[Any]] = {}
         """(group, kind) -> the reflector of that collection, for `load()`."""
-        self.pod_reflector = self._reflect(kube, "/api/v1/pods", proj.pod, self._on_pod, "pods", ("", "Pod"),
-                                           options)
-        self.node_reflector = self._reflect(kube, "/api/v1/nodes", proj.node, self._on_node, "nodes",
+        self.pod_reflector = self._reflect(kube, "/api/v1/pods", projecting.pod, self._on_pod, "pods",
+                                           ("", "Pod"), options)
+        self.node_reflector = self._reflect(kube, "/api/v1/nodes", projecting.node, self._on_node, "nodes",
                                             ("", "Node"), options)
         if watch_events:
-            self._reflect(kube, "/api/v1/events", proj.recovery_event, self._on_event, "events", ("", "Event"),
-                          options)
+            self._reflect(kube, "/api/v1/events", projecting.recovery_event, self._on_event, "events",
+                          ("", "Event"), options)
         if gpu_rule.dra_drivers:
-            self._reflect(kube, RESOURCE_SLICES_PATH, proj.resource_slice, self._on_slice, "resourceslices",
+            self._reflect(kube, RESOURCE_SLICES_PATH, projecting.resource_slice, self._on_slice, "resourceslices",
                           ("resource.k8s.io", "ResourceSlice"), options,
                           locate=capabilities.locator(kube, capabilities.RESOURCE_SLICES) if kube else None)
         for wk in workload_kinds:
-            self._reflect(kube, wk.path, _typed(proj.workload, wk), self._on_workload, wk.key, (wk.group, wk.kind),
-                          options)
+            self._reflect(kube, wk.path, _typed(projecting.workload, wk), self._on_workload, wk.key,
+                          (wk.group, wk.kind), options)
         if controls is not None:
-            self._reflect(kube, "/api/v1/namespaces", proj.namespace, self._on_namespace, "namespaces",
+            self._reflect(kube, "/api/v1/namespaces", projecting.namespace, self._on_namespace, "namespaces",
                           ("", "Namespace"), options)
-            self._reflect(kube, f"/api/v1/namespaces/{controls[0]}/configmaps", proj.config_map, self._on_controls,
-                          "controls", ("", "ConfigMap"), options, query={"fieldSelector": f"metadata.name={controls[1]}"})
+            self._reflect(kube, f"/api/v1/namespaces/{controls[0]}/configmaps", projecting.config_map,
+                          self._on_controls, "controls", ("", "ConfigMap"), options,
+                          query={"fieldSelector": f"metadata.name={controls[1]}"})
 
     def _reflect(self, kube: client_.KubeClient | None, path: str, project: Callable[[Mapping[str, Any]], Any],
                  sink: Callable[[Any, Any], None], name: str, route: tuple[str, str],

@@ -1,28 +1,23 @@
-"""Slim projections: raw API dicts in, small immutable records of only the fields kcover uses out.
+"""Slim projections: the small immutable records of only the fields kcover uses, and their vocabulary.
 
 Owns the shape of what the cluster cache keeps (pods, nodes, workloads, annotated Events, DRA
-ResourceSlices) and the pure functions that build it. These records are kcover's one cluster model:
-the detectors, the recovery policy and its executors all read them (through `caching.ClusterCache`),
-and tests build them from raw API objects through the same functions. Records are `NamedTuple`s
-(tuples with empty `__slots__`: small, fast to build, immutable); strings repeated across objects
-(namespaces, node names, label values, reasons, owner names) are interned, so 150,000 cached pods stay
-under a few hundred MiB. Each name it reads is defined once: the Event annotations and the `kcover.io/`
+ResourceSlices, Namespaces, the controls ConfigMap), the names kcover reads on them and writes on the
+Nodes it cordons, and lookups in a record's kept pairs (`get`, `group_of`). These records are kcover's one
+cluster model: the detectors, the recovery policy and its executors all read them (through
+`caching.ClusterCache`), and tests build them from raw API objects through the same functions
+(`projecting`, which builds them). Records are `NamedTuple`s (tuples with empty `__slots__`: small, fast
+to build, immutable). Each name it reads is defined once: the Event annotations and the `kcover.io/`
 prefix in `kcover.codec`, the workload labels in `kcover.kinds`, the opt-in label and the annotations
 kcover writes on the Nodes it cordons here.
 
-It does no I/O and never raises on odd input: a missing or mistyped field becomes its empty value.
-A projection returns None for an object kcover does not keep (an Event without the recovery
-annotation), which the reflector treats as "not in the store".
+It does no I/O and builds no record from raw input (`projecting` does); nothing here raises.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from kcover import codec, kinds
+from kcover import kinds
 
 OPT_IN_LABEL = "kcover.io/cascading-recovery"
 """Pods or workloads labelled `true` opt in to recovery."""
@@ -43,7 +38,6 @@ KEPT_POD_LABELS = frozenset((*kinds.SELECTOR_LABELS, *kinds.RANK_LABELS, *IDENTI
 """Pod labels the cache keeps: those restart selectors use and those naming a pod's rank (`kinds`), the
 identity labels and the opt-in label."""
 
-_intern = sys.intern
 Pairs = tuple[tuple[str, str], ...]
 
 
@@ -259,22 +253,8 @@ class KubeEvent(NamedTuple):
     """Who the writer says it is (the agent: its node's name); checked against the cluster, never trusted alone."""
 
 
-# --------------------------------------------------------------------------------------- helpers
-
-def _d(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _s(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _i(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _l(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
+DRA_CLAIMS = "resource.k8s.io/claims"
+"""`Pod.devices` entry of a pod with DRA resource claims (`spec.resourceClaims`)."""
 
 
 def group_of(api_version: str) -> str:
@@ -288,270 +268,3 @@ def get(pairs: Pairs, key: str, default: str = "") -> str:
         if k == key:
             return v
     return default
-
-
-def _kept(mapping: Any, keep: frozenset[str] | None = None, prefix: str = "") -> Pairs:
-    if not isinstance(mapping, dict) or not mapping:
-        return ()
-    out = []
-    for key, value in mapping.items():
-        if (keep is not None and key in keep) or (prefix and key.startswith(prefix)):
-            out.append((_intern(key), _intern(value if isinstance(value, str) else "")))
-    if not out:
-        return ()
-    out.sort()
-    return tuple(out)
-
-
-def controller_of(meta: Mapping[str, Any]) -> OwnerRef | None:
-    refs = meta.get("ownerReferences")
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if isinstance(ref, dict) and ref.get("controller") is True:
-            return OwnerRef(_intern(_s(ref.get("kind"))), _intern(_s(ref.get("name"))),
-                            _intern(_s(ref.get("uid"))), _intern(_s(ref.get("apiVersion"))))
-    return None
-
-
-def _terminated(state: Any) -> Terminated | None:
-    term = state.get("terminated") if isinstance(state, dict) else None
-    if not isinstance(term, dict):
-        return None
-    return Terminated(_intern(_s(term.get("reason"))), _i(term.get("exitCode")), _s(term.get("finishedAt")))
-
-
-def _resources(status: Mapping[str, Any]) -> tuple[ResourceHealth, ...]:
-    entries = status.get("allocatedResourcesStatus")
-    if not isinstance(entries, list) or not entries:
-        return ()
-    out = []
-    for entry in entries:
-        entry = _d(entry)
-        claim = _intern(_s(entry.get("name")))
-        for res in _l(entry.get("resources")):
-            res = _d(res)
-            out.append(ResourceHealth(claim, _intern(_s(res.get("resourceID"))),
-                                      _intern(_s(res.get("health")) or "Unknown"), _s(res.get("message"))))
-    return tuple(out)
-
-
-def _container(status: Any, init: bool) -> ContainerState:
-    if not isinstance(status, dict):
-        status = _NOTHING
-    state = status.get("state")
-    waiting = state.get("waiting") if isinstance(state, dict) else None
-    return ContainerState(_intern(_s(status.get("name"))), init, _i(status.get("restartCount")),
-                          _terminated(state), _terminated(status.get("lastState")),
-                          _resources(status),
-                          (_intern(_s(waiting.get("reason"))), _s(waiting.get("message")))
-                          if isinstance(waiting, dict) and waiting else None)
-
-
-def _unschedulable(status: Mapping[str, Any]) -> str:
-    conditions = status.get("conditions")
-    if not isinstance(conditions, list):
-        return ""
-    for cond in conditions:
-        if isinstance(cond, dict) and cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return _s(cond.get("message")) or _s(cond.get("reason")) or "Unschedulable"
-    return ""
-
-
-_NOTHING: Mapping[str, Any] = MappingProxyType({})
-"""What a missing or mistyped object reads as (never written to)."""
-
-
-# ------------------------------------------------------------------------------------ projections
-
-def pod(raw: Mapping[str, Any]) -> Pod:
-    # the reflector projects every pod change: the helpers `_d`/`_s`/`_l` are inlined on the common path
-    meta = raw.get("metadata")
-    if not isinstance(meta, dict):
-        meta = _NOTHING
-    spec = raw.get("spec")
-    if not isinstance(spec, dict):
-        spec = _NOTHING
-    status = raw.get("status")
-    if not isinstance(status, dict):
-        status = _NOTHING
-    inits, regular = status.get("initContainerStatuses"), status.get("containerStatuses")
-    containers = [_container(c, True) for c in inits] if isinstance(inits, list) else []
-    if isinstance(regular, list):
-        containers += [_container(c, False) for c in regular]
-    return Pod(
-        uid=_s(meta.get("uid")),
-        rv=_s(meta.get("resourceVersion")),
-        namespace=_intern(_s(meta.get("namespace"))),
-        name=_s(meta.get("name")),
-        node=_intern(_s(spec.get("nodeName"))),
-        phase=_intern(_s(status.get("phase"))),
-        labels=_kept(meta.get("labels"), KEPT_POD_LABELS),
-        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
-        owner=controller_of(meta),
-        deletion_timestamp=_s(meta.get("deletionTimestamp")),
-        restart_policy=_intern(_s(spec.get("restartPolicy")) or "Always"),
-        containers=tuple(containers),
-        unschedulable=_unschedulable(status),
-        created=_s(meta.get("creationTimestamp")),
-        devices=_devices(spec),
-    )
-
-
-DRA_CLAIMS = "resource.k8s.io/claims"
-"""`Pod.devices` entry of a pod with DRA resource claims (`spec.resourceClaims`)."""
-
-
-def _devices(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    names: set[str] = set()
-    for group in (spec.get("initContainers"), spec.get("containers")):
-        if not isinstance(group, list):
-            continue
-        for c in group:
-            resources = c.get("resources") if isinstance(c, dict) else None
-            if not isinstance(resources, dict):
-                continue
-            for part in (resources.get("limits"), resources.get("requests")):
-                if isinstance(part, dict):
-                    for name, value in part.items():
-                        if "/" in name and _quantity(value) > 0:
-                            names.add(name)
-    claims = spec.get("resourceClaims")
-    if isinstance(claims, list) and claims:
-        names.add(DRA_CLAIMS)
-    return tuple(sorted(_intern(n) for n in names)) if names else ()
-
-
-def _quantity(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
-def _extended(capacity: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
-    out = []
-    for name, value in capacity.items():
-        if "/" in name:
-            count = _quantity(value)
-            if count > 0:
-                out.append((_intern(name), count))
-    out.sort()
-    return tuple(out)
-
-
-def node(raw: Mapping[str, Any]) -> Node:
-    meta = _d(raw.get("metadata"))
-    spec = _d(raw.get("spec"))
-    status = _d(raw.get("status"))
-    capacity = _d(status.get("capacity"))
-    return Node(
-        uid=_s(meta.get("uid")),
-        rv=_s(meta.get("resourceVersion")),
-        name=_intern(_s(meta.get("name"))),
-        unschedulable=spec.get("unschedulable") is True,
-        taints=tuple(Taint(_intern(_s(t.get("key"))), _intern(_s(t.get("value"))), _intern(_s(t.get("effect"))))
-                     for t in map(_d, _l(spec.get("taints")))),
-        conditions=tuple(Condition(_intern(_s(c.get("type"))), _intern(_s(c.get("status"))),
-                                   _intern(_s(c.get("reason"))), _s(c.get("message")),
-                                   _s(c.get("lastTransitionTime")))
-                         for c in map(_d, _l(status.get("conditions")))),
-        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
-        extended_resources=_extended(capacity),
-        addresses=tuple(_s(a.get("address")) for a in map(_d, _l(status.get("addresses")))
-                        if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")),
-    )
-
-
-_TERMINAL = frozenset(("Succeeded", "Failed", "Complete", "Completed"))
-
-
-def workload(raw: Mapping[str, Any]) -> Workload:
-    meta = _d(raw.get("metadata"))
-    kind = _intern(_s(raw.get("kind")))
-    api_version = _intern(_s(raw.get("apiVersion")))
-    table = kinds.of(group_of(api_version), kind)
-    policies, max_restarts = table.restart_fields(_d(raw.get("spec"))) if table is not None else ((), None)
-    policies = tuple((_intern(k), _intern(v)) for k, v in policies)
-    conditions = _l(_d(raw.get("status")).get("conditions"))
-    finished = any(_d(c).get("type") in _TERMINAL and _d(c).get("status") == "True" for c in conditions)
-    return Workload(
-        uid=_s(meta.get("uid")),
-        rv=_s(meta.get("resourceVersion")),
-        kind=kind,
-        api_version=api_version,
-        namespace=_intern(_s(meta.get("namespace"))),
-        name=_intern(_s(meta.get("name"))),
-        labels=_kept(meta.get("labels"), frozenset((OPT_IN_LABEL,))),
-        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
-        owner=controller_of(meta),
-        restart_policies=policies,
-        max_restarts=max_restarts,
-        finished=finished,
-        own=table.own_policy(_d(raw.get("spec")), _d(raw.get("status"))) if table is not None else kinds.NO_POLICY,
-    )
-
-
-def namespace(raw: Mapping[str, Any]) -> Namespace:
-    meta = _d(raw.get("metadata"))
-    return Namespace(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")), name=_intern(_s(meta.get("name"))),
-                     labels=_kept(meta.get("labels"), prefix=codec.PREFIX),
-                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
-
-
-def config_map(raw: Mapping[str, Any]) -> ConfigMap:
-    meta = _d(raw.get("metadata"))
-    return ConfigMap(uid=_s(meta.get("uid")), rv=_s(meta.get("resourceVersion")),
-                     namespace=_s(meta.get("namespace")), name=_s(meta.get("name")),
-                     annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX))
-
-
-def resource_slice(raw: Mapping[str, Any]) -> ResourceSlice:
-    meta = _d(raw.get("metadata"))
-    spec = _d(raw.get("spec"))
-    return ResourceSlice(
-        uid=_s(meta.get("uid")),
-        rv=_s(meta.get("resourceVersion")),
-        name=_s(meta.get("name")),
-        driver=_intern(_s(spec.get("driver"))),
-        node=_intern(_s(spec.get("nodeName"))),
-        pool=_intern(_s(_d(spec.get("pool")).get("name"))),
-        devices=frozenset(_intern(name) for d in _l(spec.get("devices"))
-                          if isinstance(d, Mapping) and (name := _s(d.get("name")))),
-    )
-
-
-def recovery_event(raw: Mapping[str, Any]) -> KubeEvent | None:
-    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"` or
-    `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
-    meta = _d(raw.get("metadata"))
-    annotations = _d(meta.get("annotations"))
-    if _s(annotations.get(codec.NEED_RECOVERY)).lower() != "true" \
-            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true":
-        return None
-    involved = _d(raw.get("involvedObject"))
-    series = _d(raw.get("series"))
-    return KubeEvent(
-        uid=_s(meta.get("uid")),
-        rv=_s(meta.get("resourceVersion")),
-        namespace=_intern(_s(meta.get("namespace"))),
-        name=_s(meta.get("name")),
-        involved=InvolvedObject(_intern(_s(involved.get("kind"))), _intern(_s(involved.get("namespace"))),
-                                _s(involved.get("name")), _s(involved.get("uid"))),
-        reason=_intern(_s(raw.get("reason"))),
-        message=_s(raw.get("message")),
-        type=_intern(_s(raw.get("type"))),
-        reporting_controller=_intern(_s(raw.get("reportingComponent") or raw.get("reportingController"))),
-        source_component=_intern(_s(_d(raw.get("source")).get("component"))),
-        event_count=_i(raw.get("count")),
-        series_count=_i(series.get("count")),
-        last_timestamp=_s(raw.get("lastTimestamp")),
-        event_time=_s(raw.get("eventTime")),
-        series_last_observed=_s(series.get("lastObservedTime")),
-        first_timestamp=_s(raw.get("firstTimestamp")),
-        reporting_instance=_s(raw.get("reportingInstance")),
-        source_host=_s(_d(raw.get("source")).get("host")),
-        annotations=_kept(meta.get("annotations"), prefix=codec.PREFIX),
-    )

@@ -21,7 +21,7 @@ from typing import Any
 
 from kcover import errors, kinds, settings
 from kcover.aio import clock as clock_
-from kcover.kube import caching, gateway, gpus, leasing
+from kcover.kube import caching, gateway, gpus, leasing, projecting
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
 from kcover.recovery import admission, controls, ledger, ledgerentries, recording
@@ -74,7 +74,7 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
     drivers = await _slice_drivers(kube) if cfg.kube.gpu_dra_drivers else {}
     paused_nodes = []
     for raw in await _items(kube, "/api/v1/nodes") or []:
-        node = proj.node(raw)
+        node = projecting.node(raw)
         report.gpu_nodes += rule.is_gpu_node(node, drivers.get(node.name, ()))  # as the controller's cache counts
         if node.cordoned_by_kcover:
             report.cordoned.append(report_.Cordon(node.name, proj.get(node.annotations, proj.CORDON_REASON),
@@ -116,7 +116,7 @@ async def _slice_drivers(kube: kube_client.KubeClient) -> dict[str, set[str]]:
     """Node -> the drivers of the DRA ResourceSlices naming it ({} where ResourceSlices are not served)."""
     out: dict[str, set[str]] = {}
     for raw in await _items(kube, caching.RESOURCE_SLICES_PATH) or []:
-        rs = proj.resource_slice(raw)
+        rs = projecting.resource_slice(raw)
         if rs.node:
             out.setdefault(rs.node, set()).add(rs.driver)
     return out
@@ -127,10 +127,10 @@ async def _paused(kube: kube_client.KubeClient, cfg: settings.Settings) -> list[
     rs = cfg.recovery
     out = []
     cm = await gateway.Http(kube).get_config_map(rs.ledger_namespace, rs.controls_name)
-    if cm is not None and controls.paused(proj.config_map(cm).annotations):
+    if cm is not None and controls.paused(projecting.config_map(cm).annotations):
         out.append(f"every target ({controls.PAUSED}=true on ConfigMap {rs.ledger_namespace}/{rs.controls_name})")
     for raw in await _items(kube, "/api/v1/namespaces") or []:
-        ns = proj.namespace(raw)
+        ns = projecting.namespace(raw)
         if controls.paused(ns.labels) or controls.paused(ns.annotations):
             out.append(f"namespace {ns.name}")
     for wk in map(kinds.by_key, cfg.kube.workload_kinds):

@@ -10,7 +10,7 @@ import pytest
 from kcover import codec, model
 from kcover.agent import reporting, sight
 from kcover.detectors import supervising
-from kcover.kube import gpus
+from kcover.kube import gpus, projecting
 from kcover.kube import projections as proj
 
 S = supervising.Status
@@ -80,7 +80,7 @@ def test_a_fault_outranks_blindness_and_settling() -> None:
 
 
 def _node(capacity: dict[str, str]) -> proj.Node:
-    return proj.node({"metadata": {"name": "n1"}, "status": {"capacity": capacity}})
+    return projecting.node({"metadata": {"name": "n1"}, "status": {"capacity": capacity}})
 
 
 def _gpu_sight(statuses: dict[str, supervising.Status], registry: prometheus_client.CollectorRegistry,

@@ -15,7 +15,7 @@ import pytest
 
 from kcover import codec, model
 from kcover.detectors import event_watcher
-from kcover.kube import caching
+from kcover.kube import caching, projecting
 from kcover.kube import projections as proj
 
 DRIVER = "gpu.nvidia.com"
@@ -96,10 +96,10 @@ def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
         return {"metadata": {"name": "e", "namespace": "kcover", "uid": "u", "annotations": annotations},
                 "involvedObject": {"kind": "Node", "name": "a"}}
 
-    assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "true"})) is not None
-    assert proj.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
-    assert proj.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
-    assert proj.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
+    assert projecting.recovery_event(raw({codec.DEVICE_HEALTHY: "true"})) is not None
+    assert projecting.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
+    assert projecting.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
+    assert projecting.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
 
 
 def _pod(uid: str, *, holds: str = "", opted: bool = True) -> dict[str, Any]:

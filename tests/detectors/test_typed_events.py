@@ -15,7 +15,7 @@ from kcover import codec, metrics, model
 from kcover.agent import reporting
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, dra_health, event_watcher, node_condition
-from kcover.kube import caching
+from kcover.kube import caching, projecting
 from kcover.kube import projections as proj
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -54,7 +54,7 @@ def test_dra_resource_id_parts(resource_id: str, expected: tuple[str, str, str] 
 
 def _kube_event(body: dict[str, Any]) -> proj.KubeEvent:
     body = dict(body, metadata=dict(body["metadata"], uid="ev-uid", name="gpu-1.kcover-abc"))
-    projected = proj.recovery_event(body)
+    projected = projecting.recovery_event(body)
     assert projected is not None
     return projected
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from kcover import checking, codec, errors, layering, model
 from kcover import settings as settings_
 from kcover.detectors import event_watcher
-from kcover.kube import caching
+from kcover.kube import caching, projecting
 from kcover.kube import projections as proj
 from kcover.nvml import dcgmi, xid_policy
 from kcover.recovery import ledger, ledgerentries, restarting
@@ -96,7 +96,7 @@ LOOKUPS = event_watcher.Lookups(
 @given(raw_events(), st.sampled_from([{}, {"require_agent_pod": False}, {"node_event_namespaces": ["default", "ml"]},
                                       {"max_clock_skew_seconds": 0}]))
 def test_judge_answers_every_event_and_never_crosses_a_namespace(raw: dict[str, Any], config: dict[str, Any]) -> None:
-    ev = proj.recovery_event(raw)
+    ev = projecting.recovery_event(raw)
     assert ev is not None
     cfg = event_watcher.EventWatcherConfig.model_validate(config)
     verdict = event_watcher.judge(ev, now=NOW, config=cfg, lookups=LOOKUPS)

@@ -6,8 +6,7 @@ import pytest
 from harness import objects as o
 
 from kcover import settings
-from kcover.kube import caching, gpus
-from kcover.kube import projections as proj
+from kcover.kube import caching, gpus, projecting
 
 
 @pytest.mark.parametrize(("capacity", "gpu"), [
@@ -21,12 +20,12 @@ from kcover.kube import projections as proj
     ({}, False),
 ])
 def test_capacity_makes_a_gpu_node(capacity: dict[str, str], gpu: bool) -> None:
-    assert gpus.DEFAULT.is_gpu_node(proj.node(o.node("n", capacity=capacity))) is gpu
+    assert gpus.DEFAULT.is_gpu_node(projecting.node(o.node("n", capacity=capacity))) is gpu
 
 
 def test_the_node_projection_keeps_every_extended_resource_and_no_standard_one() -> None:
-    node = proj.node(o.node("n", capacity={"nvidia.com/mig-1g.10gb": "7", "hugepages-1Gi": "0", "memory": "1Ti",
-                                           "example.com/fpga": "0"}))
+    node = projecting.node(o.node("n", capacity={"nvidia.com/mig-1g.10gb": "7", "hugepages-1Gi": "0", "memory": "1Ti",
+                                                 "example.com/fpga": "0"}))
     assert node.extended_resources == (("nvidia.com/mig-1g.10gb", 7),)
     assert gpus.DEFAULT.gpu_capacity(node) == 7
 
@@ -48,9 +47,9 @@ def test_dra_slices_of_a_gpu_driver_make_a_gpu_node_and_others_do_not() -> None:
 def test_the_rule_comes_from_settings() -> None:
     kube = settings.KubeSettings(gpu_resources=["example.com/gpu-*"], gpu_dra_drivers=[])
     rule = gpus.GpuRule.of(kube.gpu_resources, kube.gpu_dra_drivers)
-    assert rule.is_gpu_node(proj.node(o.node("n", capacity={"example.com/gpu-a100": "1"})))
-    assert not rule.is_gpu_node(proj.node(o.node("n")))  # nvidia.com/gpu no longer counts
-    assert not rule.is_gpu_node(proj.node(o.node("n", capacity={})), ["gpu.nvidia.com"])
+    assert rule.is_gpu_node(projecting.node(o.node("n", capacity={"example.com/gpu-a100": "1"})))
+    assert not rule.is_gpu_node(projecting.node(o.node("n")))  # nvidia.com/gpu no longer counts
+    assert not rule.is_gpu_node(projecting.node(o.node("n", capacity={})), ["gpu.nvidia.com"])
     assert rule == gpus.GpuRule(("example.com/gpu-*",), frozenset())
     assert settings.KubeSettings().gpu_resources == list(gpus.DEFAULT_RESOURCES)
     assert sorted(settings.KubeSettings().gpu_dra_drivers) == sorted(gpus.DEFAULT_DRA_DRIVERS)

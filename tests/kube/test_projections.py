@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kcover.kube import projecting
 from kcover.kube import projections as proj
 
 
@@ -43,7 +44,7 @@ def raw_pod(**over: Any) -> dict[str, Any]:
 
 
 def test_pod_projection_keeps_only_used_fields() -> None:
-    p = proj.pod(raw_pod())
+    p = projecting.pod(raw_pod())
     assert (p.uid, p.rv, p.namespace, p.name, p.node, p.phase, p.restart_policy) == (
         "u1", "7", "ml", "trainer-0", "gpu-1", "Running", "OnFailure")
     assert p.labels == (("kcover.io/cascading-recovery", "true"), ("training.kubeflow.org/job-name", "bert"))
@@ -70,12 +71,12 @@ def test_pod_projection_keeps_only_used_fields() -> None:
     ({"metadata": {"labels": None}}, lambda p: p.labels == ()),
 ])
 def test_pod_projection_tolerates_odd_input(raw: dict[str, Any], check: Any) -> None:
-    assert check(proj.pod(raw))
+    assert check(projecting.pod(raw))
 
 
 def test_repeated_strings_are_interned() -> None:
-    a = proj.pod(raw_pod())
-    b = proj.pod(raw_pod())
+    a = projecting.pod(raw_pod())
+    b = projecting.pod(raw_pod())
     assert a.namespace is b.namespace
     assert a.node is b.node
     assert a.owner is not None
@@ -84,7 +85,7 @@ def test_repeated_strings_are_interned() -> None:
 
 
 def test_node_projection() -> None:
-    n = proj.node({
+    n = projecting.node({
         "metadata": {"name": "gpu-1", "uid": "n1", "resourceVersion": "3",
                      "annotations": {"kcover.io/cordoned-by": "kcover", "other": "x"}, "labels": {"a": "b"}},
         "spec": {"unschedulable": True, "taints": [{"key": "kcover.io/unhealthy", "effect": "NoSchedule"}]},
@@ -120,7 +121,7 @@ def test_workload_projection(raw: dict[str, Any], policies: Any, max_restarts: i
     raw["metadata"] = {"uid": "w", "namespace": "ml", "name": "j", "resourceVersion": "9",
                        "labels": {"kcover.io/cascading-recovery": "true", "x": "y"},
                        "annotations": {"kcover.io/last-restart": "t"}}
-    w = proj.workload(raw)
+    w = projecting.workload(raw)
     assert (w.restart_policies, w.max_restarts, w.finished) == (policies, max_restarts, finished)
     assert w.labels == (("kcover.io/cascading-recovery", "true"),)
     assert w.annotations == (("kcover.io/last-restart", "t"),)
@@ -133,14 +134,14 @@ def test_event_projection_keeps_only_annotated_events() -> None:
             "reason": "GPUFailed", "message": "bad", "type": "Warning", "count": 3,
             "source": {"component": "kcover.io/agent"}, "lastTimestamp": "2026-01-01T00:00:00Z",
             "series": {"count": 4, "lastObservedTime": "2026-01-01T00:00:01.000000Z"}}
-    assert proj.recovery_event(base) is None
+    assert projecting.recovery_event(base) is None
     base["metadata"]["annotations"] = {"kcover.io/need-recovery": "true"}  # type: ignore[index]
-    ev = proj.recovery_event(base)
+    ev = projecting.recovery_event(base)
     assert ev is not None
     assert ev.involved == proj.InvolvedObject("Pod", "ml", "p", "u")
     assert (ev.event_count, ev.series_count, ev.source_component) == (3, 4, "kcover.io/agent")
     assert ev.series_last_observed == "2026-01-01T00:00:01.000000Z"
     base["reportingComponent"] = "kcover.io/agent"
-    ev2 = proj.recovery_event(base)
+    ev2 = projecting.recovery_event(base)
     assert ev2 is not None
     assert ev2.reporting_controller == "kcover.io/agent"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kcover.kube import client, watching
+from kcover.kube import client, projecting, watching
 from kcover.kube import projections as proj
 
 simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
@@ -71,7 +71,7 @@ def store_pods(reflector: watching.Reflector[proj.Pod]) -> dict[str, str]:
 
 async def start(kube: client.KubeClient, rec: Recorder, options: watching.ReflectorOptions = FAST,
                 path: str = "/api/v1/pods") -> tuple[watching.Reflector[proj.Pod], asyncio.Event, asyncio.Task[None]]:
-    reflector = watching.Reflector(kube, path, proj.pod, sink=rec, name="pods", options=options)
+    reflector = watching.Reflector(kube, path, projecting.pod, sink=rec, name="pods", options=options)
     stop = asyncio.Event()
     task = asyncio.create_task(reflector.run(stop), name="reflector")
     await asyncio.wait_for(reflector.synced.wait(), 10)
@@ -156,7 +156,7 @@ async def test_plain_text_429_retry_after_is_honoured(served: tuple[Any, client.
     srv.faults.throttle_style = "text"
     srv.faults.retry_after_seconds = 1
     rec = Recorder()
-    reflector = watching.Reflector(kube, "/api/v1/pods", proj.pod, sink=rec, name="pods", options=FAST)
+    reflector = watching.Reflector(kube, "/api/v1/pods", projecting.pod, sink=rec, name="pods", options=FAST)
     stop = asyncio.Event()
     task = asyncio.create_task(reflector.run(stop), name="reflector")
     try:
@@ -217,7 +217,7 @@ async def test_an_unserved_collection_is_never_requested_yet_counts_as_synced(
     srv.store.create("pods", raw_pod("p0"))
     locate = Locations(None)
     rec = Recorder()
-    reflector = watching.Reflector(kube, "/api/v1/pods", proj.pod, sink=rec, name="pods", options=FAST,
+    reflector = watching.Reflector(kube, "/api/v1/pods", projecting.pod, sink=rec, name="pods", options=FAST,
                                    locate=locate)
     stop = asyncio.Event()
     task = asyncio.create_task(reflector.run(stop), name="reflector")
@@ -242,7 +242,7 @@ async def test_a_collection_served_later_is_listed_at_the_path_located(
     rec = Recorder()
     options = watching.ReflectorOptions(watch_timeout_seconds=30, inactivity_timeout_seconds=0.2,
                                         backoff_initial_seconds=0.05, missing_retry_seconds=0.2)
-    reflector = watching.Reflector(kube, "/apis/example.com/v1/widgets", proj.pod, sink=rec, name="pods",
+    reflector = watching.Reflector(kube, "/apis/example.com/v1/widgets", projecting.pod, sink=rec, name="pods",
                                    options=options, locate=locate)
     stop = asyncio.Event()
     task = asyncio.create_task(reflector.run(stop), name="reflector")

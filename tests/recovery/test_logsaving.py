@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kcover import settings
+from kcover.kube import projecting
 from kcover.kube import projections as proj
 from kcover.recovery import logsaving
 
@@ -149,7 +150,7 @@ def test_the_scope_chooses_the_pods_the_fault_is_about_or_all() -> None:
             status["lastState"] = {"terminated": {"exitCode": last, "reason": "Error",
                                                   "finishedAt": "2026-01-01T00:00:00Z"}}
         raw["status"]["containerStatuses"] = [status]
-        return proj.pod(raw)
+        return projecting.pod(raw)
 
     pods = [pod("a", "n1"), pod("b", "n1"), pod("c", "n2", last=1), pod("d", "n2", last=0), pod("e", "n3", exit_code=0)]
     uid = {p.name: p.uid for p in pods}

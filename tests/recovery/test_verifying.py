@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kcover import settings
-from kcover.kube import caching
+from kcover.kube import caching, projecting
 from kcover.kube import projections as proj
 from kcover.recovery import steps as actions
 from kcover.recovery import verifying
@@ -29,7 +29,7 @@ def _pod(uid: str, phase: str = "Running", *, status: dict[str, Any] | None = No
     meta: dict[str, Any] = {"uid": uid, "name": f"train-{uid}", "namespace": "ml", "labels": {JOB: "train"}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return proj.pod({"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": phase, **(status or {})}})
+    return projecting.pod({"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": phase, **(status or {})}})
 
 
 UNSCHEDULABLE = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -53,8 +53,8 @@ def test_assess(pods: list[proj.Pod], expected: verifying.Outcome | None) -> Non
 
 
 def test_a_finished_workload_is_finished_not_stalled() -> None:
-    done = proj.workload({"kind": "PyTorchJob", "apiVersion": "kubeflow.org/v1", "metadata": {"uid": "u"},
-                          "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}})
+    done = projecting.workload({"kind": "PyTorchJob", "apiVersion": "kubeflow.org/v1", "metadata": {"uid": "u"},
+                                "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}})
     assert verifying.assess(_followed(), [], done) is verifying.Outcome.FINISHED
 
 

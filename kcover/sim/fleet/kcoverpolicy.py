@@ -46,7 +46,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import recovering
 from kcover.controller import running as controller_running
 from kcover.detectors import contract, node_condition
-from kcover.kube import caching, retrying, watching
+from kcover.kube import caching, projecting, retrying, watching
 from kcover.kube import projections as proj
 from kcover.nvml import xid_policy
 from kcover.recovery import steps as st
@@ -337,7 +337,7 @@ class KcoverPolicy:
         while (change := await watcher.queue.get()) is not None:
             if change.type != "MODIFIED" or change.old is None:
                 continue
-            new, old = proj.node(change.new.obj()), proj.node(change.old.obj())
+            new, old = projecting.node(change.new.obj()), projecting.node(change.old.obj())
             index = int(new.name.rsplit("-", 1)[1])
             request = codec.decode_validation_request(dict(new.annotations))
             if request is not None and request != codec.decode_validation_request(dict(old.annotations)):
