@@ -41,7 +41,7 @@ from kcover import errors, kinds, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.bench import reporting
 from kcover.controller import recovering
-from kcover.kube import caching, watching
+from kcover.kube import caching, indexing, watching
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 from kcover.recovery import steps as st
@@ -200,8 +200,8 @@ class _Replacements:
         self.created: dict[str, float] = {}
         self.running: dict[str, float] = {}
 
-    def __call__(self, kind: caching.Kind, old: Any, new: Any) -> None:
-        if kind is not caching.Kind.POD or new is None or new.namespace != self.ns or new.uid in self.old:
+    def __call__(self, kind: indexing.Kind, old: Any, new: Any) -> None:
+        if kind is not indexing.Kind.POD or new is None or new.namespace != self.ns or new.uid in self.old:
             return
         now = time.perf_counter()
         self.created.setdefault(new.uid, now)

@@ -36,8 +36,8 @@ from kcover import codec, errors, kinds, model
 from kcover import metrics as metrics_
 from kcover.aio import clock as clock_
 from kcover.aio import commands, waiting
-from kcover.kube import caching, ownership, projecting, watching
 from kcover.kube import client as client_
+from kcover.kube import indexing, ownership, projecting, watching
 from kcover.kube import projections as proj
 from kcover.nvml import backend, xid_policy
 
@@ -63,7 +63,7 @@ CommandTimeoutError = commands.CommandTimeoutError
 sleep_or_stop = waiting.sleep_or_stop
 first_of = waiting.first_of
 or_stop = waiting.or_stop
-ChangeKind = caching.Kind
+ChangeKind = indexing.Kind
 """What changed in the cluster cache: POD, NODE, WORKLOAD, EVENT or SLICE."""
 Pod = proj.Pod
 Node = proj.Node
@@ -112,7 +112,7 @@ class Refusal:
 RefusalSink = Callable[[Refusal], None]
 """Takes a refusal without blocking; the controller writes (rate-limited) Events from it while leading."""
 
-OnChange = Callable[[caching.Kind, Record | None, Record | None], None]
+OnChange = Callable[[indexing.Kind, Record | None, Record | None], None]
 """Told (kind, old, new) of every cache change: old None for an addition, new None for a removal."""
 
 

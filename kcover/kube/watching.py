@@ -24,7 +24,8 @@ reads) means nothing is listed or watched; the reflector counts as listed and sy
 
 `listed` is set once the first list finished; `synced` while the store is in step: it is set by every
 list and cleared once the reflector has kept failing (no list finished and no watch opened) for
-`stall_seconds`, until it lists or watches again. It does not index or fan out (see `caching.py`).
+`stall_seconds`, until it lists or watches again. It does not index or fan out (see `indexing.py`, which
+`caching.py` keeps with its reflectors).
 Failures never escape `run()` except cancellation: errors are logged and retried; a 404 on list (CRD
 not installed) is logged once and retried slowly.
 """

@@ -31,7 +31,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kcover import settings
-from kcover.kube import caching
+from kcover.kube import caching, indexing
 from kcover.kube import projections as proj
 from kcover.recovery import steps as st
 
@@ -191,10 +191,10 @@ class Verifier:
             log.warning("verify_dropped", workload=self.followed.pop(oldest).what)
         self._check(followed)
 
-    def _on_change(self, kind: caching.Kind, old: object, new: object) -> None:
+    def _on_change(self, kind: indexing.Kind, old: object, new: object) -> None:
         if not self.followed:
             return
-        if kind is caching.Kind.POD:
+        if kind is indexing.Kind.POD:
             # only the restarts whose unit the pod belongs to, before or after the change: `assess` counts the
             # pods its selector matches, so no other pod's change can change its outcome
             changed = [p for p in (old, new) if isinstance(p, proj.Pod)]
@@ -204,7 +204,7 @@ class Verifier:
             for f in [f for f in self.followed.values()
                       if f.workload.namespace == namespace and any(f.selector.matches(p.labels) for p in changed)]:
                 self._check(f)
-        elif kind is caching.Kind.WORKLOAD and isinstance(new, proj.Workload):
+        elif kind is indexing.Kind.WORKLOAD and isinstance(new, proj.Workload):
             for f in [f for f in self.followed.values() if f.workload.uid == new.uid]:
                 self._check(f)
 

@@ -13,7 +13,7 @@ from harness import objects as o
 from kcover import bus as bus_
 from kcover import metrics, model
 from kcover.detectors import contract, dra_health
-from kcover.kube import caching
+from kcover.kube import caching, indexing
 
 DEV3 = "gpu.nvidia.com/n1/gpu-3"
 
@@ -36,16 +36,16 @@ def test_a_device_reported_healthy_by_another_pod_is_recovered_once() -> None:
     for uid in ("uid-sick", "uid-other"):
         pod = cache.pod(uid)
         assert pod is not None
-        detector._on_change(caching.Kind.POD, None, pod)
+        detector._on_change(indexing.Kind.POD, None, pod)
     assert [e.reason for e in sub.get_nowait()] == ["DeviceUnhealthy"]
     # the sick pod is restarted away; a validation pod gets the device and the kubelet reports it Healthy
     sick = cache.pod("uid-sick")
-    detector._on_change(caching.Kind.POD, sick, None)
+    detector._on_change(indexing.Kind.POD, sick, None)
     cache.load([_pod("validate", DEV3, "Healthy"), _pod("fresh", "gpu.nvidia.com/n1/gpu-6", "Healthy")])
     for uid in ("uid-validate", "uid-fresh", "uid-validate"):
         pod = cache.pod(uid)
         assert pod is not None
-        detector._on_change(caching.Kind.POD, None, pod)
+        detector._on_change(indexing.Kind.POD, None, pod)
     got = sub.get_nowait()
     assert [(e.reason, e.cleared, e.target.name) for e in got] == [("DeviceRecovered", True, "validate")]
     assert got[0].fault.dra == model.DraDevice(driver="gpu.nvidia.com", pool="n1", device="gpu-3")

@@ -15,7 +15,7 @@ from kcover import codec, metrics, model
 from kcover.agent import reporting
 from kcover.aio import clock as clock_
 from kcover.detectors import contract, dra_health, event_watcher, node_condition
-from kcover.kube import caching, projecting
+from kcover.kube import indexing, projecting
 from kcover.kube import projections as proj
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -109,7 +109,7 @@ XID79 = model.CollectorEvent(
 
 def test_agent_event_reaches_the_controller_with_its_typed_fields() -> None:
     rig = _WatcherRig()
-    rig.detector._on_change(caching.Kind.EVENT, None, _kube_event(_agent_event(XID79)))
+    rig.detector._on_change(indexing.Kind.EVENT, None, _kube_event(_agent_event(XID79)))
     [got] = rig.sub.get_nowait()
     assert got.target == model.Target(kind=model.TargetKind.NODE, name="gpu-1", node="gpu-1")
     assert (got.fault, got.recommended, got.cleared) == (XID79.fault, model.Action.CORDON_NODE, False)
@@ -127,7 +127,7 @@ def test_an_event_the_codec_cannot_read_is_refused_and_counted(annotation: str, 
     rig = _WatcherRig()
     body = _agent_event(XID79)
     body["metadata"]["annotations"][annotation] = value
-    rig.detector._on_change(caching.Kind.EVENT, None, _kube_event(body))
+    rig.detector._on_change(indexing.Kind.EVENT, None, _kube_event(body))
     assert rig.sub.get_nowait() == []
     assert rig.rejected() == {reason: 1.0}
 
@@ -136,7 +136,7 @@ def test_unreadable_detail_is_dropped_and_the_event_acted_on() -> None:
     rig = _WatcherRig()
     body = _agent_event(XID79)
     body["metadata"]["annotations"][codec.XID] = "seventy-nine"
-    rig.detector._on_change(caching.Kind.EVENT, None, _kube_event(body))
+    rig.detector._on_change(indexing.Kind.EVENT, None, _kube_event(body))
     [got] = rig.sub.get_nowait()
     assert (got.fault.xid, got.fault.gpu_uuid, got.recommended) == (None, "GPU-3", model.Action.CORDON_NODE)
 
@@ -145,7 +145,7 @@ def test_a_cleared_event_passes_through_as_cleared() -> None:
     rig = _WatcherRig()
     body = _agent_event(XID79)
     body["metadata"]["annotations"][codec.FAULT_CLEARED] = "true"
-    rig.detector._on_change(caching.Kind.EVENT, None, _kube_event(body))
+    rig.detector._on_change(indexing.Kind.EVENT, None, _kube_event(body))
     [got] = rig.sub.get_nowait()
     assert (got.cleared, got.severity) == (True, model.Severity.INFO)
 
@@ -154,7 +154,7 @@ def test_a_go_project_event_without_kcover_fields_is_left_to_the_rules() -> None
     rig = _WatcherRig()
     body = _agent_event(XID79)
     body["metadata"]["annotations"] = {codec.NEED_RECOVERY: "true"}
-    rig.detector._on_change(caching.Kind.EVENT, None, _kube_event(body))
+    rig.detector._on_change(indexing.Kind.EVENT, None, _kube_event(body))
     [got] = rig.sub.get_nowait()
     assert (got.fault, got.recommended, got.cleared, got.occurrences) == (model.NO_FAULT, None, False, 1)
 
@@ -178,7 +178,7 @@ class _ConditionRig:
         node = proj.Node("nu", "1", "gpu-1", cordoned, (), conds, annotations, ())
         old = self.nodes.by_name.get("gpu-1")
         self.nodes.by_name["gpu-1"] = node
-        self.detector._on_change(caching.Kind.NODE, old, node)
+        self.detector._on_change(indexing.Kind.NODE, old, node)
 
     def advance(self, seconds: float) -> list[model.CollectorEvent]:
         self.clock.advance(seconds)

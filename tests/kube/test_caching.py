@@ -10,7 +10,7 @@ import pytest
 from harness import objects as o
 
 from kcover import kinds, settings
-from kcover.kube import caching, client, watching
+from kcover.kube import caching, client, indexing, watching
 from kcover.kube import projections as proj
 
 simserver = pytest.importorskip("kcover.sim.server")  # lands with the simulated cluster
@@ -97,7 +97,7 @@ async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeCli
         assert cache.pod_by_name("default", "serve-0") == got_lws
 
         stream = cache.stream(replay=False)
-        seen: list[tuple[caching.Kind, str | None, str | None]] = []
+        seen: list[tuple[indexing.Kind, str | None, str | None]] = []
 
         async def read() -> None:
             async for kind, old, new in stream:
@@ -113,7 +113,7 @@ async def test_owner_chain_opt_in_and_indexes(cluster: tuple[Any, client.KubeCli
         stream.close()
         await reader
         # ordered within a collection; pods and nodes are separate watches
-        assert sorted(seen) == [(caching.Kind.NODE, None, "n9"), (caching.Kind.POD, "serve-0", None)]
+        assert sorted(seen) == [(indexing.Kind.NODE, None, "n9"), (indexing.Kind.POD, "serve-0", None)]
         assert cache.pods_on_node("n2")
         assert cache.pod_by_name("default", "serve-0") is None
     finally:

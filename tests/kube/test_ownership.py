@@ -16,7 +16,7 @@ from harness import objects as o
 from kcover import bus as bus_
 from kcover import metrics, model, settings
 from kcover.detectors import contract, pod_status
-from kcover.kube import caching, ownership
+from kcover.kube import caching, indexing, ownership
 from kcover.kube import projections as proj
 from kcover.recovery import planning
 from kcover.recovery import steps as actions
@@ -111,10 +111,10 @@ def test_pods_of_workload_means_every_pod_under_it() -> None:
 
 def test_load_delivers_only_differences_like_a_relist() -> None:
     cache = caching.ClusterCache.offline([o.node("a"), o.node("b")])
-    seen: list[tuple[caching.Kind, str | None, str | None]] = []
+    seen: list[tuple[indexing.Kind, str | None, str | None]] = []
     cache.subscribe(lambda kind, old, new: seen.append((kind, old and old.name, new and new.name)), replay=False)
     cache.load([o.node("a"), o.node("b", rv="2", unschedulable=True), o.node("c")])
-    assert seen == [(caching.Kind.NODE, "b", "b"), (caching.Kind.NODE, None, "c")]
+    assert seen == [(indexing.Kind.NODE, "b", "b"), (indexing.Kind.NODE, None, "c")]
     assert cache.synced
     with pytest.raises(ValueError, match="Secret"):
         cache.load([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}])

@@ -46,7 +46,7 @@ from kcover.aio import clock as clock_
 from kcover.controller import recovering
 from kcover.controller import running as controller_running
 from kcover.detectors import contract, node_condition
-from kcover.kube import caching, projecting, retrying, watching
+from kcover.kube import caching, indexing, projecting, retrying, watching
 from kcover.kube import projections as proj
 from kcover.nvml import xid_policy
 from kcover.recovery import steps as st
@@ -251,7 +251,7 @@ class KcoverPolicy:
         detector._bus = self.controller.bus
         wake = asyncio.Event()
 
-        def on_change(kind: caching.Kind, old: Any, new: Any) -> None:
+        def on_change(kind: indexing.Kind, old: Any, new: Any) -> None:
             detector._on_change(kind, old, new)
             if detector._waiting:
                 wake.set()
