@@ -38,6 +38,10 @@ Check = Callable[[], tuple[bool, str]]
 Degradation = Callable[[], str]
 
 
+STARTING = "role"
+"""The readiness check failing while a role's process starts (`Health.starting`)."""
+
+
 class Health:
     """Readiness checks by name, and the loop heartbeat."""
 
@@ -67,6 +71,16 @@ class Health:
 
     def add_readiness(self, name: str, check: Check) -> None:
         self._checks[name] = check
+
+    def starting(self, what: str) -> None:
+        """Fail readiness on `role` ("starting: `what`") until `started()`: the process's health server answers
+        before its role has registered checks of its own, and must not say ready meanwhile (a rolling update
+        would count a controller with no cache, or an agent with no detectors, as available)."""
+        self._checks[STARTING] = lambda: (False, f"starting: {what}")
+
+    def started(self) -> None:
+        """The role registered its own readiness checks: `role` goes (see `starting`)."""
+        self._checks.pop(STARTING, None)
 
     def remove_readiness(self, name: str) -> None:
         self._checks.pop(name, None)

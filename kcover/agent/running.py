@@ -176,6 +176,7 @@ class Agent:
         if self.health is not None:
             self.health.add_readiness("detectors", self.supervisor.readiness)
             self.health.add_degradation("gpu-sight", self.sight.degraded)
+            self.health.started()  # its own checks are in: the process's `role` check (failing while it starts) goes
         log.info("agent_starting", node=self.node, xid_policy=self.config.agent.xid_policy_file or "shipped")
         detectors_stop = asyncio.Event()
         reporter_stop = asyncio.Event()

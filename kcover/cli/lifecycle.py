@@ -101,6 +101,7 @@ async def serve(layered: layering.Layered, args: argparse.Namespace, role: wirin
         loop.add_signal_handler(sig, on_signal, sig)
     metrics_ = metrics.Metrics(role=args.command)  # each role exports only its own series
     health = serving.Health(stall_seconds=config.server.loop_stall_seconds)
+    health.starting(f"the {args.command} has not registered its own checks yet")  # the role says `started()`
     server = serving.Server(health, metrics_, host=config.server.host, port=config.server.port)
     await server.start()
     try:

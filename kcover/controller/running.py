@@ -44,6 +44,8 @@ class Health(Protocol):
 
     def add_readiness(self, name: str, check: Callable[[], tuple[bool, str]]) -> None: ...
 
+    def started(self) -> None: ...
+
 
 class Engine(Protocol):
     """What the controller needs of the recovery engine.
@@ -137,6 +139,7 @@ class Controller:
             check: Callable[[], tuple[bool, str]] | None = getattr(self.engine, f"{name}_readiness", None)
             if check is not None:
                 health.add_readiness(name, check)
+        health.started()  # its own checks are in: the process's `role` check (failing while it starts) goes
 
     async def _detector_failed(self, name: str, detail: str, required: bool) -> None:
         """A `KcoverDetectorFailed` Event on the controller's Lease (every replica writes its own)."""
