@@ -33,7 +33,7 @@ import orjson
 import yaml
 
 from kcover.aio import clock as clocks
-from kcover.sim import deepjson, exchange, jobs, registry, status, strategy
+from kcover.sim import deepjson, exchange, jobs, registry, requesting, status, strategy
 from kcover.sim import fieldsets as fs
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ def _conflict(conflicts: list[tuple[tuple[str, str, str, str], fs.Path]], manage
                             "code": 409})
 
 
-async def serve(server: apiserver.ApiServer, request: exchange.Request, t: apiserver.Target) -> exchange.Reply:
+async def serve(server: apiserver.ApiServer, request: exchange.Request, t: requesting.Target) -> exchange.Reply:
     """PATCH with `application/apply-patch+yaml`: update the object, or create it (201) when it does not exist."""
     assert t.name is not None
     data = await request.read()
@@ -280,9 +280,9 @@ async def serve(server: apiserver.ApiServer, request: exchange.Request, t: apise
     if t.resource.namespaced and meta.get("namespace", t.namespace) != t.namespace:
         raise status.bad_request("the namespace of the provided object does not match the namespace sent on the "
                                  "request")
-    from kcover.sim import apiserver as api  # the module that imports this one
+    from kcover.sim import writing  # the module that imports this one
 
-    force = api.parse_bool(request.query, "force")
+    force = requesting.parse_bool(request.query, "force")
     manager = str(request.query.get("fieldManager"))
     now = clocks.rfc3339(server.store.clock.now())
     try:
@@ -296,7 +296,7 @@ async def serve(server: apiserver.ApiServer, request: exchange.Request, t: apise
     if t.resource.namespaced:
         merged["metadata"]["namespace"] = t.namespace
     if live is not None:
-        return await server._write(t, merged, live)
+        return await writing.write(server, t, merged, live)
     merged.setdefault("apiVersion", t.resource.api_version)
     merged.setdefault("kind", t.resource.kind)
     obj = strategy.prepare_create(t.resource, merged, new_api=False)

@@ -22,7 +22,7 @@ import orjson
 from kcover.sim import exchange, printing, status, tables
 
 if TYPE_CHECKING:
-    from kcover.sim import apiserver
+    from kcover.sim import apiserver, requesting
 
 BATCH = 1000
 DEFAULT_TIMEOUT_RANGE = (1800.0, 3600.0)
@@ -72,7 +72,7 @@ class _Encoder:
     object, as kube-apiserver's watchEmbeddedEncoder writes it: the Table's resourceVersion the object's,
     column definitions on the first event only (null after), bookmarks converted like objects."""
 
-    def __init__(self, request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target) -> None:
+    def __init__(self, request: exchange.Request, server: apiserver.ApiServer, t: requesting.Target) -> None:
         self._server, self._t = server, t
         self._table = printing.wants_table(request.headers.get("Accept", ""), t.resource)
         self._include = request.query.get("includeObject", "")
@@ -100,7 +100,7 @@ class _Encoder:
                                                    "apiVersion": self._t.resource.api_version, "metadata": meta}))
 
 
-async def serve(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target, flt: tables.Filter,
+async def serve(request: exchange.Request, server: apiserver.ApiServer, t: requesting.Target, flt: tables.Filter,
                 options: WatchOptions) -> exchange.Stream:
     """Open a watch: a refusal raises `status.ApiError` before anything is streamed; otherwise the
     stream's chunks are the watch events, from the first (initial ADDEDs or a 410 ERROR) to its end."""
@@ -146,7 +146,7 @@ async def _one(chunk: bytes) -> AsyncIterator[bytes]:
     yield chunk
 
 
-async def _events(request: exchange.Request, server: apiserver.ApiServer, t: apiserver.Target,
+async def _events(request: exchange.Request, server: apiserver.ApiServer, t: requesting.Target,
                   watcher: tables.Watcher, options: WatchOptions, encoder: _Encoder) -> AsyncIterator[bytes]:
     store = server.store
     loop = asyncio.get_running_loop()
