@@ -10,7 +10,7 @@ from harness import objects as o
 from kcover import kinds
 from kcover.kube import caching, ownership, projecting
 from kcover.kube import projections as proj
-from kcover.recovery import planning
+from kcover.recovery import restartunits
 from kcover.recovery import steps as st
 
 
@@ -93,9 +93,9 @@ def test_legacy_controller_uid_label_and_name_fallback() -> None:
     resolved = ownership.Resolved(job, kinds.Family.BATCH_JOB, (job,))
     legacy = projecting.pod(o.pod("x", labels={"controller-uid": "bj-uid", kinds.BATCH_JOB_NAME: "bj"}))
     bare = projecting.pod(o.pod("x", labels={kinds.BATCH_JOB_NAME: "bj"}))
-    assert planning.unit_of(resolved, legacy).selector == st.Selector(
+    assert restartunits.unit_of(resolved, legacy).selector == st.Selector(
         ((kinds.BATCH_JOB_NAME, "bj"), ("controller-uid", "bj-uid")), uid_bearing=True)
-    assert planning.unit_of(resolved, bare).selector == st.Selector(((kinds.BATCH_JOB_NAME, "bj"),), uid_bearing=False)
+    assert restartunits.unit_of(resolved, bare).selector == st.Selector(((kinds.BATCH_JOB_NAME, "bj"),), uid_bearing=False)
 
 
 def test_every_kind_is_one_table_entry_that_the_settings_and_the_cache_follow() -> None:

@@ -48,6 +48,7 @@ from kcover.recovery import (
     holding,
     ledger,
     ledgerentries,
+    planinputs,
     planning,
     restarting,
     rules,
@@ -92,7 +93,7 @@ class EngineMetrics:
 class RecoveryEngine:
     """Plans and carries out recovery for the leader. One per controller."""
 
-    def __init__(self, snapshot: planning.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
+    def __init__(self, snapshot: planinputs.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
                  devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None,
                  on_hold_dropped: Callable[[str, str, holding.DropCode], None] | None = None) -> None:
@@ -136,13 +137,13 @@ class RecoveryEngine:
         """Apply reloaded rules (validated first: `errors.ConfigError` keeps the old ones)."""
         self._rules = rules.parse_rules(recovery.rules)
 
-    def _history(self) -> planning.History:
+    def _history(self) -> planinputs.History:
         cordoned = set(self._snapshot.cordoned_by_kcover())
         now = self._clock.monotonic()
         for node, at in list(self._cordoning.items()):
             if node in cordoned or now - at > CORDON_RESERVATION_SECONDS:
                 del self._cordoning[node]
-        return planning.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
+        return planinputs.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
                                 cordons_in_flight=frozenset(self._cordoning),
                                 device_taints_served=self._devices.known_served,
                                 device_taints_in_flight={rid: node for rid, node in self._tainting})

@@ -28,7 +28,7 @@ from kcover import errors, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import planning
+from kcover.recovery import planinputs
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -41,7 +41,7 @@ SKIPPED_OWNERS = frozenset({"DaemonSet", "Node"})
 (owned by their Node; the kubelet runs them from files)."""
 
 
-def drain_candidates(snapshot: planning.Snapshot, node: str, mode: settings.DrainMode) -> list[proj.Pod]:
+def drain_candidates(snapshot: planinputs.Snapshot, node: str, mode: settings.DrainMode) -> list[proj.Pod]:
     """The pods a drain of `node` evicts in `mode` (none for `none`)."""
     if mode is settings.DrainMode.NONE:
         return []
@@ -62,7 +62,7 @@ def drain_candidates(snapshot: planning.Snapshot, node: str, mode: settings.Drai
 class Ladder:
     """The coordinator hook that climbs the node ladder after a cordon and takes it down after a return."""
 
-    def __init__(self, snapshot: planning.Snapshot, *, recovery: Callable[[], settings.RecoverySettings]) -> None:
+    def __init__(self, snapshot: planinputs.Snapshot, *, recovery: Callable[[], settings.RecoverySettings]) -> None:
         self._snapshot = snapshot
         self._recovery = recovery
 

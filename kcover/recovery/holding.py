@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from kcover import model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import projections as proj
-from kcover.recovery import ledgerentries, planning, rules
+from kcover.recovery import ledgerentries, planinputs, planning, rules
 from kcover.recovery import steps as st
 
 
@@ -57,7 +57,7 @@ def _failed_since(pod: proj.Pod, at: float) -> bool:
     return False
 
 
-def replan_held(key: str, held: ledgerentries.HeldRestart, snapshot: planning.Snapshot, history: planning.History,
+def replan_held(key: str, held: ledgerentries.HeldRestart, snapshot: planinputs.Snapshot, history: planinputs.History,
                 rs: settings.RecoverySettings, now: dt.datetime,
                 rules_: Sequence[rules.Rule] | None = None) -> tuple[list[st.Step], Dropped]:
     """Plan a held restart again: (steps, why it was dropped). Dropped (no steps) when it expired, when its

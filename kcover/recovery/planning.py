@@ -10,111 +10,37 @@ at device level (`TaintDevice` and the holders' restarts, the node left schedula
 server serves DeviceTaintRules, at node level otherwise; a cleared fault returns what kcover took (its
 own device taint; its own cordon, through validation when `recovery.return_validation` asks).
 
-It sees the cluster only through `Snapshot` (the cache), the ledger only through `History`, and does no
-I/O. It never raises on odd events: unknown targets become `Refuse` steps.
+It sees the cluster only through `planinputs.Snapshot` (the cache), the ledger only through
+`planinputs.History`, and does no I/O. Does not own what it reads (`planinputs`) or which pods a restart
+takes away and the key it counts under (`restartunits`). It never raises on odd events: unknown targets
+become `Refuse` steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kcover import codec, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, controls, cordoning, judging, ledger, ledgerentries, rules
+from kcover.recovery import (
+    admission,
+    controls,
+    cordoning,
+    judging,
+    ledgerentries,
+    planinputs,
+    restartunits,
+    rules,
+)
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
 AK = model.Action
-
-
-class Snapshot(controls.View, Protocol):
-    """What the plan reads of the cluster (`caching.ClusterCache` provides it)."""
-
-    def pod_by_name(self, namespace: str, name: str) -> proj.Pod | None: ...
-
-    def pods_of_workload(self, uid: str) -> Sequence[proj.Pod]: ...
-
-    def pods_on_node(self, name: str) -> Sequence[proj.Pod]: ...
-
-    def workload_by_name(self, group: str, kind: str, namespace: str, name: str) -> proj.Workload | None: ...
-
-    def gpu_node_count(self) -> int: ...
-
-    def cordoned_by_kcover(self) -> Sequence[str]: ...
-
-
-class LedgerView(Protocol):
-    """What the plan reads of the ledger (`ledger.Ledger` provides it)."""
-
-    def unit(self, key: str) -> ledgerentries.Unit | None: ...
-
-    def node(self, name: str) -> ledgerentries.Node | None: ...
-
-    def breaker(self) -> ledgerentries.Breaker: ...
-
-    def acted_on(self, signal: str, key: str) -> float | None: ...
-
-    def cordons_since(self, since: float) -> int: ...
-
-    def units_restarted_since(self, since: float) -> int: ...
-
-    def failures_at(self, node: str, since: float) -> list[ledger.Failure]: ...
-
-    def device_taints_since(self, since: float) -> int: ...
-
-
-class _Empty:
-    def unit(self, key: str) -> ledgerentries.Unit | None:
-        return None
-
-    def node(self, name: str) -> ledgerentries.Node | None:
-        return None
-
-    def breaker(self) -> ledgerentries.Breaker:
-        return ledgerentries.Breaker()
-
-    def acted_on(self, signal: str, key: str) -> float | None:
-        return None
-
-    def cordons_since(self, since: float) -> int:
-        return 0
-
-    def units_restarted_since(self, since: float) -> int:
-        return 0
-
-    def failures_at(self, node: str, since: float) -> list[ledger.Failure]:
-        return []
-
-    def device_taints_since(self, since: float) -> int:
-        return 0
-
-
-EMPTY_LEDGER: LedgerView = _Empty()
-
-
-@dataclass(frozen=True)
-class History:
-    """What kcover did (the ledger) and is doing (steps in flight), as the plan sees them."""
-
-    ledger: LedgerView = EMPTY_LEDGER
-    restarts_in_flight: Mapping[str, int] = field(default_factory=dict)
-    """Unit key -> restarts of it planned and not finished."""
-    cordons_in_flight: frozenset[str] = frozenset()
-    """Nodes whose cordon is planned and not yet in the cache."""
-    device_taints_served: bool = True
-    """The API server serves DeviceTaintRules (discovered)."""
-    device_taints_in_flight: Mapping[str, str] = field(default_factory=dict)
-    """resourceID -> node of the device taints planned and not finished."""
-
-    @property
-    def in_flight(self) -> int:
-        return sum(self.restarts_in_flight.values())
 
 
 def namespace_allowed(namespace: str, rs: settings.RecoverySettings) -> bool:
@@ -139,49 +65,6 @@ def _target_ref(target: model.Target) -> st.ObjectRef | None:
     return None
 
 
-@dataclass(frozen=True)
-class Unit:
-    """A workload's restart unit: the labels selecting its pods, its ledger key, and for LWS which group."""
-
-    selector: st.Selector
-    key: str
-    description: str = ""
-
-
-def unit_of(resolved: ownership.Resolved, pod: proj.Pod) -> Unit:
-    """The restart unit `pod` belongs to, from the kinds table."""
-    w = resolved.workload
-    table = kinds.of(w.group, w.kind)
-    if table is None:  # resolution returns restartable kinds only
-        return Unit(st.Selector(()), f"w.{w.uid}")
-    named = ownership.jobset_in(resolved.chain) if table.family is kinds.Family.TRAINJOB else None
-    owner_name, owner_uid = (named.name, named.uid) if named is not None else (w.name, w.uid)
-    labels: list[tuple[str, str]] = [(table.membership_label, owner_name)]
-    uid_bearing = False
-    pod_labels = dict(pod.labels)
-    for label in table.uid_labels:
-        if pod_labels.get(label) == owner_uid:
-            labels.append((label, owner_uid))
-            uid_bearing = True
-            break
-    for label in table.narrowing_labels:
-        if pod_labels.get(label):
-            labels.append((label, pod_labels[label]))
-    key, description = f"w.{w.uid}", ""
-    group = pod_labels.get(table.group_label, "") if table.group_label else ""
-    if group:
-        labels.append((table.group_label, group))
-        key, description = f"w.{w.uid}.g{group}", f"group {group}"
-    return Unit(st.Selector(tuple(labels), uid_bearing=uid_bearing), key, description)
-
-
-def members(snapshot: Snapshot, w: proj.Workload, selector: st.Selector) -> tuple[st.PodRef, ...]:
-    """The pods a restart of the unit takes away: its pods (by owner chain), not terminal, not terminating."""
-    pods = [p for p in snapshot.pods_of_workload(w.uid)
-            if selector.matches(p.labels) and not p.deleting and not p.terminal]
-    return tuple(st.PodRef(p.namespace, p.name, p.uid) for p in sorted(pods, key=lambda p: (p.namespace, p.name)))
-
-
 def _created(pod: proj.Pod) -> float | None:
     try:
         return clock_.parse_time(pod.created).timestamp() if pod.created else None
@@ -197,8 +80,8 @@ HOLDABLE = frozenset({Code.PAUSED, Code.COOLDOWN, Code.BUDGET_EXHAUSTED, Code.TH
 @dataclass
 class _Planner:
     event: model.CollectorEvent
-    snapshot: Snapshot
-    history: History
+    snapshot: planinputs.Snapshot
+    history: planinputs.History
     rs: settings.RecoverySettings
     now: float
     blame: model.Blame = model.Blame.UNKNOWN
@@ -244,7 +127,7 @@ class _Planner:
             return [] if sweep else [self.refuse(Code.NOT_OPTED_IN, f"neither Pod {pod.namespace}/{pod.name} nor its "
                                                  f"{resolved.workload.kind} carries {proj.OPT_IN_LABEL}=true", about)]
         w = resolved.workload
-        unit = unit_of(resolved, pod)
+        unit = restartunits.unit_of(resolved, pod)
         if unit.key in self.planned_keys:
             return []
         wref = workload_ref(w)
@@ -286,7 +169,7 @@ class _Planner:
                 if held is not None:
                     return [held]
             return [self.refuse(refused.code, refused.text, wref)]
-        restart = dataclasses.replace(restart, members=members(self.snapshot, w, unit.selector))
+        restart = dataclasses.replace(restart, members=restartunits.members(self.snapshot, w, unit.selector))
         if not restart.members:
             return [self.refuse(Code.NOTHING_TO_REMOVE, f"every pod of {what} is already terminal or terminating: "
                                 "its controller recreates them and counts their failures itself", wref)]
@@ -443,8 +326,9 @@ def _restarted_since(unit: ledgerentries.Unit | None, since: float) -> bool:
     return unit is not None and any(t >= since for t in unit.restarts)
 
 
-def plan(event: model.CollectorEvent, snapshot: Snapshot, history: History, rs: settings.RecoverySettings,
-         now: dt.datetime, *, rules_: Sequence[rules.Rule] | None = None) -> list[st.Step]:
+def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: planinputs.History,
+         rs: settings.RecoverySettings, now: dt.datetime, *,
+         rules_: Sequence[rules.Rule] | None = None) -> list[st.Step]:
     """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`.
 
     The fault is attributed first (`judging.attribute`): a fault blamed on the workload moves no node
@@ -534,7 +418,8 @@ def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
 
 
 def verdict(node: str, outcome: codec.ValidationOutcome | None, text: str, cause: model.CollectorEvent,
-            snapshot: Snapshot, history: History, rs: settings.RecoverySettings, now: dt.datetime) -> list[st.Step]:
+            snapshot: planinputs.Snapshot, history: planinputs.History, rs: settings.RecoverySettings,
+            now: dt.datetime) -> list[st.Step]:
     """What follows a suspect node's validation: passed, it stays schedulable (the evidence before it no longer
     counts); failed, it is cordoned through the breaker; not run or not answered, it is cordoned only while
     it shows a hardware signal (`recovery.judgement.hardware_conditions`), else left schedulable."""
@@ -553,7 +438,7 @@ def verdict(node: str, outcome: codec.ValidationOutcome | None, text: str, cause
     return [st.Judge(node, ledgerentries.Verdict.UNVALIDATED, text, cause)]
 
 
-def about_event(event: model.CollectorEvent, snapshot: Snapshot) -> st.ObjectRef | None:
+def about_event(event: model.CollectorEvent, snapshot: planinputs.Snapshot) -> st.ObjectRef | None:
     """The object an Event about `event` itself goes on: its pod, node or workload."""
     about = _target_ref(event.target)
     if about is None and event.target.kind is model.TargetKind.WORKLOAD and event.target.uid:

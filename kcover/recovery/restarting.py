@@ -33,7 +33,16 @@ from kcover import errors, kinds, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import admission, judging, ledger, ledgerentries, logsaving, planning
+from kcover.recovery import (
+    admission,
+    judging,
+    ledger,
+    ledgerentries,
+    logsaving,
+    planinputs,
+    planning,
+    restartunits,
+)
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
@@ -62,7 +71,7 @@ def _intent(step: st.Restart, *, identity: str, epoch: int, now: float) -> ledge
                                 message=model.fit(f"{step.what} after {fault}: {step.cause.message}", 300), unit=step.unit)
 
 
-def vet(key: str, intent: ledgerentries.Intent, snapshot: planning.Snapshot,
+def vet(key: str, intent: ledgerentries.Intent, snapshot: planinputs.Snapshot,
         rs: settings.RecoverySettings) -> st.Restart | str:
     """The restart a pending intent stands for, rebuilt from the cluster as the cache shows it now, or why
     the cluster disagrees with it (then it is dropped: anyone allowed to write LedgerEntries could have
@@ -93,7 +102,7 @@ def vet(key: str, intent: ledgerentries.Intent, snapshot: planning.Snapshot,
         if not isinstance(resolved, ownership.Resolved) or resolved.workload.uid != uid:
             continue
         opted = opted or ownership.opted_in(pod, resolved)
-        unit = planning.unit_of(resolved, pod)
+        unit = restartunits.unit_of(resolved, pod)
         if unit.key != key:
             continue
         if not ownership.opted_in(pod, resolved):
@@ -137,7 +146,7 @@ def resume_steps(pending: dict[str, ledgerentries.Intent], busy: set[str]) -> li
 class Restarter:
     """Carries out `Restart` and `Resume` steps for one controller."""
 
-    def __init__(self, gw: gateway.Gateway, ledger_: ledger.Ledger, snapshot: planning.Snapshot, *,
+    def __init__(self, gw: gateway.Gateway, ledger_: ledger.Ledger, snapshot: planinputs.Snapshot, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, identity: str,
                  epoch: Callable[[], int], save_logs: SaveLogs | None = None) -> None:
         self._gw = gw

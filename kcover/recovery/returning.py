@@ -31,7 +31,7 @@ import structlog
 from kcover import codec, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import planning
+from kcover.recovery import planinputs
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -70,7 +70,7 @@ class Ended:
 class Validations:
     """The validations the leader has asked for; see the module docstring."""
 
-    def __init__(self, gw: gateway.Gateway, snapshot: planning.Snapshot, *,
+    def __init__(self, gw: gateway.Gateway, snapshot: planinputs.Snapshot, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock) -> None:
         self._gw = gw
         self._snapshot = snapshot

@@ -18,7 +18,7 @@ from kcover import metrics, model, settings
 from kcover.detectors import contract, pod_status
 from kcover.kube import caching, indexing, ownership
 from kcover.kube import projections as proj
-from kcover.recovery import planning
+from kcover.recovery import planinputs, planning
 from kcover.recovery import steps as actions
 
 KF = "kubeflow.org/v1"
@@ -75,7 +75,7 @@ async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(wher
     fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
                                  target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
                                                      uid="p0"), observed_at=now)
-    [planned] = planning.plan(fault, cache, planning.History(), settings.RecoverySettings(), now)
+    [planned] = planning.plan(fault, cache, planinputs.History(), settings.RecoverySettings(), now)
     if opted:
         assert isinstance(planned, actions.Restart)
         assert planned.workload.uid == "pt-uid"

@@ -19,7 +19,7 @@ from harness import objects as o
 from kcover import kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import planning
+from kcover.recovery import planinputs, planning
 from kcover.recovery import steps as actions
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -86,10 +86,10 @@ def summary(planned: list[actions.Step]) -> list[str]:
     return out
 
 
-SERVED = planning.History()
-UNSERVED = planning.History(device_taints_served=False)
+SERVED = planinputs.History()
+UNSERVED = planinputs.History(device_taints_served=False)
 
-ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], list[str]]] = [
+ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], list[str]]] = [
     ("kubelet reports the device Unhealthy: taint it, restart its pod's job, no cordon",
      dra_health(), SERVED, {}, ["taint gpu.nvidia.com/n1/gpu-3", "restart a"]),
     ("device healthy again: untaint", dra_health(cleared=True), SERVED, {}, ["untaint gpu.nvidia.com/n1/gpu-3"]),
@@ -116,7 +116,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
 
 
 @pytest.mark.parametrize(("event", "history", "overrides", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_device_isolation(event: model.CollectorEvent, history: planning.History, overrides: dict[str, Any],
+def test_device_isolation(event: model.CollectorEvent, history: planinputs.History, overrides: dict[str, Any],
                           expected: list[str]) -> None:
     rs = settings.RecoverySettings(**overrides)
     assert summary(planning.plan(event, world(), history, rs, NOW)) == expected

@@ -15,7 +15,7 @@ from harness import objects as o
 from kcover import errors, kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import holding, ledger, ledgerentries, planning, rules
+from kcover.recovery import holding, ledger, ledgerentries, planinputs, planning, rules
 from kcover.recovery import steps as st
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -111,8 +111,8 @@ def rs(**kw: Any) -> settings.RecoverySettings:
     return settings.RecoverySettings(**kw)
 
 
-def restarted(key: str, *times: float) -> planning.History:
-    return planning.History(ledger=ledger.Ledger.offline({key: ledgerentries.Unit(restarts=list(times))}))
+def restarted(key: str, *times: float) -> planinputs.History:
+    return planinputs.History(ledger=ledger.Ledger.offline({key: ledgerentries.Unit(restarts=list(times))}))
 
 
 KF_SEL = "training.kubeflow.org/job-name=train,training.kubeflow.org/operator-name=pytorchjob-controller"
@@ -120,9 +120,9 @@ PT = f"restart PyTorchJob train [{KF_SEL}] w.pt-uid delete pt-0,pt-1"
 BJ = "restart Job bj [batch.kubernetes.io/job-name=bj,batch.kubernetes.io/controller-uid=bj-uid] w.bj-uid evict bj-0"
 TJ = ("restart TrainJob tj [jobset.sigs.k8s.io/jobset-name=tj,jobset.sigs.k8s.io/jobset-uid=js-uid] w.tj-uid "
       "evict js-0")
-H0 = planning.History()
+H0 = planinputs.History()
 
-ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], list[str]]] = [
+ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], list[str]]] = [
     ("kubeflow pod error restarts its job, selector narrowed by operator, pods deleted", pod_event("pt-0"), H0, {},
      [PT]),
     ("dra-health error restarts too", pod_event("pt-1", detector="dra-health", reason="DeviceUnhealthy"), H0, {}, [PT]),
@@ -158,14 +158,14 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
     ("budget counts only the window", pod_event("pt-0"),
      restarted("w.pt-uid", T - 7200, T - 7100, T - 7000, T - 6900, T - 100), {}, [PT]),
     ("restarts in flight throttle: held, no trip", pod_event("pt-0"),
-     planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold Throttled w.pt-uid"]),
+     planinputs.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(10)}), {}, ["hold Throttled w.pt-uid"]),
     ("a restart of the unit in flight covers the fault", pod_event("pt-0"),
-     planning.History(restarts_in_flight={"w.pt-uid": 1}), {}, ["skip Cooldown quiet"]),
+     planinputs.History(restarts_in_flight={"w.pt-uid": 1}), {}, ["skip Cooldown quiet"]),
     ("lws group cooldown is per group", pod_event("lws-0"), restarted("w.lws-uid.g1", T - 5), {},
      ["restart LeaderWorkerSet serve [leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=0]"
       " w.lws-uid.g0 delete lws-0"]),
     ("a signal already acted on is a replay", pod_event("pt-0", signal="ev-1/3"),
-     planning.History(ledger=ledger.Ledger.offline(signals={"ev-1/3|w.pt-uid": T - 30})), {},
+     planinputs.History(ledger=ledger.Ledger.offline(signals={"ev-1/3|w.pt-uid": T - 30})), {},
      ["skip AlreadyActedOn quiet"]),
     ("node condition cordons and restarts opted-in workloads on it", node_event("n1"), H0, {}, ["cordon n1", PT]),
     ("node sweep passes over refusals silently", node_event("n6"), H0, {}, ["cordon n6"]),
@@ -180,7 +180,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
     ("rule can make a node fault cordon only", node_event("n2"), H0,
      {"rules": [{"detector": "node-condition", "action": "cordon-node"}]}, ["cordon n2"]),
     ("node cooldown", node_event("n2"),
-     planning.History(ledger=ledger.Ledger.offline({"n.n2": ledgerentries.Node(cordoned_at=T - 60)})), {},
+     planinputs.History(ledger=ledger.Ledger.offline({"n.n2": ledgerentries.Node(cordoned_at=T - 60)})), {},
      ["skip NodeCooldown", PT]),
     ("unknown node", node_event("n99"), H0, {}, ["skip TargetUnknown quiet"]),
     ("a container's exit blames the workload: a cordon rule only reports", pod_event("vc-0"), H0,
@@ -195,7 +195,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planning.History, dict[str, Any], li
 
 @pytest.mark.parametrize(("event", "history", "overrides", "expected"), [r[1:] for r in ROWS],
                          ids=[r[0] for r in ROWS])
-def test_plan(event: model.CollectorEvent, history: planning.History, overrides: dict[str, Any],
+def test_plan(event: model.CollectorEvent, history: planinputs.History, overrides: dict[str, Any],
               expected: list[str]) -> None:
     assert summary(planning.plan(event, world(), history, rs(**overrides), NOW)) == expected
 
@@ -257,7 +257,7 @@ def test_cordon_breaker(cordoned: int, gpu_nodes: int, fraction: float, expected
 def test_cordons_in_flight_count_against_the_breaker() -> None:
     """A cordon planned and not yet in the cache holds its place: the next one is refused."""
     snap = snapshot_with(cordoned=0)
-    history = planning.History(cordons_in_flight=frozenset({"g1"}))
+    history = planinputs.History(cordons_in_flight=frozenset({"g1"}))
     planned = planning.plan(node_event("g9", recommended=model.Action.CORDON_NODE), snap, history,
                             rs(max_cordoned_fraction=0.1), NOW)
     assert summary(planned) == ["skip BreakerOpen"]
@@ -266,12 +266,12 @@ def test_cordons_in_flight_count_against_the_breaker() -> None:
 
 
 def test_a_latched_breaker_holds_restarts_and_refuses_cordons() -> None:
-    latched = planning.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(
+    latched = planinputs.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(
         opened_at=T - 100, reason="too many cordons")}))
     assert summary(planning.plan(pod_event("pt-0"), world(), latched, rs(), NOW)) == ["hold BreakerLatched w.pt-uid"]
     assert summary(planning.plan(node_event("n1", recommended=model.Action.CORDON_NODE), world(), latched, rs(),
                                  NOW)) == ["skip BreakerLatched"]
-    reset = planning.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(closed_at=T - 10)}))
+    reset = planinputs.History(ledger=ledger.Ledger.offline({ledgerentries.BREAKER_KEY: ledgerentries.Breaker(closed_at=T - 10)}))
     assert summary(planning.plan(pod_event("pt-0"), world(), reset, rs(), NOW)) == ["hold BreakerCooldown w.pt-uid"]
 
 
@@ -371,7 +371,7 @@ def test_one_restart_per_unit_per_event() -> None:
 
 
 def test_concurrency_limit_counts_restarts_planned_in_the_same_event() -> None:
-    history = planning.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(9)})
+    history = planinputs.History(restarts_in_flight={f"w.other-{i}": 1 for i in range(9)})
     planned = planning.plan(node_event("n5"), world(), history, rs(), NOW)
     assert summary(planned) == ["cordon n5", BJ, "hold Throttled w.vc-uid"]
 

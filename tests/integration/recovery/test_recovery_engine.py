@@ -37,7 +37,7 @@ from enginekit import (
 from kcover import errors, kinds, model
 from kcover.kube import caching, watching
 from kcover.kube import projections as proj
-from kcover.recovery import planning
+from kcover.recovery import planinputs, planning
 from kcover.recovery import steps as st
 
 
@@ -345,7 +345,7 @@ async def test_a_pod_created_with_the_jobs_labels_during_a_restart_is_not_delete
     rig = await Rig.make(cluster, clock)
     await rig.ledger.load()
     fault = await pod_fault(cluster, "train-worker-1", clock)
-    [planned] = [s for s in planning.plan(fault, rig.snap, planning.History(ledger=rig.ledger), rig.settings.recovery,
+    [planned] = [s for s in planning.plan(fault, rig.snap, planinputs.History(ledger=rig.ledger), rig.settings.recovery,
                                           clock.now()) if isinstance(s, st.Restart)]
     assert not planned.selector.uid_bearing
     labels = {kinds.KUBEFLOW_JOB_NAME: "train", kinds.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
