@@ -38,6 +38,7 @@ from kcover.recovery import (
     ledger,
     logsaving,
     recording,
+    recoveries,
     restarting,
     returning,
     verifying,
@@ -198,9 +199,9 @@ def _on_hold_dropped(recorder: recording.Recorder,
                      clock: clock_.Clock) -> Callable[[str, str, holding.DropCode], None]:
     """A held restart dropped without running: its Recovery leaves `Held` (Failed when given up at
     `recovery.hold_seconds`, Recovered when the workload recovered by itself, Refused otherwise)."""
-    phases = {holding.DropCode.EXPIRED: (recording.Phase.FAILED, "given up"),
-              holding.DropCode.RECOVERED: (recording.Phase.RECOVERED, "not restarted"),
-              holding.DropCode.DROPPED: (recording.Phase.REFUSED, "not restarted")}
+    phases = {holding.DropCode.EXPIRED: (recoveries.Phase.FAILED, "given up"),
+              holding.DropCode.RECOVERED: (recoveries.Phase.RECOVERED, "not restarted"),
+              holding.DropCode.DROPPED: (recoveries.Phase.REFUSED, "not restarted")}
 
     def dropped(key: str, why: str, code: holding.DropCode) -> None:
         phase, said = phases[code]
@@ -212,10 +213,10 @@ def _on_verified(recorder: recording.Recorder) -> Callable[[verifying.Record], N
     def on_end(record: verifying.Record) -> None:
         if record.outcome is verifying.Outcome.STALLED:
             cause = record.cause.value if record.cause is not None else ""
-            recorder.phase(record.key, recording.Phase.STALLED, at=record.at, cause=cause, message=record.detail)
+            recorder.phase(record.key, recoveries.Phase.STALLED, at=record.at, cause=cause, message=record.detail)
         else:
             finished = record.outcome is verifying.Outcome.FINISHED
-            recorder.phase(record.key, recording.Phase.RECOVERED, at=record.at, mttr_seconds=record.mttr_seconds,
+            recorder.phase(record.key, recoveries.Phase.RECOVERED, at=record.at, mttr_seconds=record.mttr_seconds,
                            cause="Finished" if finished else "",
                            message="the workload finished after its restart" if finished else
                            "every pod Running again with a new uid")

@@ -10,8 +10,9 @@ The status follows the recovery: `phase` (Acting, Verifying, Recovered, Stalled,
 Where they live: a workload's recoveries in the workload's namespace (a tenant who may read its own
 namespace reads its own history), a node's in the release namespace (`recovery.ledger_namespace`),
 since a namespaced kind cannot hold cluster-scoped objects and a node is the operator's business. The
-name is derived from the target and the fault (`name_for`), so a retried write, a resumed restart and
-its verification all land on the same object.
+name is derived from the target and the fault (`recoveries.name_for`), so a retried write, a resumed restart
+and its verification all land on the same object. Does not own the kind's names, phases, a step's target,
+decision and identity (`recoveries`).
 
 `Records` is the coordinator hook that notes each outcome (a held restart is `Held`: pending, with what
 it waits for). A dry run writes its Recoveries too, their decision marked `dryRun: true`. It decides
@@ -31,9 +32,6 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
-import enum
-import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,173 +42,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kcover import errors, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import ledgerentries
+from kcover.recovery import ledgerentries, recoveries
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
 
-GROUP = "kcover.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "Recovery"
-PLURAL = "recoveries"
-MANAGED = {"app.kubernetes.io/managed-by": "kcover"}
-TARGET_LABEL = "kcover.io/target"
-"""A short hash of the target (kind, namespace, name): retention counts per value."""
 WRITE_ATTEMPTS = 5
 """Tries of one record before it is dropped (each already retried by the client on 429/5xx)."""
 RETRY_DELAY_SECONDS = 1.0
 STOP_POLL_SECONDS = 0.5
 
-
-class Phase(enum.StrEnum):
-    ACTING = "Acting"
-    """Recorded, not carried out yet: a restart whose delete failed and stays pending."""
-    VERIFYING = "Verifying"
-    """Done; kcover follows the workload until it runs again."""
-    RECOVERED = "Recovered"
-    """The workload runs again (or finished); for a node action, the action took hold."""
-    STALLED = "Stalled"
-    """The workload did not run again within `recovery.verify.deadline_seconds`; `cause` says why."""
-    FAILED = "Failed"
-    """kcover could not carry the action out; `message` says why."""
-    REFUSED = "Refused"
-    """kcover decided not to act; `cause` is the refusal code."""
-    HELD = "Held"
-    """Pending: refused for a blocker that lifts (`cause`), planned again once it does, until `message`'s time."""
-    VALIDATING = "Validating"
-    """A suspect node's validation is asked and not answered yet."""
-    RECORDED = "RecordOnly"
-    """Decided and recorded, not carried out (`recovery.record_only`, a rule in `record` mode)."""
-
-
-def collection(namespace: str) -> str:
-    return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
-
-
-_NOT_NAME = re.compile(r"[^a-z0-9-]+")
-
-
-def name_for(target: str, *identity: str) -> str:
-    """A DNS-1123 name: a readable slug of `target` and a hash of `identity` (stable across retries)."""
-    slug = _NOT_NAME.sub("-", target.lower()).strip("-")[:40].strip("-") or "recovery"
-    digest = hashlib.sha256("|".join(identity).encode()).hexdigest()[:10]
-    return f"{slug}-{digest}"
-
-
-def _target_hash(kind: str, namespace: str, name: str) -> str:
-    return hashlib.sha256(f"{kind}/{namespace}/{name}".encode()).hexdigest()[:16]
-
-
-def _time(at: dt.datetime | float) -> str:
-    when = at if isinstance(at, dt.datetime) else dt.datetime.fromtimestamp(at, dt.UTC)
-    return clock_.rfc3339(when)
-
-
-def fault_spec(cause: model.CollectorEvent) -> dict[str, Any]:
-    """The fault part of a spec, from the typed event (never from its free-form attributes)."""
-    out: dict[str, Any] = {"detector": cause.detector, "reason": cause.reason, "severity": cause.severity.value,
-                           "message": model.fit(cause.message, 512), "id": cause.id,
-                           "source": cause.target.describe()}
-    identity = cause.fault.model_dump(mode="json", exclude_defaults=True)
-    if identity:
-        out["identity"] = identity
-    if cause.fault.describe():
-        out["describe"] = cause.fault.describe()
-    if cause.recommended is not None:
-        out["recommendedAction"] = cause.recommended.value
-    if cause.signal:
-        out["signal"] = cause.signal
-    return out
-
-
-@dataclass(frozen=True)
-class Target:
-    kind: str
-    name: str
-    namespace: str = ""
-    uid: str = ""
-    api_version: str = ""
-    node: str = ""
-    unit: str = ""
-
-    def spec(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "name": self.name}
-        for key, value in (("namespace", self.namespace), ("uid", self.uid), ("apiVersion", self.api_version),
-                           ("node", self.node), ("unit", self.unit)):
-            if value:
-                out[key] = value
-        return out
-
-    def describe(self) -> str:
-        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
-        return f"{self.kind}/{where}" + (f" {self.unit}" if self.unit else "")
-
-
-def target_of(step: st.Step) -> Target | None:
-    """What a step is about, or None for steps that leave no record (a report without an object)."""
-    if isinstance(step, st.RecordOnly):
-        return target_of(step.step)
-    if isinstance(step, st.RequestValidation | st.Judge):
-        return Target("Node", step.node)
-    restart = step.restart if isinstance(step, st.Hold | st.Resume) else step
-    if isinstance(restart, st.Restart):
-        w = restart.workload
-        return Target(w.kind, w.name, w.namespace, w.uid, w.api_version, node=restart.node, unit=restart.unit)
-    if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
-        return Target("Node", step.node)
-    if isinstance(step, st.Refuse) and step.about is not None:
-        a = step.about
-        return Target(a.kind, a.name, a.namespace, a.uid, a.api_version)
-    return None
-
-
-def decision(step: st.Step) -> str:
-    if isinstance(step, st.RecordOnly):
-        return decision(step.step)
-    if isinstance(step, st.RequestValidation | st.Judge):
-        return "ValidateNode"
-    if isinstance(step, st.Restart | st.Resume | st.Hold):
-        return "RestartWorkload"
-    if isinstance(step, st.Cordon):
-        return "CordonNode"
-    if isinstance(step, st.Uncordon):
-        return "UncordonNode"
-    if isinstance(step, st.TaintDevice):
-        return "TaintDevice"
-    if isinstance(step, st.UntaintDevice):
-        return "UntaintDevice"
-    return "Skip" if isinstance(step, st.Refuse) else "Report"
-
-
-def _unit_key(step: st.Step) -> str:
-    if isinstance(step, st.Restart):
-        return step.unit_key
-    if isinstance(step, st.Hold):
-        return step.restart.unit_key
-    if isinstance(step, st.Resume):
-        return step.key
-    return ""
-
-
-def identity_of(step: st.Step) -> tuple[str, ...]:
-    """What makes two notes the same Recovery: the unit or node, the cause, the decision."""
-    cause = st.cause_of(step)
-    cause_id = cause.id if cause is not None else ""
-    if isinstance(step, st.RecordOnly):
-        return (*identity_of(step.step), "record-only")
-    if isinstance(step, st.RequestValidation | st.Judge):
-        return ("ValidateNode", step.node, cause_id)
-    if isinstance(step, st.Resume):
-        return ("restart", step.key, step.intent.fault or step.intent.id)
-    if isinstance(step, st.Restart | st.Hold):
-        return ("restart", _unit_key(step), cause_id)
-    if isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
-        return (decision(step), step.node, cause_id)
-    if isinstance(step, st.Refuse):
-        about = step.about
-        return ("skip", step.code.value, about.describe() if about else "", about.uid if about else "", cause_id)
-    return ("other", cause_id)
 
 
 @dataclass
@@ -266,19 +107,19 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------ noting
 
-    def note(self, step: st.Step, phase: Phase, *, cause: str = "", message: str = "",
+    def note(self, step: st.Step, phase: recoveries.Phase, *, cause: str = "", message: str = "",
              acted: bool = True) -> tuple[str, str] | None:
         """Queue the Recovery of `step` in `phase`; returns its (namespace, name), or None if none is kept."""
         rs = self._recovery()
-        target = target_of(step)
+        target = recoveries.target_of(step)
         if not rs.records.enabled or target is None:
             return None
         namespace = target.namespace if target.kind != "Node" and target.namespace else rs.ledger_namespace
-        name = name_for(f"{target.kind}-{target.name}", *identity_of(step))
+        name = recoveries.name_for(f"{target.kind}-{target.name}", *recoveries.identity_of(step))
         now = self._clock.now()
         source = st.cause_of(step)
         spec: dict[str, Any] = {"target": target.spec(),
-                                "decision": {"action": decision(step), "leader": self.identity}}
+                                "decision": {"action": recoveries.decision(step), "leader": self.identity}}
         if isinstance(step, st.RecordOnly):
             spec["decision"]["recordOnly"] = model.fit(step.why, 256)
             step = step.step
@@ -297,23 +138,24 @@ class Recorder:
         if isinstance(step, st.Cordon):
             spec["decision"]["text"] = model.fit(step.reason, 512)
         if source is not None:
-            spec["fault"] = fault_spec(source)
-        labels = {**MANAGED, TARGET_LABEL: _target_hash(target.kind, target.namespace, target.name)}
-        body = {"apiVersion": API_VERSION, "kind": KIND,
+            spec["fault"] = recoveries.fault_spec(source)
+        labels = {**recoveries.MANAGED,
+                  recoveries.TARGET_LABEL: recoveries.target_hash(target.kind, target.namespace, target.name)}
+        body = {"apiVersion": recoveries.API_VERSION, "kind": recoveries.KIND,
                 "metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": spec}
         status: dict[str, Any] = {"phase": phase.value}
         if source is not None:
-            status["detectedAt"] = _time(source.observed_at)
-        if acted and phase not in (Phase.REFUSED, Phase.HELD):
-            status["actedAt"] = _time(now)
+            status["detectedAt"] = recoveries.stamp(source.observed_at)
+        if acted and phase not in (recoveries.Phase.REFUSED, recoveries.Phase.HELD):
+            status["actedAt"] = recoveries.stamp(now)
         if cause:
             status["cause"] = cause
         if message:
             status["message"] = model.fit(message, 1024)
-        if phase is Phase.RECOVERED:
-            status["recoveredAt"] = _time(now)
+        if phase is recoveries.Phase.RECOVERED:
+            status["recoveredAt"] = recoveries.stamp(now)
         self._put(namespace, name, body, status)
-        key = _unit_key(step)
+        key = recoveries.unit_key(step)
         if key:
             self._by_key.pop(key, None)
             self._by_key[key] = (namespace, name)
@@ -321,15 +163,15 @@ class Recorder:
                 self._by_key.popitem(last=False)
         return namespace, name
 
-    def phase(self, key: str, phase: Phase, *, at: float, cause: str = "", message: str = "",
+    def phase(self, key: str, phase: recoveries.Phase, *, at: float, cause: str = "", message: str = "",
               mttr_seconds: float | None = None) -> bool:
         """Move the latest restart of ledger key `key` to `phase`; False when this leader did not record it."""
         ref = self._by_key.get(key)
         if ref is None or not self.enabled:
             return False
         status: dict[str, Any] = {"phase": phase.value}
-        if phase is Phase.RECOVERED:
-            status["recoveredAt"] = _time(at)
+        if phase is recoveries.Phase.RECOVERED:
+            status["recoveredAt"] = recoveries.stamp(at)
         if mttr_seconds is not None:
             status["mttrSeconds"] = round(mttr_seconds, 3)
         if cause:
@@ -487,7 +329,7 @@ def retained(items: list[dict[str, Any]], *, now: dt.datetime, max_age_seconds: 
         if age > max_age_seconds:
             doomed.append(ref)
             continue
-        target = (meta.get("labels") or {}).get(TARGET_LABEL) or f"{ref[0]}/{ref[1]}"
+        target = (meta.get("labels") or {}).get(recoveries.TARGET_LABEL) or f"{ref[0]}/{ref[1]}"
         groups[target].append((created, ref[0], ref[1]))
     for members in groups.values():
         members.sort(reverse=True)
@@ -502,9 +344,9 @@ def _kind_unserved(exc: errors.NotFoundError) -> bool:
     return str(details.get("kind") or "") not in ("namespaces",)
 
 
-_JUDGED = {ledgerentries.Verdict.HEALTHY: (Phase.RECOVERED, "ValidatedHealthy"),
-           ledgerentries.Verdict.FAULTY: (Phase.RECOVERED, "ValidationFailed"),
-           ledgerentries.Verdict.UNVALIDATED: (Phase.REFUSED, "NotValidated")}
+_JUDGED = {ledgerentries.Verdict.HEALTHY: (recoveries.Phase.RECOVERED, "ValidatedHealthy"),
+           ledgerentries.Verdict.FAULTY: (recoveries.Phase.RECOVERED, "ValidationFailed"),
+           ledgerentries.Verdict.UNVALIDATED: (recoveries.Phase.REFUSED, "NotValidated")}
 """A suspect node's Recovery after its verdict: validated healthy (left schedulable), failed (the cordon has a
 Recovery of its own), or not validated (left schedulable)."""
 
@@ -518,12 +360,13 @@ class Records:
 
     def after(self, step: st.Step, outcome: st.Outcome) -> list[st.Step]:
         note = self.recorder.note
-        if isinstance(step, st.RecordOnly) and target_of(step) is not None:
-            note(step, Phase.RECORDED, cause="RecordOnly", message=step.why, acted=False)
+        if isinstance(step, st.RecordOnly) and recoveries.target_of(step) is not None:
+            note(step, recoveries.Phase.RECORDED, cause="RecordOnly", message=step.why, acted=False)
             return []
         if isinstance(step, st.RequestValidation) and step.purpose is st.Purpose.SUSPECT \
                 and isinstance(outcome, st.Done) and not outcome.noop:
-            note(step, Phase.VALIDATING, message=f"suspect: {step.evidence}; {outcome.detail}", acted=False)
+            note(step, recoveries.Phase.VALIDATING, message=f"suspect: {step.evidence}; {outcome.detail}",
+                 acted=False)
             return []
         if isinstance(step, st.Judge):
             phase, cause = _JUDGED[step.verdict]
@@ -539,23 +382,24 @@ class Records:
                 # one held restart covers both faults: its Recovery (the first fault's) says so, and follows it
                 also = f"; also for {step.cause.reason} from {step.cause.detector} (fault {step.cause.id})"
                 step = dataclasses.replace(step, restart=dataclasses.replace(step.restart, cause=outcome.joined))
-            note(step, Phase.HELD, cause=outcome.code.value, message=f"{outcome.text}; held until {until}{also}",
-                 acted=False)
+            note(step, recoveries.Phase.HELD, cause=outcome.code.value,
+                 message=f"{outcome.text}; held until {until}{also}", acted=False)
         elif isinstance(outcome, st.Refused):
             if outcome.code is st.Code.INTENT_REFUSED or (outcome.audit and not (isinstance(step, st.Refuse) and not step.audit)):
-                note(step, Phase.REFUSED, cause=outcome.code.value, message=outcome.text, acted=False)
+                note(step, recoveries.Phase.REFUSED, cause=outcome.code.value, message=outcome.text, acted=False)
         elif isinstance(outcome, st.Failed):
             if isinstance(step, st.Resume):
-                note(step, Phase.FAILED, cause="DeleteFailed", message=outcome.error)
+                note(step, recoveries.Phase.FAILED, cause="DeleteFailed", message=outcome.error)
             elif isinstance(step, st.Restart):
-                note(step, Phase.ACTING, cause="DeleteFailed", message=f"taking pods away failed and is retried: "
-                                                                       f"{outcome.error}")
+                note(step, recoveries.Phase.ACTING, cause="DeleteFailed",
+                     message=f"taking pods away failed and is retried: {outcome.error}")
         elif not outcome.noop:
             if isinstance(step, st.Restart | st.Resume):
                 verified = self._verifying()
-                note(step, Phase.VERIFYING if verified else Phase.RECOVERED, cause="" if verified else "NotVerified",
+                note(step, recoveries.Phase.VERIFYING if verified else recoveries.Phase.RECOVERED,
+                     cause="" if verified else "NotVerified",
                      message=f"took {outcome.removed} pods away"
                      + ("" if verified else "; recovery.verify.enabled is off"))
             elif isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
-                note(step, Phase.RECOVERED, message=f"{decision(step)} done")
+                note(step, recoveries.Phase.RECOVERED, message=f"{recoveries.decision(step)} done")
         return []

@@ -24,7 +24,7 @@ from kcover.aio import clock as clock_
 from kcover.kube import caching, gateway, gpus, leasing, projecting
 from kcover.kube import client as kube_client
 from kcover.kube import projections as proj
-from kcover.recovery import admission, controls, ledger, ledgerentries, recording
+from kcover.recovery import admission, controls, ledger, ledgerentries, recoveries
 from kcover.status import deployed
 from kcover.status import report as report_
 
@@ -207,7 +207,7 @@ def _limits(book: ledger.Ledger | None, rs: settings.RecoverySettings, report: r
 
 
 async def _recoveries(kube: kube_client.KubeClient, now: dt.datetime) -> tuple[list[report_.Row], bool]:
-    items = await _items(kube, f"/apis/{recording.API_VERSION}/{recording.PLURAL}",
+    items = await _items(kube, f"/apis/{recoveries.API_VERSION}/{recoveries.PLURAL}",
                          {"labelSelector": "app.kubernetes.io/managed-by=kcover"})
     if items is None:
         return [], False

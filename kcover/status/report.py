@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kcover.aio import clock as clock_
-from kcover.recovery import recording
+from kcover.recovery import recoveries
 from kcover.status import deployed
 
-NEEDS_A_PERSON = frozenset({recording.Phase.STALLED.value, recording.Phase.FAILED.value})
+NEEDS_A_PERSON = frozenset({recoveries.Phase.STALLED.value, recoveries.Phase.FAILED.value})
 
 
 @dataclass

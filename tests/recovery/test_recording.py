@@ -16,7 +16,7 @@ import pytest
 from kcover import kinds, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import dryrun, recording
+from kcover.recovery import dryrun, recording, recoveries
 from kcover.recovery import steps as st
 from kcover.sim import server as simserver
 
@@ -62,17 +62,17 @@ def _server() -> simserver.SimServer:
     ("---", ("skip",)),
 ])
 def test_names_are_dns_labels_and_stable(target: str, identity: tuple[str, ...]) -> None:
-    name = recording.name_for(target, *identity)
+    name = recoveries.name_for(target, *identity)
     assert DNS.match(name), name
     assert len(name) <= 63
-    assert name == recording.name_for(target, *identity)
-    assert name != recording.name_for(target, *identity, "other")
+    assert name == recoveries.name_for(target, *identity)
+    assert name != recoveries.name_for(target, *identity, "other")
 
 
 def _item(ns: str, name: str, age_s: float, target: str) -> dict[str, Any]:
     created = clock_.rfc3339(NOW - dt.timedelta(seconds=age_s))
     return {"metadata": {"namespace": ns, "name": name, "creationTimestamp": created,
-                         "labels": {recording.TARGET_LABEL: target}}}
+                         "labels": {recoveries.TARGET_LABEL: target}}}
 
 
 @pytest.mark.parametrize(("items", "max_age", "per_target", "doomed"), [
@@ -90,11 +90,11 @@ def test_retention_by_age_and_per_target(items: list[dict[str, Any]], max_age: f
 async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> None:
     async with _server() as srv:
         rec, mets = _recorder(srv)
-        ref = rec.note(_restart(), recording.Phase.VERIFYING, message="deleted 2 pods")
+        ref = rec.note(_restart(), recoveries.Phase.VERIFYING, message="deleted 2 pods")
         assert ref is not None
         assert ref[0] == "ml"
         assert "CREATE recoveries.kcover.io" not in srv.request_counts  # noting never waits on the API
-        assert rec.phase("w.uid-1", recording.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
+        assert rec.phase("w.uid-1", recoveries.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
         await rec.flush()
         assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
         assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
@@ -113,11 +113,11 @@ async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> No
 async def test_a_node_action_lives_in_the_release_namespace_and_a_dry_runs_says_so() -> None:
     async with _server() as srv:
         rec, _ = _recorder(srv)
-        ref = rec.note(st.Cordon("gpu-1", "XID79", _cause()), recording.Phase.RECOVERED)
+        ref = rec.note(st.Cordon("gpu-1", "XID79", _cause()), recoveries.Phase.RECOVERED)
         assert ref is not None
         assert ref[0] == "kcover-system"
         dry, _ = _recorder(srv, dry_run=True)
-        ref = dry.note(_restart("c9"), recording.Phase.VERIFYING)
+        ref = dry.note(_restart("c9"), recoveries.Phase.VERIFYING)
         assert ref is not None
         await dry.flush()
         assert srv.store.get("recoveries.kcover.io", ref[0], ref[1])["spec"]["decision"]["dryRun"] is True
@@ -130,7 +130,7 @@ async def test_a_full_queue_and_a_failing_api_are_counted_not_silent() -> None:
         srv.faults.error_rate = 1.0
         rec, mets = _recorder(srv, records={"queue_size": 2})
         for i in range(3):
-            rec.note(_restart(f"c{i}"), recording.Phase.VERIFYING)
+            rec.note(_restart(f"c{i}"), recoveries.Phase.VERIFYING)
         assert mets.registry.get_sample_value("kcover_recovery_records_failed_total", {"reason": "queue_full"}) == 1.0
         for _ in range(recording.WRITE_ATTEMPTS):
             await rec.flush()
@@ -144,7 +144,7 @@ async def test_run_writes_in_its_own_task_and_ends_on_stop() -> None:
         rec, _ = _recorder(srv)
         stop = asyncio.Event()
         task = asyncio.create_task(rec.run(stop), name="records")
-        rec.note(_restart(), recording.Phase.VERIFYING)
+        rec.note(_restart(), recoveries.Phase.VERIFYING)
         await asyncio.sleep(1.0)
         stop.set()
         await asyncio.wait_for(task, 2.0)
@@ -161,7 +161,7 @@ async def test_leadership_lost_during_a_retention_pass_stops_the_pass_not_the_wr
             srv.store.create("recoveries.kcover.io", {
                 "apiVersion": "kcover.io/v1alpha1", "kind": "Recovery",
                 "metadata": {"name": f"r{i}", "namespace": "ml",
-                             "labels": {"app.kubernetes.io/managed-by": "kcover", recording.TARGET_LABEL: "job"}},
+                             "labels": {"app.kubernetes.io/managed-by": "kcover", recoveries.TARGET_LABEL: "job"}},
                 "spec": {}})
         answers = iter([True, True])  # the pass's check and the first delete; then the term is over
 
@@ -200,7 +200,7 @@ def test_every_phase_action_and_blame_written_is_one_the_crd_schema_accepts() ->
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     phases = schema["status"]["properties"]["phase"]["enum"]
     decision = schema["spec"]["properties"]["decision"]["properties"]
-    assert sorted(p.value for p in recording.Phase) == sorted(phases)
+    assert sorted(p.value for p in recoveries.Phase) == sorted(phases)
     cause = _cause()
     node_steps: list[st.Step] = [
         st.Cordon("gpu-1", "r", cause), st.Uncordon("gpu-1", cause),
@@ -208,7 +208,7 @@ def test_every_phase_action_and_blame_written_is_one_the_crd_schema_accepts() ->
         st.UntaintDevice(model.DraDevice(driver="d", pool="p", device="g"), "gpu-1", cause),
         st.RequestValidation("gpu-1", cause, purpose=st.Purpose.SUSPECT), _restart(),
         st.Refuse(st.Code.PAUSED, "t", cause), st.Report("t", cause)]
-    assert {recording.decision(s) for s in node_steps} <= set(decision["action"]["enum"])
+    assert {recoveries.decision(s) for s in node_steps} <= set(decision["action"]["enum"])
     assert sorted(b.value for b in model.Blame) == sorted(decision["blame"]["enum"])
     assert sorted(r.value for r in kinds.Removal) == sorted(decision["removal"]["enum"])
     assert {"dryRun", "recordOnly", "ledgerKey", "selector", "code", "text"} <= set(decision)

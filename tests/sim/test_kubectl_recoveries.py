@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kcover.recovery import recording
+from kcover.recovery import recoveries
 from kcover.sim import cluster as cluster_
 from kcover.sim import scenarios
 
@@ -50,7 +50,7 @@ def _expected(name: str, c: cluster_.SimCluster, on_node: int) -> Counter[tuple[
 
 
 async def _all(c: cluster_.SimCluster) -> list[dict[str, Any]]:
-    return [e.obj() for e in c.srv.store.list(f"{recording.PLURAL}.{recording.GROUP}", _everything()).entries]
+    return [e.obj() for e in c.srv.store.list(f"{recoveries.PLURAL}.{recoveries.GROUP}", _everything()).entries]
 
 
 def _everything() -> Any:

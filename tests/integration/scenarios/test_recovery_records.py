@@ -20,14 +20,14 @@ import recordkit
 import test_closed_loop_scenarios as loop
 import test_recovery_scenarios as base
 
-from kcover.recovery import recording
+from kcover.recovery import recoveries
 
 Cluster = Any
 COLUMNS = ["NAME", "PHASE", "ACTION", "TARGET", "KIND", "FAULT", "CAUSE", "MTTR", "DETECTED", "AGE"]
 
 
 async def _recoveries(cluster: Cluster) -> list[dict[str, Any]]:
-    listed = await cluster.client.request("GET", recording.collection(cluster.namespace))
+    listed = await cluster.client.request("GET", recoveries.collection(cluster.namespace))
     return list(listed.get("items") or [])
 
 
