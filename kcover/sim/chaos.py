@@ -39,7 +39,7 @@ import structlog
 
 from kcover.aio import clock as clock_
 from kcover.sim import cluster as cluster_
-from kcover.sim import scenarios as scenarios_
+from kcover.sim import playing
 
 log = structlog.get_logger()
 
@@ -78,7 +78,7 @@ class Fault:
     target: str
     jobs: tuple[str, ...]
     injected: float
-    record: scenarios_.FaultRecord
+    record: playing.FaultRecord
     node: str = ""
     outcome: str = ""
     """"" until answered, then recovered or refused; lost when nothing answered it within RESOLVE_SECONDS."""
@@ -115,7 +115,7 @@ OVERRIDES: dict[str, Any] = {
 
 
 class Chaos:
-    def __init__(self, run: scenarios_.Run, options: Options, rng: random.Random) -> None:
+    def __init__(self, run: playing.Run, options: Options, rng: random.Random) -> None:
         self.run = run
         self.c = run.cluster
         self.o = options
@@ -271,7 +271,7 @@ class Chaos:
         names = (*fault.jobs, fault.node)
 
         def refused(e: cluster_.ApiEvent) -> bool:
-            return e.reason in (scenarios_.SKIPPED, "KcoverRecoveryFailed") and e.name in names
+            return e.reason in (playing.SKIPPED, "KcoverRecoveryFailed") and e.name in names
 
         return self.c.api_event(refused, fault.record.injected_at)
 
@@ -375,7 +375,7 @@ class Chaos:
         for name, task in [(r.identity, r.task) for r in c.replicas] + [(n, a.task) for n, a in c.agents.items()]:
             if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
                 t.crashed += 1
-                t.detail.append(scenarios_.clip(f"crashed: {name}: {task.exception()!r}", 300))
+                t.detail.append(playing.clip(f"crashed: {name}: {task.exception()!r}", 300))
         t.api_retries = int(sum(sum(r.kube.retry_stats.retries.values()) for r in c.replicas)
                             + sum(sum(a.kube.retry_stats.retries.values()) for a in c.agents.values()))
         return t
@@ -389,7 +389,7 @@ def _failed(pod: dict[str, Any]) -> bool:
     return False
 
 
-async def play(run: scenarios_.Run, options: Options, seed: int) -> Tally:
+async def play(run: playing.Run, options: Options, seed: int) -> Tally:
     """Play chaos on `run`'s cluster; records checks (0 lost, 0 duplicates, 0 wrongly touched) and returns the tally."""
     tally = await Chaos(run, options, random.Random(seed)).play()
     run.check(f"{tally.injected} faults injected ({tally.workload_faults} workload, {tally.node_faults} node)",
@@ -399,6 +399,6 @@ async def play(run: scenarios_.Run, options: Options, seed: int) -> Tally:
     run.check(f"no duplicate recovery ({tally.duplicates})", tally.duplicates == 0)
     run.check(f"no pod wrongly touched ({tally.wrongly_touched_pods})", tally.wrongly_touched_pods == 0)
     run.check(f"no kcover replica or agent crashed ({tally.crashed})", tally.crashed == 0,
-              scenarios_.clip("; ".join(d for d in tally.detail if d.startswith("crashed")), 500))
+              playing.clip("; ".join(d for d in tally.detail if d.startswith("crashed")), 500))
     run.note("chaos", f"tally: {tally.as_dict()}", dt.datetime.now(dt.UTC))
     return tally

@@ -29,7 +29,7 @@ from kcover import logs, settings
 from kcover.detectors import registry
 from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
-from kcover.sim import control
+from kcover.sim import control, playing
 from kcover.sim import scenarios as scenarios_
 from kcover.sim.fleet import running as fleet_
 
@@ -43,8 +43,8 @@ class Report:
     scenario: str
     passed: bool
     started: dt.datetime
-    faults: list[scenarios_.FaultRecord] = field(default_factory=list)
-    checks: list[scenarios_.Check] = field(default_factory=list)
+    faults: list[playing.FaultRecord] = field(default_factory=list)
+    checks: list[playing.Check] = field(default_factory=list)
     timeline: list[tuple[dt.datetime, str, str]] = field(default_factory=list)
     api_requests: dict[str, int] = field(default_factory=dict)
     skipped: str = ""
@@ -93,7 +93,7 @@ def percentile(values: list[float], pct: float) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- running
 
-def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
+def timeline(run: playing.Run) -> list[tuple[dt.datetime, str, str]]:
     """Scenario notes, first detections (per detector, reason and target) and every API Event since the start."""
     entries = list(run.notes)
     seen: set[tuple[str, str, str]] = set()
@@ -112,11 +112,11 @@ def timeline(run: scenarios_.Run) -> list[tuple[dt.datetime, str, str]]:
         tag = "act" if e.reason.startswith("Kcover") else "event"
         about = f"{e.kind} {e.namespace + '/' if e.namespace else ''}{e.name}"
         who = e.instance or e.reporter
-        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {scenarios_.clip(e.message, 140)}"))
+        entries.append((e.at, tag, f"Event {e.reason} on {about} by {who}: {playing.clip(e.message, 140)}"))
     return sorted(entries, key=lambda item: item[0])
 
 
-async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None = None, *,
+async def run_scenario(scenario: playing.Scenario, size: cluster_.Size | None = None, *,
                        serve: bool = False, kubeconfig_out: str = "", out: TextIO | None = None,
                        report_format: str = "text") -> Report:
     """Start a cluster, play `scenario`, check its expectations, stop the cluster.
@@ -134,7 +134,7 @@ async def run_scenario(scenario: scenarios_.Scenario, size: cluster_.Size | None
     async with made as cluster:
         if kubeconfig_out:
             cluster.srv.write_kubeconfig(kubeconfig_out)
-        run = scenarios_.Run(cluster)
+        run = playing.Run(cluster)
         before = dict(cluster.srv.request_counts)
         try:
             async with asyncio.timeout(scenario.timeout):
@@ -270,7 +270,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0 if report.passed else 1
 
 
-async def _main(scenario: scenarios_.Scenario, size: cluster_.Size, args: argparse.Namespace,
+async def _main(scenario: playing.Scenario, size: cluster_.Size, args: argparse.Namespace,
                 out: TextIO) -> Report:
     # every agent's NVML detector parks one worker thread in its event wait
     workers = 2 * size.nodes + 16
@@ -293,16 +293,16 @@ def chaos_options(args: argparse.Namespace) -> chaos_.Options:
                           apiserver_restart_every=args.apiserver_restart_every)
 
 
-def chaos_scenario(args: argparse.Namespace) -> scenarios_.Scenario:
+def chaos_scenario(args: argparse.Namespace) -> playing.Scenario:
     """The `chaos` scenario with the command line's options (not in the catalogue: it takes arguments)."""
     options = chaos_options(args)
 
-    async def play(run: scenarios_.Run) -> None:
+    async def play(run: playing.Run) -> None:
         tally = await chaos_.play(run, options, args.seed)
         run.results["chaos"] = tally.as_dict()
 
     # a fault waits for a job at rest (its last restart older than the 10 s cooldown): with the default two
     # jobs that is about 6 s a fault on a quiet machine and more on a loaded one (a K=200 run on a loaded
     # machine injected 198 faults in 1,320 s), so the budget is twice the quiet figure
-    return scenarios_.Scenario(CHAOS, CHAOS_SUMMARY, play, overrides=chaos_.OVERRIDES,
+    return playing.Scenario(CHAOS, CHAOS_SUMMARY, play, overrides=chaos_.OVERRIDES,
                                timeout=180.0 + options.faults * 12.0)

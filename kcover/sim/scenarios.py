@@ -3,11 +3,12 @@
 Owns, per scenario: the settings it needs (short cooldowns, a small restart budget), how it injects
 its fault(s) into a running `cluster.SimCluster`, what it waits for (detected on a bus, acted on in
 an API Event, the job Running again with new pod uids) and the explicit checks that decide whether it
-passed. It records into a `Run`: fault records, checks and timeline notes; rendering and JSON are
-`running`'s business.
+passed. It records into a `playing.Run`: fault records, checks and timeline notes. What a scenario is and
+what a run records (`Scenario`, `Run`, the waits, the Event reasons) are `playing`'s; rendering and JSON
+are `running`'s business.
 
 Plugins add scenarios through the entry point group `kcover.sim.scenarios` (an object of type
-`Scenario`); `catalogue()` lists the built-in ones and those, which kcover never imports by name.
+`playing.Scenario`); `catalogue()` lists the built-in ones and those, which kcover never imports by name.
 
 How it fails: a wait that times out raises `cluster.WaitTimeout`, which the runner turns into a
 failed check; a scenario never raises anything else on purpose. A plugin scenario that fails to load
@@ -17,13 +18,10 @@ is logged and left out.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import importlib.metadata as md
 import json
-import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -32,134 +30,21 @@ from kcover import model
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 from kcover.sim import cluster as cluster_
+from kcover.sim import playing
 
 log = structlog.get_logger()
 
-NS: str = cluster_.NAMESPACE
 ENTRY_POINT_GROUP = "kcover.sim.scenarios"
-RESTARTED = "KcoverRestartedWorkload"
-CORDONED = "KcoverCordonedNode"
-SKIPPED = "KcoverRecoverySkipped"
-ACTION_NAMES = {RESTARTED: "restart-workload", CORDONED: "cordon-node", SKIPPED: "skip"}
-_WORD_END = re.compile(r"\b")
-WAIT = 10.0
-"""Seconds any one expected step may take before the scenario fails."""
-SETTLE = 1.0
-"""Seconds watched after recovery for actions that should not happen (duplicates)."""
 
 
-@dataclass
-class FaultRecord:
-    kind: str
-    target: str
-    injected_at: dt.datetime
-    detected_at: dt.datetime | None = None
-    acted_at: dt.datetime | None = None
-    recovered_at: dt.datetime | None = None
-    action: str = ""
-
-
-@dataclass(frozen=True)
-class Check:
-    text: str
-    ok: bool
-    detail: str = ""
-
-
-@dataclass
-class Run:
-    """What one scenario run records."""
-
-    cluster: cluster_.SimCluster
-    started: dt.datetime = field(default_factory=clock_.utcnow)
-    faults: list[FaultRecord] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    notes: list[tuple[dt.datetime, str, str]] = field(default_factory=list)
-    skipped: str = ""
-    results: dict[str, Any] = field(default_factory=dict)
-    """What a scenario reports beyond its checks (the chaos tally)."""
-
-    def note(self, tag: str, text: str, at: dt.datetime | None = None) -> None:
-        self.notes.append((at or clock_.utcnow(), tag, text))
-
-    def check(self, text: str, ok: bool, detail: str = "") -> bool:
-        self.checks.append(Check(text, bool(ok), detail))
-        return bool(ok)
-
-    def fault(self, kind: str, target: str, how: str) -> FaultRecord:
-        record = FaultRecord(kind, target, clock_.utcnow())
-        self.faults.append(record)
-        self.note("inject", f"{kind} on {target}: {how}", record.injected_at)
-        return record
-
-    async def detected(self, f: FaultRecord, match: Callable[[model.CollectorEvent], bool], what: str) -> None:
-        c = self.cluster
-        found = await c.until(lambda: c.detection(match, f.injected_at), WAIT, what)
-        f.detected_at = f.detected_at or found.event.observed_at
-
-    async def acted(self, f: FaultRecord, match: Callable[[cluster_.ApiEvent], bool],
-                    what: str) -> cluster_.ApiEvent:
-        c = self.cluster
-        found: cluster_.ApiEvent = await c.until(lambda: c.api_event(match, f.injected_at), WAIT, what)
-        f.acted_at = f.acted_at or found.at
-        name = ACTION_NAMES.get(found.reason, found.reason)
-        f.action = f"{f.action},{name}" if f.action and name not in f.action.split(",") else (f.action or name)
-        return found
-
-    async def recovered(self, f: FaultRecord, job: str, old_uids: set[str], within: float = WAIT) -> None:
-        c = self.cluster
-        await c.until(lambda: c.recovered(job, old_uids), within, f"PyTorchJob {NS}/{job} to run again")
-        f.recovered_at = clock_.utcnow()
-        self.note("recover", f"PyTorchJob {NS}/{job}: {c.size.pods_per_job}/{c.size.pods_per_job} pods Running "
-                             "with new uids", f.recovered_at)
-
-    def api_events(self, reason: str, name: str = "") -> list[cluster_.ApiEvent]:
-        return [e for e in self.cluster.api_events
-                if e.at >= self.started and e.reason == reason and (not name or e.name == name)]
-
-
-Play = Callable[[Run], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    summary: str
-    play: Play
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    timeout: float = 45.0
-    plugin: str = ""
-    """A detector plugin the scenario needs; without it the scenario does not run (`kcover sim` exits 3, saying why)."""
-    nodes: int = 0
-    """Nodes the scenario needs at least; a smaller `--nodes` is raised to it."""
-    agent_overrides: Mapping[str, Any] = field(default_factory=dict)
-    """Settings merged over every simulated agent's (`overrides` are the controllers')."""
 
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-def clip(text: str, limit: int) -> str:
-    """`text` (whitespace runs made single spaces) cut to at most `limit` characters at a word boundary,
-    with " ..." where it was cut.
-
-    Timelines and check details show messages written by others (Events, conditions); a cut in the
-    middle of a word reads as a different word. The cut falls at the last space, comma or semicolon
-    in the second half of the room, else at the last word boundary (a label selector, a path), else at
-    `limit` (one word longer than half of it)."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    room = max(1, limit - 4)
-    head = text[:room + 1]
-    cut = max(head.rfind(" "), head.rfind(",") + 1, head.rfind(";") + 1)
-    if cut <= room // 2:
-        bounds = [m.start() for m in _WORD_END.finditer(head) if m.start() <= room]
-        cut = bounds[-1] if bounds and bounds[-1] > room // 2 else room
-    return text[:cut].rstrip(" ,;:") + " ..."
 
 
 def _is_restart_of(job: str) -> Callable[[cluster_.ApiEvent], bool]:
-    return lambda e: e.reason == RESTARTED and e.kind == "PyTorchJob" and e.name == job
+    return lambda e: e.reason == playing.RESTARTED and e.kind == "PyTorchJob" and e.name == job
 
 
 def _about_pod(detector: str, pod: str) -> Callable[[model.CollectorEvent], bool]:
@@ -171,26 +56,27 @@ def _worker(c: cluster_.SimCluster, job: str) -> str:
 
 
 def _fail(c: cluster_.SimCluster, pod: str, message: str) -> None:
-    c.kubelets.fail_container(NS, pod, cluster_.CONTAINER, exit_code=1, reason="Error", message=message)
+    c.kubelets.fail_container(playing.NS, pod, cluster_.CONTAINER, exit_code=1, reason="Error", message=message)
 
 
-async def _restart_flow(run: Run, f: FaultRecord, job: str, old: set[str], detector: str, pod: str) -> None:
-    await run.detected(f, _about_pod(detector, pod), f"{detector} to report Pod {NS}/{pod}")
-    await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+async def _restart_flow(run: playing.Run, f: playing.FaultRecord, job: str, old: set[str], detector: str,
+                        pod: str) -> None:
+    await run.detected(f, _about_pod(detector, pod), f"{detector} to report Pod {playing.NS}/{pod}")
+    await run.acted(f, _is_restart_of(job), f"a {playing.RESTARTED} Event for PyTorchJob {playing.NS}/{job}")
     await run.recovered(f, job, old)
 
 
-def _once(run: Run, job: str, *, deletes: int = 1) -> None:
+def _once(run: playing.Run, job: str, *, deletes: int = 1) -> None:
     c = run.cluster
-    got = len(run.api_events(RESTARTED, job))
-    run.check(f"PyTorchJob {NS}/{job} restarted exactly once ({RESTARTED} Events: {got})", got == 1)
+    got = len(run.api_events(playing.RESTARTED, job))
+    run.check(f"PyTorchJob {playing.NS}/{job} restarted exactly once ({playing.RESTARTED} Events: {got})", got == 1)
     # a PyTorchJob's pods carry no uid label: kcover deletes each pod it verified, with its uid as precondition
     calls = c.srv.request_counts.get("DELETE pods", 0)
     want = deletes * c.size.pods_per_job
     run.check(f"{want} uid-preconditioned pod deletes (made {calls})", calls == want)
 
 
-def _others_untouched(run: Run, before: Mapping[str, set[str]]) -> None:
+def _others_untouched(run: playing.Run, before: Mapping[str, set[str]]) -> None:
     c = run.cluster
     moved = [job for job, uids in before.items() if c.pod_uids(job) != uids]
     run.check("the other jobs were left alone", not moved, ", ".join(moved))
@@ -212,21 +98,21 @@ async def _post_event(kube: client_.KubeClient, namespace: str, involved: dict[s
 
 # ---------------------------------------------------------------------------------------------- scenarios
 
-async def pod_error(run: Run) -> None:
+async def pod_error(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     pod = _worker(c, job)
     old = c.pod_uids(job)
     others = {j: c.pod_uids(j) for j in c.jobs if j != job}
-    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    f = run.fault("container-error", f"Pod {playing.NS}/{pod}", "container pytorch exits with code 1 (Error)")
     _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
     await _restart_flow(run, f, job, old, "pod-status", pod)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     _once(run, job)
     _others_untouched(run, others)
 
 
-async def gpu_xid(run: Run) -> None:
+async def gpu_xid(run: playing.Run) -> None:
     c = run.cluster
     node = str(c.running_pods(c.jobs[0])[1]["spec"]["nodeName"])
     jobs = c.jobs_on_node(node)
@@ -243,14 +129,15 @@ async def gpu_xid(run: Run) -> None:
                       if cond["type"] == "KcoverGPUHealthy" and cond["status"] == "False"), None)
         return dict(found) if found else None
 
-    cond = await c.until(condition, WAIT, f"KcoverGPUHealthy=False on Node {node}")
+    cond = await c.until(condition, playing.WAIT, f"KcoverGPUHealthy=False on Node {node}")
     run.note("agent", f"Node {node}: condition KcoverGPUHealthy=False ({cond.get('reason')})")
-    await run.acted(f, lambda e: e.reason == CORDONED and e.name == node, f"a {CORDONED} Event for {node}")
+    await run.acted(f, lambda e: e.reason == playing.CORDONED and e.name == node,
+                    f"a {playing.CORDONED} Event for {node}")
     for job in jobs:
-        await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+        await run.acted(f, _is_restart_of(job), f"a {playing.RESTARTED} Event for PyTorchJob {playing.NS}/{job}")
     for job in jobs:
         await run.recovered(f, job, old[job])
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     spec = c.srv.store.get("nodes", "", node)["spec"]
     taints = [t.get("key") for t in spec.get("taints") or []]
     run.check(f"Node {node} is cordoned (spec.unschedulable)", spec.get("unschedulable") is True)
@@ -260,47 +147,48 @@ async def gpu_xid(run: Run) -> None:
     cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
     run.check("only that node was cordoned", cordoned == [node], ", ".join(cordoned))
     for job in jobs:
-        got = len(run.api_events(RESTARTED, job))
-        run.check(f"PyTorchJob {NS}/{job} (pods on {node}) restarted exactly once ({got})", got == 1)
+        got = len(run.api_events(playing.RESTARTED, job))
+        run.check(f"PyTorchJob {playing.NS}/{job} (pods on {node}) restarted exactly once ({got})", got == 1)
         stuck = [p["metadata"]["name"] for p in c.job_pods(job) if p["spec"].get("nodeName") == node]
-        run.check(f"PyTorchJob {NS}/{job} came back on other nodes", not stuck, ", ".join(stuck))
+        run.check(f"PyTorchJob {playing.NS}/{job} came back on other nodes", not stuck, ", ".join(stuck))
 
 
-async def dra_unhealthy(run: Run) -> None:
+async def dra_unhealthy(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     pod = _worker(c, job)
-    node = str(c.srv.store.get("pods", NS, pod)["spec"]["nodeName"])
+    node = str(c.srv.store.get("pods", playing.NS, pod)["spec"]["nodeName"])
     old = c.pod_uids(job)
     device = f"gpu.nvidia.com/{node}/gpu-2"
-    f = run.fault("dra-device-unhealthy", f"Pod {NS}/{pod}", f"allocatedResourcesStatus: {device} turns Unhealthy")
-    c.kubelets.set_device_health(NS, pod, cluster_.CONTAINER, resource_name=cluster_.GPU_RESOURCE_STATUS,
+    f = run.fault("dra-device-unhealthy", f"Pod {playing.NS}/{pod}",
+                  f"allocatedResourcesStatus: {device} turns Unhealthy")
+    c.kubelets.set_device_health(playing.NS, pod, cluster_.CONTAINER, resource_name=cluster_.GPU_RESOURCE_STATUS,
                                  resource_id=device, health="Unhealthy",
                                  message="XID 79: GPU has fallen off the bus")
     await _restart_flow(run, f, job, old, "dra-health", pod)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     _once(run, job)
 
 
-async def event_annotation(run: Run) -> None:
+async def event_annotation(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
-    pod = c.srv.store.get("pods", NS, _worker(c, job))
+    pod = c.srv.store.get("pods", playing.NS, _worker(c, job))
     name = str(pod["metadata"]["name"])
     old = c.pod_uids(job)
     async with client_.from_configuration(c.srv.kube_configuration()) as kube:
-        f = run.fault("recovery-event", f"Pod {NS}/{name}",
+        f = run.fault("recovery-event", f"Pod {playing.NS}/{name}",
                       "an external health checker posts an Event annotated kcover.io/need-recovery=true")
-        await _post_event(kube, NS, {"kind": "Pod", "apiVersion": "v1", "namespace": NS, "name": name,
+        await _post_event(kube, playing.NS, {"kind": "Pod", "apiVersion": "v1", "namespace": playing.NS, "name": name,
                                      "uid": pod["metadata"]["uid"]},
                           reason="NCCLAllReduceHang", message="all-reduce stalled for 300s on rank 1",
                           controller="healthcheck.example.com/checker")
     await _restart_flow(run, f, job, old, "event-watcher", name)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     _once(run, job)
 
 
-async def restart_storm(run: Run) -> None:
+async def restart_storm(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     budget = int(RESTART_STORM.overrides["recovery"]["max_restarts_per_window"])
@@ -308,21 +196,21 @@ async def restart_storm(run: Run) -> None:
         await asyncio.sleep(0.8)  # longer than the 0.5 s cooldown: only the budget may stop kcover
         pod = _worker(c, job)
         old = c.pod_uids(job)
-        f = run.fault("container-error", f"Pod {NS}/{pod}", f"the job fails on start (failure {attempt})")
+        f = run.fault("container-error", f"Pod {playing.NS}/{pod}", f"the job fails on start (failure {attempt})")
         _fail(c, pod, "RuntimeError: CUDA out of memory while loading the checkpoint")
-        await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
-        found = await run.acted(f, lambda e: e.reason in (RESTARTED, SKIPPED) and e.name == job,
-                                f"kcover to restart or refuse PyTorchJob {NS}/{job}")
-        if found.reason == SKIPPED:
-            run.note("refused", clip(found.message, 160), found.at)
+        await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {playing.NS}/{pod}")
+        found = await run.acted(f, lambda e: e.reason in (playing.RESTARTED, playing.SKIPPED) and e.name == job,
+                                f"kcover to restart or refuse PyTorchJob {playing.NS}/{job}")
+        if found.reason == playing.SKIPPED:
+            run.note("refused", playing.clip(found.message, 160), found.at)
             break
         await run.recovered(f, job, old)
-    await asyncio.sleep(SETTLE)
-    restarts = len(run.api_events(RESTARTED, job))
+    await asyncio.sleep(playing.SETTLE)
+    restarts = len(run.api_events(playing.RESTARTED, job))
     run.check(f"restarts stopped at the budget of {budget} ({restarts})", restarts == budget)
-    why = [e.message for e in run.api_events(SKIPPED, job)]
-    run.check(f"a {SKIPPED} Event says the budget is exhausted",
-              any("budget exhausted" in m for m in why), clip(why[0], 120) if why else "none")
+    why = [e.message for e in run.api_events(playing.SKIPPED, job)]
+    run.check(f"a {playing.SKIPPED} Event says the budget is exhausted",
+              any("budget exhausted" in m for m in why), playing.clip(why[0], 120) if why else "none")
     calls = c.srv.request_counts.get("DELETE pods", 0)
     run.check(f"{budget} restarts' uid-preconditioned pod deletes ({calls})", calls == budget * c.size.pods_per_job)
     run.check("the job's pods were left in place after the refusal",
@@ -332,31 +220,32 @@ async def restart_storm(run: Run) -> None:
                 or any(t.get("key", "").startswith("kcover.io/")
                        for t in c.srv.store.get("nodes", "", n)["spec"].get("taints") or [])]
     run.check(f"no node was cordoned or tainted ({', '.join(cordoned) or 'none'})", not cordoned)
-    run.check(f"no {CORDONED} Event", not [e for e in c.api_events if e.at >= run.started and e.reason == CORDONED])
+    run.check(f"no {playing.CORDONED} Event",
+              not [e for e in c.api_events if e.at >= run.started and e.reason == playing.CORDONED])
 
 
-async def leader_failover(run: Run) -> None:
+async def leader_failover(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     leader = c.leader()
     assert leader is not None
     pod = _worker(c, job)
     old = c.pod_uids(job)
-    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    f = run.fault("container-error", f"Pod {playing.NS}/{pod}", "container pytorch exits with code 1 (Error)")
     _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
     c.kill(leader)
     run.note("kill", f"leader {leader.identity} killed mid-recovery; its Lease is not released")
-    successor = await c.until(c.leader, WAIT, "a successor to take the Lease")
+    successor = await c.until(c.leader, playing.WAIT, "a successor to take the Lease")
     run.note("lease", f"{successor.identity} acquired the Lease")
-    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
-    found = await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {playing.NS}/{pod}")
+    found = await run.acted(f, _is_restart_of(job), f"a {playing.RESTARTED} Event for PyTorchJob {playing.NS}/{job}")
     await run.recovered(f, job, old)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     run.check(f"the successor acted ({found.instance})", found.instance == successor.identity)
     _once(run, job)
 
 
-async def leader_crash_after_intent(run: Run) -> None:
+async def leader_crash_after_intent(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     leader = c.leader()
@@ -374,21 +263,21 @@ async def leader_crash_after_intent(run: Run) -> None:
         return await request(method, path, **kwargs)
 
     vars(leader.kube)["request"] = dies_at_the_delete  # the fault: this replica's process dies right here
-    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with code 1 (Error)")
+    f = run.fault("container-error", f"Pod {playing.NS}/{pod}", "container pytorch exits with code 1 (Error)")
     _fail(c, pod, "torch.distributed.elastic.multiprocessing.api: worker group failed (exitcode: 1)")
-    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
-    await c.until(lambda: leader.killed, WAIT, f"the leader {leader.identity} to record the restart and die")
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {playing.NS}/{pod}")
+    await c.until(lambda: leader.killed, playing.WAIT, f"the leader {leader.identity} to record the restart and die")
     intent = _ledger_intent(c, job)
     run.check(f"the dead leader left a pending restart intent in the ledger ({intent.get('l')})",
               intent.get("l") == leader.identity)
-    successor = await c.until(c.leader, WAIT, "a successor to take the Lease")
+    successor = await c.until(c.leader, playing.WAIT, "a successor to take the Lease")
     run.note("lease", f"{successor.identity} acquired the Lease")
-    found = await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    found = await run.acted(f, _is_restart_of(job), f"a {playing.RESTARTED} Event for PyTorchJob {playing.NS}/{job}")
     await run.recovered(f, job, old)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     run.check(f"the successor finished the restart ({found.instance})", found.instance == successor.identity)
     run.check("its Event says it finished the dead leader's restart", "finishing the restart" in found.message,
-              clip(found.message, 160))
+              playing.clip(found.message, 160))
     _once(run, job)
 
 
@@ -404,7 +293,7 @@ def _ledger_intent(c: cluster_.SimCluster, job: str) -> dict[str, Any]:
     return {}
 
 
-async def forged_event(run: Run) -> None:
+async def forged_event(run: playing.Run) -> None:
     c = run.cluster
     node = c.nodes[0]
     before = c.metric("kcover_events_rejected_total", {"reason": "namespace_not_allowed"})
@@ -416,15 +305,16 @@ async def forged_event(run: Run) -> None:
                           reason="GPUFailure", message="all GPUs failed, cordon now",
                           controller="kcover.io/agent")
     await c.until(lambda: c.metric("kcover_events_rejected_total", {"reason": "namespace_not_allowed"}) > before,
-                  WAIT, "the event watcher to refuse the Event")
+                  playing.WAIT, "the event watcher to refuse the Event")
     f.detected_at = clock_.utcnow()
     f.action = "refused"
     run.note("refused", "event-watcher refused the Event: namespace_not_allowed "
                         "(kcover_events_rejected_total{reason=\"namespace_not_allowed\"} +1)", f.detected_at)
-    await asyncio.sleep(SETTLE * 1.5)
+    await asyncio.sleep(playing.SETTLE * 1.5)
     cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
     run.check("no node was cordoned", not cordoned, ", ".join(cordoned))
-    acted = [e.reason for e in c.api_events if e.at >= run.started and e.reason in (RESTARTED, CORDONED)]
+    acted = [e.reason for e in c.api_events
+             if e.at >= run.started and e.reason in (playing.RESTARTED, playing.CORDONED)]
     run.check("no recovery action was taken", not acted, ", ".join(acted))
     leader = c.leader()
     counted = (leader.metrics.registry.get_sample_value("kcover_events_rejected_total",
@@ -438,48 +328,51 @@ LOG_TAIL = """[rank1]:[W] ProcessGroupNCCL.cpp:1250] NCCL WARN Net : Connection 
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED"""
 
 
-async def log_classified(run: Run) -> None:
+async def log_classified(run: playing.Run) -> None:
     c = run.cluster
     job = c.jobs[0]
     pod = _worker(c, job)
     old = c.pod_uids(job)
-    f = run.fault("container-error", f"Pod {NS}/{pod}", "container pytorch exits with an NCCL error in its log")
-    c.srv.append_log(NS, pod, cluster_.CONTAINER, LOG_TAIL)
+    f = run.fault("container-error", f"Pod {playing.NS}/{pod}",
+                  "container pytorch exits with an NCCL error in its log")
+    c.srv.append_log(playing.NS, pod, cluster_.CONTAINER, LOG_TAIL)
     _fail(c, pod, "exit status 1")
-    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {NS}/{pod}")
-    classified = await c.until(lambda: c.detection(_about_pod("logscan", pod), f.injected_at), WAIT,
+    await run.detected(f, _about_pod("pod-status", pod), f"pod-status to report Pod {playing.NS}/{pod}")
+    classified = await c.until(lambda: c.detection(_about_pod("logscan", pod), f.injected_at), playing.WAIT,
                                "logscan to classify the log")
     run.check("logscan classified the failure as communication",
               classified.event.reason == "LogClassifiedCommunication", classified.event.reason)
-    await run.acted(f, _is_restart_of(job), f"a {RESTARTED} Event for PyTorchJob {NS}/{job}")
+    await run.acted(f, _is_restart_of(job), f"a {playing.RESTARTED} Event for PyTorchJob {playing.NS}/{job}")
     await run.recovered(f, job, old)
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(playing.SETTLE)
     _once(run, job)
 
 
-RESTART_STORM = Scenario("restart-storm", "a job that fails on every start: restarts stop at the budget (3), "
-                         "a KcoverRecoverySkipped Event says why", restart_storm,
-                         overrides={"recovery": {"max_restarts_per_window": 3, "workload_cooldown_seconds": 0.5}})
+RESTART_STORM = playing.Scenario(
+    "restart-storm", "a job that fails on every start: restarts stop at the budget (3), a KcoverRecoverySkipped "
+    "Event says why", restart_storm,
+    overrides={"recovery": {"max_restarts_per_window": 3, "workload_cooldown_seconds": 0.5}})
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("pod-error", "a worker exits with Error: its job is restarted exactly once and runs again",
-             pod_error),
-    Scenario("gpu-xid", "XID 79 on one GPU: the agent marks the node, kcover cordons and taints it and restarts "
-             "the jobs with pods there, which come back on other nodes", gpu_xid),
-    Scenario("dra-unhealthy", "a pod's allocated DRA device turns Unhealthy: its job is restarted", dra_unhealthy),
-    Scenario("event-annotation", "an external system posts an Event annotated kcover.io/need-recovery=true "
-             "about a pod: its job is restarted", event_annotation),
+SCENARIOS: dict[str, playing.Scenario] = {s.name: s for s in (
+    playing.Scenario("pod-error", "a worker exits with Error: its job is restarted exactly once and runs again",
+                     pod_error),
+    playing.Scenario("gpu-xid", "XID 79 on one GPU: the agent marks the node, kcover cordons and taints it and "
+                     "restarts the jobs with pods there, which come back on other nodes", gpu_xid),
+    playing.Scenario("dra-unhealthy", "a pod's allocated DRA device turns Unhealthy: its job is restarted",
+                     dra_unhealthy),
+    playing.Scenario("event-annotation", "an external system posts an Event annotated "
+                     "kcover.io/need-recovery=true about a pod: its job is restarted", event_annotation),
     RESTART_STORM,
-    Scenario("leader-failover", "the leader is killed right after a fault (Lease not released): the successor "
-             "restarts the job exactly once", leader_failover),
-    Scenario("leader-crash-after-intent", "the leader dies after recording a restart in the ledger but before "
-             "deleting the pods: the successor finishes that restart, exactly once, within the cooldown",
-             leader_crash_after_intent),
-    Scenario("forged-event", "a tenant posts an annotated Event about a Node naming kcover's agent: nothing is cordoned, "
-             "the refusal is counted", forged_event),
-    Scenario("log-classified", "a worker exits with an NCCL error in its log: pod-status reports it, the logscan "
-             "plugin classifies it as communication, the job is restarted", log_classified,
-             overrides={"detectors": {"entries": {"logscan": {}}}}, plugin="logscan"),
+    playing.Scenario("leader-failover", "the leader is killed right after a fault (Lease not released): the "
+                     "successor restarts the job exactly once", leader_failover),
+    playing.Scenario("leader-crash-after-intent", "the leader dies after recording a restart in the ledger but "
+                     "before deleting the pods: the successor finishes that restart, exactly once, within the "
+                     "cooldown", leader_crash_after_intent),
+    playing.Scenario("forged-event", "a tenant posts an annotated Event about a Node naming kcover's agent: "
+                     "nothing is cordoned, the refusal is counted", forged_event),
+    playing.Scenario("log-classified", "a worker exits with an NCCL error in its log: pod-status reports it, the "
+                     "logscan plugin classifies it as communication, the job is restarted", log_classified,
+                     overrides={"detectors": {"entries": {"logscan": {}}}}, plugin="logscan"),
 )}
 
 from kcover.sim import loopscenarios  # noqa: E402  (they build on this module's helpers)
@@ -488,7 +381,7 @@ SCENARIOS.update({s.name: s for s in loopscenarios.SCENARIOS})
 DEFAULT = "pod-error"
 
 
-def catalogue() -> dict[str, Scenario]:
+def catalogue() -> dict[str, playing.Scenario]:
     """The built-in scenarios, then those plugins register in `kcover.sim.scenarios` (built-in names win)."""
     found = dict(SCENARIOS)
     for ep in md.entry_points(group=ENTRY_POINT_GROUP):
@@ -499,7 +392,7 @@ def catalogue() -> dict[str, Scenario]:
         except Exception as exc:  # a broken plugin must not take the sim down
             log.error("sim_scenario_plugin_failed", scenario=ep.name, entry_point=ep.value, error=repr(exc))
             continue
-        if not isinstance(scenario, Scenario) or scenario.name != ep.name:
+        if not isinstance(scenario, playing.Scenario) or scenario.name != ep.name:
             log.error("sim_scenario_plugin_invalid", scenario=ep.name, entry_point=ep.value)
             continue
         found[ep.name] = scenario

@@ -88,7 +88,7 @@ async def probe(mode: str) -> dict[str, Any]:
     import kcover_probe_plugins as plugins  # type: ignore[import-not-found]
 
     from kcover.sim import cluster as cluster_
-    from kcover.sim import scenarios
+    from kcover.sim import playing, scenarios
 
     name = "flooder" if mode == "flood" else "sleeper"
     overrides = {"detectors": {"entries": {name: {}}}}
@@ -123,7 +123,7 @@ async def probe(mode: str) -> dict[str, Any]:
         detected = await c.until(lambda: c.detection(
             lambda e: e.detector == "pod-status" and e.target.name == pod, started), 30, "detection")
         detect_s = time.perf_counter() - injected
-        await c.until(lambda: c.api_event(lambda e: e.reason == scenarios.RESTARTED and e.name == job, started), 30,
+        await c.until(lambda: c.api_event(lambda e: e.reason == playing.RESTARTED and e.name == job, started), 30,
                       "the restart")
         act_s = time.perf_counter() - injected
         await asyncio.sleep(1.0)

@@ -22,7 +22,7 @@ import pytest
 
 from kcover import cli
 from kcover.sim import cluster as cluster_
-from kcover.sim import scenarios
+from kcover.sim import playing, scenarios
 from kcover.status import deployed, gathering
 from kcover.status import report as status_
 
@@ -42,7 +42,7 @@ async def test_status_names_the_cordoned_node_and_the_restarted_jobs_during_gpu_
                                    agent_overrides=scenario.agent_overrides) as c:
         node = str(c.running_pods(c.jobs[0])[1]["spec"]["nodeName"])
         jobs = c.jobs_on_node(node)
-        await scenario.play(scenarios.Run(c))
+        await scenario.play(playing.Run(c))
         kubeconfig = str(c.srv.write_kubeconfig(tmp_path / "kubeconfig"))
         running = c.replicas[0].controller.settings.recovery
         for _ in range(50):  # the Recovery writer runs beside the engine

@@ -18,7 +18,7 @@ import pytest
 
 from kcover.recovery import recoveries
 from kcover.sim import cluster as cluster_
-from kcover.sim import scenarios
+from kcover.sim import playing, scenarios
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "scenarios"))
 import recordkit
@@ -76,7 +76,7 @@ async def test_one_recovery_per_action_with_its_phase(name: str, tmp_path: Path)
                                    agent_overrides=scenario.agent_overrides) as c:
         node = str(c.running_pods(c.jobs[0])[1]["spec"]["nodeName"])  # where gpu-xid strikes
         on_node = len(c.jobs_on_node(node))
-        run = scenarios.Run(c)
+        run = playing.Run(c)
         async with asyncio.timeout(scenario.timeout):
             await scenario.play(run)
         assert all(check.ok for check in run.checks), [check.text for check in run.checks if not check.ok]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import exposition
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcover.sim import cluster, scenarios
+from kcover.sim import cluster, playing, scenarios
 
 SIZE = cluster.Size(nodes=2, gpus_per_node=2, jobs=2, seed=7)
 
@@ -26,7 +26,7 @@ def _samples(text: str, name: str) -> dict[str, float]:
 
 async def test_mttr_on_metrics_matches_the_pod_error_timeline() -> None:
     async with cluster.SimCluster(SIZE) as c:
-        run = scenarios.Run(c)
+        run = playing.Run(c)
         await scenarios.pod_error(run)
         leader = c.leader()
         assert leader is not None

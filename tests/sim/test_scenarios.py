@@ -15,7 +15,7 @@ import structlog.testing
 from kcover import wiring
 from kcover.cli import parsing
 from kcover.detectors import registry
-from kcover.sim import cluster, running, scenarios
+from kcover.sim import cluster, playing, running, scenarios
 
 SMALL = cluster.Size(nodes=2, gpus_per_node=4, jobs=2, seed=7)
 """Room for one node's pods on the other: the scheduler counts GPUs, and a cordon must not strand a job."""
@@ -93,7 +93,7 @@ def test_cli_lists_scenarios_and_refuses_unknown_ones() -> None:
 
 
 async def test_a_scenario_whose_plugin_is_missing_does_not_pass_and_says_why() -> None:
-    needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
+    needs = playing.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
                                plugin="no-such-plugin")
     report = await running.run_scenario(needs, SMALL)
     assert not report.passed
@@ -106,7 +106,7 @@ async def test_a_scenario_whose_plugin_is_missing_does_not_pass_and_says_why() -
 def test_cli_exits_non_zero_for_a_scenario_that_cannot_run(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """`kcover sim log-classified` without the logscan plugin once printed SKIPPED and exited 0."""
-    needs = scenarios.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
+    needs = playing.Scenario("needs-plugin", "needs a plugin that is not installed", scenarios.pod_error,
                                plugin="no-such-plugin")
     monkeypatch.setitem(scenarios.SCENARIOS, needs.name, needs)
     args = parsing.build_parser(wiring.ROLES, command="sim").parse_args(["sim", needs.name, "--nodes", "2"])
@@ -139,8 +139,8 @@ async def test_the_closed_loop_scenarios_pass_at_the_clis_default_size(name: str
     ("x" * 50, 20, "x" * 16 + " ..."),
 ])
 def test_clip_cuts_on_a_word_boundary(text: str, limit: int, want: str) -> None:
-    assert scenarios.clip(text, limit) == want
-    assert len(scenarios.clip(text, limit)) <= limit
+    assert playing.clip(text, limit) == want
+    assert len(playing.clip(text, limit)) <= limit
 
 
 def test_timeline_event_messages_end_on_a_word() -> None:
@@ -156,7 +156,7 @@ def test_timeline_event_messages_end_on_a_word() -> None:
                                                "controller) after ContainerError from pod-status: the worker exited")]
 
     started = running.dt.datetime.now(running.dt.UTC) - running.dt.timedelta(seconds=1)
-    run = scenarios.Run(Cluster(), started=started)  # type: ignore[arg-type]
+    run = playing.Run(Cluster(), started=started)  # type: ignore[arg-type]
     [(_, tag, text)] = running.timeline(run)
     event = Cluster.api_events[0]
     full = f"Event {event.reason} on PyTorchJob ml/train-0 by kcover-controller-a: {event.message}"

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kcover.sim import cluster as cluster_
-from kcover.sim import scenarios as scenarios_
-from kcover.sim import tables
+from kcover.sim import playing, tables
 from kcover_preflight import initcontainer, judge, reports, resources, synthetic
 
 NS = cluster_.NAMESPACE
@@ -107,7 +106,7 @@ def _last_pfrs(c: cluster_.SimCluster, since: int) -> list[dict[str, Any]]:
     return [o for o in last.values() if o["metadata"].get("namespace") == NS and o["spec"].get("workloadName") == JOB]
 
 
-async def play(run: scenarios_.Run) -> None:
+async def play(run: playing.Run) -> None:
     c = run.cluster
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     try:
@@ -116,12 +115,12 @@ async def play(run: scenarios_.Run) -> None:
         shutil.rmtree(REPORT_DIR, ignore_errors=True)
 
 
-async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
+async def _play(run: playing.Run, c: cluster_.SimCluster) -> None:
     since = c.srv.store.resource_version
     # as many GPUs a pod as the cluster's own jobs ask: the simulated scheduler counts them, and with the
     # slow node cordoned the restarted ranks must fit on the other nodes beside those jobs' pods
     c.srv.store.create("pytorchjobs.kubeflow.org", job_manifest(gpus=c.size.gpus_per_pod))
-    await c.until(lambda: len(c.running_pods(JOB)) == NODES, scenarios_.WAIT,
+    await c.until(lambda: len(c.running_pods(JOB)) == NODES, playing.WAIT,
                   f"PyTorchJob {NS}/{JOB}: {NODES} pods past their preflight init container")
     pods = c.running_pods(JOB)
     old = c.pod_uids(JOB)
@@ -131,16 +130,16 @@ async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
     f = run.fault("preflight-slow-node", f"Node {slow}",
                   f"every pair with {slow} runs at NVLink-disabled speed (19.98 GB/s against 370.70 GB/s at 8 GiB)")
     write_reports(REPORT_DIR, NS, JOB, pods, slow_rank=SLOW_RANK)
-    await c.until(lambda: len(_pfrs(c)) == NODES, scenarios_.WAIT, f"{NODES} PreflightReports from the agents")
+    await c.until(lambda: len(_pfrs(c)) == NODES, playing.WAIT, f"{NODES} PreflightReports from the agents")
     run.note("agent", f"{NODES} PreflightReports created for PyTorchJob {NS}/{JOB}")
     await run.detected(f, lambda e: e.reason == judge.SLOW and e.target.name == slow,
                        f"the preflight detector to find {slow} slow")
-    await run.acted(f, lambda e: e.reason == scenarios_.CORDONED and e.name == slow,
-                    f"a {scenarios_.CORDONED} Event for {slow}")
-    await run.acted(f, lambda e: e.reason == scenarios_.RESTARTED and e.name == JOB,
-                    f"a {scenarios_.RESTARTED} Event for PyTorchJob {NS}/{JOB}")
+    await run.acted(f, lambda e: e.reason == playing.CORDONED and e.name == slow,
+                    f"a {playing.CORDONED} Event for {slow}")
+    await run.acted(f, lambda e: e.reason == playing.RESTARTED and e.name == JOB,
+                    f"a {playing.RESTARTED} Event for PyTorchJob {NS}/{JOB}")
     await run.recovered(f, JOB, old)
-    await asyncio.sleep(scenarios_.SETTLE)
+    await asyncio.sleep(playing.SETTLE)
 
     spec = c.srv.store.get("nodes", "", slow)["spec"]
     run.check(f"Node {slow} is cordoned (spec.unschedulable)", spec.get("unschedulable") is True)
@@ -148,7 +147,7 @@ async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
     run.check(f"Node {slow} carries the kcover.io/unhealthy taint", "kcover.io/unhealthy" in taints, str(taints))
     cordoned = [n for n in c.nodes if c.srv.store.get("nodes", "", n)["spec"].get("unschedulable")]
     run.check("only that node was cordoned", cordoned == [slow], ", ".join(cordoned))
-    restarts = len(run.api_events(scenarios_.RESTARTED, JOB))
+    restarts = len(run.api_events(playing.RESTARTED, JOB))
     run.check(f"PyTorchJob {NS}/{JOB} restarted exactly once ({restarts})", restarts == 1)
     stuck = [p["metadata"]["name"] for p in c.job_pods(JOB) if p["spec"].get("nodeName") == slow]
     run.check(f"PyTorchJob {NS}/{JOB} came back on the other nodes", not stuck, ", ".join(stuck))
@@ -166,7 +165,7 @@ async def _play(run: scenarios_.Run, c: cluster_.SimCluster) -> None:
         f"{(o.get('status') or {}).get('minBusbwGbps')}" for o in sorted(last, key=lambda o: o["spec"]["rank"])))
 
 
-SCENARIO = scenarios_.Scenario(
+SCENARIO = playing.Scenario(
     "preflight-slow-node",
     "an 8-node job's preflight (pairwise nccl-tests) finds one node at NVLink-disabled speed: kcover cordons it, "
     "restarts the job, which runs again on the other nodes",
