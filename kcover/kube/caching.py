@@ -2,7 +2,7 @@
 
 Owns one reflector per watched collection (pods, nodes, Events, DRA ResourceSlices, each configured
 workload kind, and for the controller Namespaces and the controls ConfigMap), which keep the
-`indexing.ClusterIndex` it is (the records, their indexes, the reads of `policy.ClusterSnapshot`, change
+`indexing.ClusterIndex` it is (the records, their indexes, the reads of `recovery.planinputs.Snapshot`, change
 subscriptions), readiness (every reflector finished its first list, and none has kept failing since:
 `Reflector.synced`), and building one from the settings. Owner resolution and opt-in are `ownership`'s,
 "is this a GPU node" is `gpus`'.

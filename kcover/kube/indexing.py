@@ -5,7 +5,7 @@ Namespaces, the controls ConfigMap), the indexes the detectors and the recovery 
 by namespace/name, by node, by owner uid, by membership label; nodes by name; workloads by uid and by
 (group, kind, namespace, name); ResourceSlice drivers by node; the nodes kcover cordoned and the count of
 GPU nodes, kept as nodes change), the sinks that keep them as records come and go, the reads of
-`policy.ClusterSnapshot`, and change subscriptions delivered in order, synchronously after the index was
+`recovery.planinputs.Snapshot`, and change subscriptions delivered in order, synchronously after the index was
 updated. It does not own the reflectors that feed it, readiness or the settings (`caching`); owner
 resolution and opt-in are `ownership`'s, "is this a GPU node" is `gpus`'.
 

@@ -163,7 +163,9 @@ class RecoveryEngine:
             await self._unavailable(exc)
             return False
         if fresh:
-            await self._enter_cordons(settled=0.0)  # nothing of this term is in flight yet
+            # a load starts a term (or follows the ledger's return): every cordon found counts; one still
+            # writing its own entry meanwhile is entered twice at worst, to the same effect
+            await self._enter_cordons(settled=0.0)
         if self._unavailable_said:
             log.info("recovery_ledger_available")
             self._unavailable_said = False
