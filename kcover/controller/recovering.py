@@ -36,6 +36,7 @@ from kcover.recovery import (
     escalating,
     holding,
     ledger,
+    ledgerentries,
     logsaving,
     recording,
     recoveries,
@@ -195,17 +196,19 @@ def build(deps: EngineDeps) -> LeaderEngine:
     return leader
 
 
-def _on_hold_dropped(recorder: recording.Recorder,
-                     clock: clock_.Clock) -> Callable[[str, str, holding.DropCode], None]:
+def _on_hold_dropped(recorder: recording.Recorder, clock: clock_.Clock
+                     ) -> Callable[[str, ledgerentries.HeldRestart, holding.Dropped], None]:
     """A held restart dropped without running: its Recovery leaves `Held` (Failed when given up at
-    `recovery.hold_seconds`, Recovered when the workload recovered by itself, Refused otherwise)."""
+    `recovery.hold_seconds`, Recovered when the workload recovered by itself, Refused otherwise), also
+    when an earlier leader held it (named from the ledger's entry, `recoveries.held_ref`)."""
     phases = {holding.DropCode.EXPIRED: (recoveries.Phase.FAILED, "given up"),
               holding.DropCode.RECOVERED: (recoveries.Phase.RECOVERED, "not restarted"),
               holding.DropCode.DROPPED: (recoveries.Phase.REFUSED, "not restarted")}
 
-    def dropped(key: str, why: str, code: holding.DropCode) -> None:
-        phase, said = phases[code]
-        recorder.phase(key, phase, at=clock.now().timestamp(), cause=code.value, message=f"{said}: {why}")
+    def dropped(key: str, held: ledgerentries.HeldRestart, why: holding.Dropped) -> None:
+        phase, said = phases[why.code]
+        recorder.phase(key, phase, at=clock.now().timestamp(), cause=why.code.value, message=f"{said}: {why}",
+                       known=recoveries.held_ref(key, held))
     return dropped
 
 

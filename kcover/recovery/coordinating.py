@@ -374,8 +374,9 @@ class Coordinator:
     async def hold(self, step: st.Hold) -> st.Outcome:
         """Keep a refused restart in the ledger, to plan it again when its blocker lifts."""
         now = self._clock.now().timestamp()
+        w = step.restart.workload
         held = ledgerentries.HeldRestart(code=step.code.value, text=step.text[:300], at=now, until=step.until,
-                                         cause=step.cause.model_dump_json())
+                                         cause=step.cause.model_dump_json(), workload=f"{w.kind}/{w.namespace}/{w.name}")
 
         prior: ledgerentries.HeldRestart | None = None
 
@@ -387,7 +388,7 @@ class Coordinator:
                 return "already held"
             entry.held = held if entry.held is None else ledgerentries.HeldRestart(
                 code=held.code, text=held.text, at=entry.held.at, until=min(held.until, entry.held.until),
-                cause=entry.held.cause)
+                cause=entry.held.cause, workload=entry.held.workload or held.workload)
             return None
 
         kept = await self._ledger.update(step.restart.unit_key, keep, now=now) is None

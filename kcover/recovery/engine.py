@@ -96,11 +96,12 @@ class RecoveryEngine:
     def __init__(self, snapshot: planinputs.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
                  devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None,
-                 on_hold_dropped: Callable[[str, str, holding.DropCode], None] | None = None) -> None:
+                 on_hold_dropped: Callable[[str, ledgerentries.HeldRestart, holding.Dropped], None] | None = None
+                 ) -> None:
         self._snapshot = snapshot
         self._on_hold_dropped = on_hold_dropped
-        """Told (ledger key, why, its code) when a held restart is dropped without running: the
-        Recovery it left `Held` is moved on."""
+        """Told (ledger key, the held entry, why with its code) when a held restart is dropped without
+        running: the Recovery it left `Held` is moved on, whichever leader held it."""
         self.ledger = ledger_
         self.coordinator = coordinator
         self._recovery = recovery
@@ -373,7 +374,7 @@ class RecoveryEngine:
             if dropped:
                 await self.coordinator.drop_hold(key, dropped)
                 if self._on_hold_dropped is not None:
-                    self._on_hold_dropped(key, dropped, dropped.code)
+                    self._on_hold_dropped(key, held, dropped)
                 if dropped.code is holding.DropCode.EXPIRED:
                     await self.say(st.Emit(self._unit_ref(held), "KcoverRecoveryFailed", "Hold",
                                             f"a restart held since {_when(held.at)} ({held.code}: {held.text}) was "

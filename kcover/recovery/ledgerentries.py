@@ -126,9 +126,15 @@ class HeldRestart:
     until: float
     cause: str
     """The cause `CollectorEvent`, as JSON: what is planned again."""
+    workload: str = ""
+    """`Kind/namespace/name` of the workload held: what names its Recovery, for a leader that did not hold it
+    (`recoveries.held_ref`); "" in entries written before it was kept."""
 
     def encode(self) -> dict[str, Any]:
-        return {"c": self.code, "x": self.text, "t": round(self.at, 3), "u": round(self.until, 3), "e": self.cause}
+        out = {"c": self.code, "x": self.text, "t": round(self.at, 3), "u": round(self.until, 3), "e": self.cause}
+        if self.workload:
+            out["w"] = self.workload
+        return out
 
     @classmethod
     def decode(cls, raw: Any) -> HeldRestart | None:
@@ -136,7 +142,7 @@ class HeldRestart:
             return None
         try:
             return cls(code=str(raw["c"]), text=str(raw.get("x", "")), at=float(raw["t"]), until=float(raw["u"]),
-                       cause=str(raw["e"]))
+                       cause=str(raw["e"]), workload=str(raw.get("w", ""))[:400])
         except (KeyError, TypeError, ValueError):
             return None
 

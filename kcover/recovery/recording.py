@@ -164,9 +164,11 @@ class Recorder:
         return namespace, name
 
     def phase(self, key: str, phase: recoveries.Phase, *, at: float, cause: str = "", message: str = "",
-              mttr_seconds: float | None = None) -> bool:
-        """Move the latest restart of ledger key `key` to `phase`; False when this leader did not record it."""
-        ref = self._by_key.get(key)
+              mttr_seconds: float | None = None, known: tuple[str, str] | None = None) -> bool:
+        """Move the latest restart of ledger key `key` to `phase`; False when this leader did not record it
+        and `known` does not name it ((namespace, name) of a Recovery another leader wrote: only its status
+        is patched, and nothing is kept if it is gone)."""
+        ref = self._by_key.get(key) or known
         if ref is None or not self.enabled:
             return False
         status: dict[str, Any] = {"phase": phase.value}

@@ -22,6 +22,7 @@ from typing import Any
 
 from kcover import model
 from kcover.aio import clock as clock_
+from kcover.recovery import ledgerentries
 from kcover.recovery import steps as st
 
 GROUP = "kcover.io"
@@ -152,6 +153,19 @@ def decision(step: st.Step) -> str:
     if isinstance(step, st.UntaintDevice):
         return "UntaintDevice"
     return "Skip" if isinstance(step, st.Refuse) else "Report"
+
+
+def held_ref(key: str, held: ledgerentries.HeldRestart) -> tuple[str, str] | None:
+    """(namespace, name) of the Recovery a held restart left `Held`, from its ledger entry alone (the key,
+    the workload, the cause), as `identity_of` named it when the restart was held: what a leader that did
+    not hold it moves on. None for an entry that does not say (written before the workload was kept, or a
+    cause that does not parse)."""
+    kind, _, rest = held.workload.partition("/")
+    namespace, _, name = rest.partition("/")
+    cause = held.event()
+    if not (kind and namespace and name) or cause is None:
+        return None
+    return namespace, name_for(f"{kind}-{name}", "restart", key, cause.id)
 
 
 def unit_key(step: st.Step) -> str:

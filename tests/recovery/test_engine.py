@@ -405,3 +405,29 @@ async def test_a_node_put_back_in_service_by_a_person_with_kcovers_marks_left_is
         assert node["spec"].get("unschedulable") is True
         assert [t["key"] for t in node["spec"]["taints"]] == [key]
         assert len(r.events("KcoverCordonedNode")) == 2
+
+
+async def test_a_restart_held_by_a_dead_leader_and_given_up_by_its_successor_leaves_its_recovery_failed() -> None:
+    """Held (paused) by one leader, which then goes; its successor gives the hold up at
+    `recovery.hold_seconds` and moves the Recovery the first leader wrote (named from the ledger's held
+    entry: the workload, the unit, the cause) to Failed, HoldExpired, instead of leaving it Held for good."""
+    objs = pytorchjob()
+    failing(objs[1])
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    async with engines.rig([*nodes(1), *objs, controls_map], overrides={"recovery": {"hold_seconds": 30.0}}) as r:
+        await r.handle(pod_fault("train-0"))
+        await r.records()
+        (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert held["status"]["phase"] == "Held"
+        assert held["spec"]["decision"]["leader"] == "kcover-test"
+        async with r.replica("successor", epoch=2) as successor:
+            await asyncio.sleep(31.0)
+            await successor.resume()
+            await r.settle()
+            await successor.recorder.flush()
+        (record,) = list(r.store.iter_objects("recoveries.kcover.io"))
+        assert record["metadata"]["name"] == held["metadata"]["name"]
+        assert (record["status"]["phase"], record["status"]["cause"]) == ("Failed", "HoldExpired")
+        assert "held past recovery.hold_seconds" in record["status"]["message"]
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted"

@@ -19,7 +19,7 @@ from kcover import errors, kinds, model
 from kcover.aio import clock as clock_
 from kcover.kube import projections as proj
 from kcover.kube import retrying
-from kcover.recovery import engine, ledgerentries
+from kcover.recovery import engine, ledgerentries, recoveries
 from kcover.recovery import steps as st
 
 pytestmark = pytest.mark.looptime
@@ -326,3 +326,18 @@ async def test_a_cordon_found_on_a_node_with_its_entry_written_is_not_entered_ag
             await b.resume()
             await r.settle()
         assert not {k for k in writes(before, r.requests) if "ledgerentries" in k}
+
+
+def test_a_held_entry_keeps_its_workload_and_one_written_without_it_still_reads() -> None:
+    """The held entry names its workload, so a successor can name the Recovery the hold left; an entry
+    written before it was kept reads with none, and names no Recovery."""
+    held = ledgerentries.HeldRestart(code="Paused", text="paused", at=1.0, until=2.0,
+                                     cause=fault("train-0").model_dump_json(), workload="PyTorchJob/ml/train")
+    assert ledgerentries.HeldRestart.decode(orjson.loads(orjson.dumps(held.encode()))) == held
+    namespace, name = recoveries.held_ref("w.train-uid", held) or ("", "")
+    assert namespace == "ml"
+    assert name.startswith("pytorchjob-train-")
+    older = ledgerentries.HeldRestart.decode({k: v for k, v in held.encode().items() if k != "w"})
+    assert older is not None
+    assert older.workload == ""
+    assert recoveries.held_ref("w.train-uid", older) is None
