@@ -64,6 +64,16 @@ def nodes(n: int) -> list[o.Obj]:
     return [o.node(f"n{i}") for i in range(n)]
 
 
+def paused_job(failing_pods: int = 1) -> list[o.Obj]:
+    """One node, a 4-pod PyTorchJob whose first `failing_pods` workers failed, and kcover paused cluster-wide."""
+    objs = pytorchjob()
+    for pod in objs[1:1 + failing_pods]:
+        failing(pod)
+    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
+    return [*nodes(1), *objs, controls_map]
+
+
 async def test_a_pod_fault_restarts_its_job_with_one_ledger_write_and_one_delete_per_pod() -> None:
     async with engines.rig([*nodes(2), *pytorchjob()]) as r:
         before = r.pod_uids()
@@ -118,11 +128,8 @@ async def test_five_node_faults_at_once_with_a_limit_of_one_cordon_exactly_one()
 
 
 async def test_a_restart_held_while_paused_runs_once_the_pause_is_lifted() -> None:
-    objs = pytorchjob()
-    failing(objs[1])
-    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
-    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+    paused = paused_job()
+    async with engines.rig(paused) as r:
         await r.handle(pod_fault("train-0"))
         assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted while paused"
         (held,) = r.events("KcoverRecoveryHeld")
@@ -142,12 +149,8 @@ async def test_a_restart_held_while_paused_runs_once_the_pause_is_lifted() -> No
 async def test_faults_held_on_one_job_share_the_held_restarts_recovery_and_none_stays_held() -> None:
     """A second fault of a job whose restart is held joins that restart: one Recovery (the first fault's)
     says it covers both and follows the restart, so no Recovery is left Held once it ran."""
-    objs = pytorchjob()
-    failing(objs[1])
-    failing(objs[2])
-    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
-    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+    paused = paused_job(failing_pods=2)
+    async with engines.rig(paused) as r:
         await r.handle(pod_fault("train-0"))
         second = pod_fault("train-1")
         await r.handle(second)
@@ -318,11 +321,8 @@ async def test_every_outcome_is_typed_and_every_refusal_has_a_code() -> None:
 async def test_a_held_restart_given_up_at_hold_seconds_leaves_its_recovery_failed_not_held() -> None:
     """Paused past `recovery.hold_seconds`: the hold is given up (KcoverRecoveryFailed) and its Recovery
     says so (Failed, HoldExpired) instead of staying Held for good."""
-    objs = pytorchjob()
-    failing(objs[1])
-    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
-    async with engines.rig([*nodes(1), *objs, controls_map], overrides={"recovery": {"hold_seconds": 30.0}}) as r:
+    paused = paused_job()
+    async with engines.rig(paused, overrides={"recovery": {"hold_seconds": 30.0}}) as r:
         await r.handle(pod_fault("train-0"))
         await r.records()
         (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
@@ -340,17 +340,14 @@ async def test_a_held_restart_given_up_at_hold_seconds_leaves_its_recovery_faile
 async def test_a_held_restart_whose_job_recovered_by_itself_leaves_its_recovery_recovered_not_held() -> None:
     """Held while paused; meanwhile the faulting pod is replaced by its operator and nothing fails since: the
     hold is dropped without a restart and its Recovery says `Recovered`, cause `RecoveredByItself`."""
-    objs = pytorchjob()
-    failing(objs[1])
-    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
-    async with engines.rig([*nodes(1), *objs, controls_map]) as r:
+    paused = paused_job()
+    async with engines.rig(paused) as r:
         await r.handle(pod_fault("train-0"))
         await r.records()
         (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
         assert held["status"]["phase"] == "Held"
-        r.store.delete("pods", "ml", objs[1]["metadata"]["name"], grace_seconds=0)
-        r.create(o.pod("train-worker-0b", uid="train-0b", node="n1", labels=objs[1]["metadata"]["labels"], owner=objs[0]))
+        r.store.delete("pods", "ml", paused[2]["metadata"]["name"], grace_seconds=0)
+        r.create(o.pod("train-worker-0b", uid="train-0b", node="n1", labels=paused[2]["metadata"]["labels"], owner=paused[1]))
         await r.settle()
         await r.tick()
         await r.records()
@@ -411,11 +408,8 @@ async def test_a_restart_held_by_a_dead_leader_and_given_up_by_its_successor_lea
     """Held (paused) by one leader, which then goes; its successor gives the hold up at
     `recovery.hold_seconds` and moves the Recovery the first leader wrote (named from the ledger's held
     entry: the workload, the unit, the cause) to Failed, HoldExpired, instead of leaving it Held for good."""
-    objs = pytorchjob()
-    failing(objs[1])
-    controls_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "kcover-controls", "namespace": "kcover-system", "annotations": {controls.PAUSED: "true"}}}
-    async with engines.rig([*nodes(1), *objs, controls_map], overrides={"recovery": {"hold_seconds": 30.0}}) as r:
+    paused = paused_job()
+    async with engines.rig(paused, overrides={"recovery": {"hold_seconds": 30.0}}) as r:
         await r.handle(pod_fault("train-0"))
         await r.records()
         (held,) = list(r.store.iter_objects("recoveries.kcover.io"))
