@@ -361,6 +361,11 @@ class ClusterIndex:
         """Names of nodes carrying kcover's cordon annotation (kept as nodes change, not searched for)."""
         return sorted(self._kcover_cordoned)
 
+    def kcover_cordons(self, taint_key: str) -> list[str]:
+        """Names of the nodes whose kcover cordon is in effect (`Node.kcover_cordon_in_effect`): of those carrying
+        the annotation, the ones still unschedulable or tainted with `taint_key`."""
+        return sorted(n for n in self._kcover_cordoned if self.nodes[n].kcover_cordon_in_effect(taint_key))
+
 
 INDEXED_LABELS = kinds.INDEXED_LABELS
 """Pod labels with an index (namespace, key, value): those a restart selector starts with."""

@@ -155,7 +155,13 @@ class Node(NamedTuple):
 
     @property
     def cordoned_by_kcover(self) -> bool:
+        """kcover's cordon annotation is on the node (its cordon may have been undone by hand since)."""
         return get(self.annotations, CORDONED_BY) == "kcover"
+
+    def kcover_cordon_in_effect(self, taint_key: str) -> bool:
+        """kcover's cordon holds: its annotation with `spec.unschedulable` or kcover's taint (`taint_key`). The
+        annotation alone (a person un-cordoned the node and took the taint off, the marks left) is no cordon."""
+        return self.cordoned_by_kcover and (self.unschedulable or any(t.key == taint_key for t in self.taints))
 
 
 class Workload(NamedTuple):

@@ -139,7 +139,7 @@ class RecoveryEngine:
         self._rules = rules.parse_rules(recovery.rules)
 
     def _history(self) -> planinputs.History:
-        cordoned = set(self._snapshot.cordoned_by_kcover())
+        cordoned = set(self._snapshot.kcover_cordons(self._recovery().taint_key))
         now = self._clock.monotonic()
         for node, at in list(self._cordoning.items()):
             if node in cordoned or now - at > CORDON_RESERVATION_SECONDS:

@@ -103,6 +103,8 @@ class Drain:
     evicted: int = 0
     refused: str = ""
     """The last refusal (a PodDisruptionBudget's message)."""
+    passing: bool = False
+    """A pass over `waiting` is in progress (the drain step's first, or `tick`'s): another one waits its turn."""
 
 
 class Drainer:
@@ -118,7 +120,18 @@ class Drainer:
         return drain
 
     async def evict(self, drain: Drain) -> None:
-        """One pass over the pods still waiting."""
+        """One pass over the pods still waiting. The step's first pass and `tick`'s retries run on one loop and
+        each awaits every eviction: a pass that finds another in progress leaves the drain to it (two passes at
+        once evicted each pod twice and the second one's removal of a pod from `waiting` failed the step)."""
+        if drain.passing:
+            return
+        drain.passing = True
+        try:
+            await self._pass(drain)
+        finally:
+            drain.passing = False
+
+    async def _pass(self, drain: Drain) -> None:
         for uid, (namespace, name) in list(drain.waiting.items()):
             try:
                 got = await self._gw.evict_pod(namespace, name, uid)
@@ -131,8 +144,7 @@ class Drainer:
             if got is gateway.Removal.HELD:
                 drain.refused = f"a PodDisruptionBudget refused the eviction of {namespace}/{name}"
                 continue
-            del drain.waiting[uid]
-            if got is gateway.Removal.REMOVED:
+            if drain.waiting.pop(uid, None) is not None and got is gateway.Removal.REMOVED:
                 drain.evicted += 1
 
     async def tick(self, now: float) -> list[Drain]:

@@ -34,6 +34,8 @@ class Snapshot(controls.View, Protocol):
 
     def cordoned_by_kcover(self) -> Sequence[str]: ...
 
+    def kcover_cordons(self, taint_key: str) -> Sequence[str]: ...
+
 
 class LedgerView(Protocol):
     """What the plan reads of the ledger (`ledger.Ledger` provides it)."""

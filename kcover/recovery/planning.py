@@ -95,7 +95,7 @@ class _Planner:
         """What the breaker counts: held and in flight now, and within `recovery.breaker_window_seconds`."""
         led = self.history.ledger
         since = admission.window_start(self.rs, led.breaker(), self.now)
-        cordoned = [n for n in self.snapshot.cordoned_by_kcover() if n != exclude_node]
+        cordoned = [n for n in self.snapshot.kcover_cordons(self.rs.taint_key) if n != exclude_node]
         in_flight = (self.history.cordons_in_flight | self.planned_cordons) - set(cordoned) - {exclude_node}
         in_window = led.cordons_since(since) + sum(1 for n in in_flight if not _cordoned_since(led.node(n), since))
         if exclude_node and _cordoned_since(led.node(exclude_node), since):

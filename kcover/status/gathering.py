@@ -76,7 +76,7 @@ async def gather(kube: kube_client.KubeClient, cfg: settings.Settings, *, now: d
     for raw in await _items(kube, "/api/v1/nodes") or []:
         node = projecting.node(raw)
         report.gpu_nodes += rule.is_gpu_node(node, drivers.get(node.name, ()))  # as the controller's cache counts
-        if node.cordoned_by_kcover:
+        if node.kcover_cordon_in_effect(rs.taint_key):  # as the breaker counts it: the marks alone are no cordon
             report.cordoned.append(report_.Cordon(node.name, proj.get(node.annotations, proj.CORDON_REASON),
                                                   proj.get(node.annotations, proj.CORDONED_AT)))
         if controls.paused(node.annotations):

@@ -149,6 +149,7 @@ def test_the_nodes_kcover_cordoned_and_the_gpu_nodes_follow_every_node_change() 
     cache = caching.ClusterCache.offline([o.node("a", annotations=mine), o.node("b"), o.node("c", annotations=mine),
                                           o.node("cpu", capacity={})])
     assert cache.cordoned_by_kcover() == ["a", "c"]
+    assert cache.kcover_cordons("kcover.io/unhealthy") == []  # the annotation alone is no cordon in effect
     assert cache.gpu_node_count() == 3
     cache.load([o.node("a", rv="2"), o.node("b", annotations=mine, rv="2"), o.node("cpu", capacity={}),
                 o.node("gpu", rv="2")])  # a returned, b cordoned, c deleted, gpu added
@@ -161,3 +162,16 @@ def test_the_nodes_kcover_cordoned_and_the_gpu_nodes_follow_every_node_change() 
     assert cache.gpu_node_count() == 1
     cache.load([o.node("cpu", capacity={}, rv="5")])
     assert cache.gpu_node_count() == 0
+
+
+def test_the_cordons_kcover_has_in_effect_are_its_marked_nodes_still_unschedulable_or_tainted() -> None:
+    mine = {proj.CORDONED_BY: "kcover"}
+    tainted = o.node("t", annotations=mine)
+    tainted["spec"] = {"taints": [{"key": "kcover.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]}
+    cache = caching.ClusterCache.offline([o.node("u", annotations=mine, unschedulable=True), tainted,
+                                          o.node("marks", annotations=mine), o.node("other", unschedulable=True)])
+    assert cache.cordoned_by_kcover() == ["marks", "t", "u"]
+    assert cache.kcover_cordons("kcover.io/unhealthy") == ["t", "u"]
+    assert cache.kcover_cordons("example.com/other-key") == ["u"]
+    cache.load([o.node("u", annotations=mine, rv="2"), tainted, o.node("marks", annotations=mine)])  # u uncordoned
+    assert cache.kcover_cordons("kcover.io/unhealthy") == ["t"]

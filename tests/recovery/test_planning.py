@@ -254,6 +254,21 @@ def test_cordon_breaker(cordoned: int, gpu_nodes: int, fraction: float, expected
     assert summary(planned) == expected
 
 
+def test_a_node_with_kcovers_marks_alone_does_not_count_as_cordoned_against_the_breaker() -> None:
+    """A person un-cordoned g0 and took kcover's taint off, the annotation left: that node is back in service,
+    so the breaker's held count must not count it (it held the next cordon back before: 1 of 10 at 0.1)."""
+    nodes = [o.node(f"g{i}") for i in range(10)]
+    nodes[0]["metadata"]["annotations"] = {proj.CORDONED_BY: "kcover"}
+    snap = caching.ClusterCache.offline(nodes)
+    planned = planning.plan(node_event("g9", recommended=model.Action.CORDON_NODE), snap, H0,
+                            rs(max_cordoned_fraction=0.1), NOW)
+    assert summary(planned) == ["cordon g9"]
+    nodes[0]["spec"] = {"taints": [{"key": rs().taint_key, "value": "xid-79", "effect": "NoSchedule"}]}
+    tainted = caching.ClusterCache.offline(nodes)  # kubectl uncordon alone: kcover's taint still excludes it
+    assert summary(planning.plan(node_event("g9", recommended=model.Action.CORDON_NODE), tainted, H0,
+                                 rs(max_cordoned_fraction=0.1), NOW)) == ["skip BreakerOpen"]
+
+
 def test_cordons_in_flight_count_against_the_breaker() -> None:
     """A cordon planned and not yet in the cache holds its place: the next one is refused."""
     snap = snapshot_with(cordoned=0)

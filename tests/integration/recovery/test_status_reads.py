@@ -31,10 +31,12 @@ from kcover.recovery import controls, ledger, ledgerentries
 Cluster = Any
 
 
-async def _node(cluster: Cluster, name: str, capacity: dict[str, str], annotations: dict[str, str]) -> None:
+async def _node(cluster: Cluster, name: str, capacity: dict[str, str], annotations: dict[str, str], *,
+                unschedulable: bool = False) -> None:
     kube = cluster.client
     await kube.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node",
-                                                      "metadata": {"name": name, "annotations": annotations}})
+                                                      "metadata": {"name": name, "annotations": annotations},
+                                                      "spec": {"unschedulable": unschedulable}})
     node = await kube.request("GET", f"/api/v1/nodes/{name}")
     node["status"] = {"capacity": capacity, "allocatable": capacity,
                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": ""}]}
@@ -72,7 +74,7 @@ async def test_status_shows_the_controllers_breaker_limits_pauses_held_restarts_
     cordon = {proj.CORDONED_BY: "kcover", proj.CORDON_REASON: "XID 79 on GPU 3", proj.CORDONED_AT: "2026-05-01T03:12:09Z"}
     for i, name in enumerate(nodes):
         marks = cordon if i < 2 else {controls.PAUSED: "true"} if i == 3 else {}
-        await _node(cluster, name, {gpu: "8", "cpu": "64"}, marks)
+        await _node(cluster, name, {gpu: "8", "cpu": "64"}, marks, unschedulable=i < 2)  # kcover's cordons
     config = {"kube": {"gpu_resources": [gpu], "gpu_dra_drivers": [], "workload_kinds": ["pytorchjobs.kubeflow.org"]},
               "recovery": {"max_cordoned_fraction": 0.5, "max_cordons_per_window": 3,
                            "max_cordons_per_window_fraction": 1.0, "max_restarted_workloads_per_window": 7,
