@@ -137,6 +137,12 @@ class Condition(NamedTuple):
     last_transition: str
 
 
+def kcover_cordon_holds(*, cordoned_by_kcover: bool, unschedulable: bool, kcover_tainted: bool) -> bool:
+    """The one rule for "kcover's cordon is in effect": its annotation with `spec.unschedulable` or kcover's taint.
+    Its annotation alone (a person un-cordoned the node and took the taint off, the marks left) is no cordon."""
+    return cordoned_by_kcover and (unschedulable or kcover_tainted)
+
+
 class Node(NamedTuple):
     uid: str
     rv: str
@@ -159,9 +165,9 @@ class Node(NamedTuple):
         return get(self.annotations, CORDONED_BY) == "kcover"
 
     def kcover_cordon_in_effect(self, taint_key: str) -> bool:
-        """kcover's cordon holds: its annotation with `spec.unschedulable` or kcover's taint (`taint_key`). The
-        annotation alone (a person un-cordoned the node and took the taint off, the marks left) is no cordon."""
-        return self.cordoned_by_kcover and (self.unschedulable or any(t.key == taint_key for t in self.taints))
+        """`kcover_cordon_holds` for this node, kcover's taint being `taint_key`."""
+        return kcover_cordon_holds(cordoned_by_kcover=self.cordoned_by_kcover, unschedulable=self.unschedulable,
+                                   kcover_tainted=any(t.key == taint_key for t in self.taints))
 
 
 class Workload(NamedTuple):

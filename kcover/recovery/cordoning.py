@@ -79,10 +79,10 @@ def taken_over(node: Mapping[str, Any], taint_key: str) -> str:
 
 def refusal(*, cordoned_by_kcover: bool, unschedulable: bool, kcover_tainted: bool, node: str
             ) -> tuple[Code, str] | None:
-    """Why kcover does not cordon `node` now, or None. kcover's cordon is in effect while its annotation is
-    there with `spec.unschedulable` or kcover's taint; its annotation alone (a person un-cordoned the node and
-    removed the taint, the marks left) is no cordon: a new fault cordons the node again."""
-    if cordoned_by_kcover and (unschedulable or kcover_tainted):
+    """Why kcover does not cordon `node` now, or None. While kcover's cordon holds (`proj.kcover_cordon_holds`)
+    it is already cordoned; its marks alone are no cordon, so a new fault cordons the node again."""
+    if proj.kcover_cordon_holds(cordoned_by_kcover=cordoned_by_kcover, unschedulable=unschedulable,
+                                kcover_tainted=kcover_tainted):
         return Code.ALREADY_CORDONED, f"Node {node} is already cordoned by kcover"
     if unschedulable:
         return Code.CORDONED_BY_OTHERS, (f"Node {node} is already unschedulable (not by kcover); kcover leaves it "
