@@ -148,9 +148,13 @@ class Drainer:
                 drain.evicted += 1
 
     async def tick(self, now: float) -> list[Drain]:
-        """Retry the drains in progress; returns those that ended (done or timed out), forgotten here."""
+        """Retry the drains in progress; returns those that ended (done or timed out), forgotten here. A drain
+        whose pass is in progress is left to it, even past its deadline: the next tick ends it with every
+        eviction of that pass counted."""
         ended = []
         for node, drain in list(self.drains.items()):
+            if drain.passing:
+                continue
             if drain.waiting and now < drain.deadline:
                 await self.evict(drain)
             if not drain.waiting or now >= drain.deadline:

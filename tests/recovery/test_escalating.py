@@ -45,3 +45,18 @@ async def test_a_retry_tick_during_the_drain_steps_first_pass_evicts_each_pod_on
     assert ended == []  # its pass left the drain to the one in progress
     assert await drainer.tick(now=2.0) == [drain]
     assert drainer.drains == {}
+
+
+async def test_a_drain_past_its_deadline_during_a_pass_ends_after_it_with_every_eviction_counted() -> None:
+    """A tick at the deadline while the step's first pass still awaits its evictions ended the drain with the
+    evictions of that pass uncounted (its Event said fewer pods than were evicted)."""
+    evictions = SlowEvictions()
+    drainer = escalating.Drainer(cast(gateway.Gateway, evictions))
+    drain = drainer.start("n1", [st.PodRef("ml", f"w-{i}", f"uid-{i}") for i in range(2)], deadline=10.0)
+    first = asyncio.create_task(drainer.evict(drain))
+    await asyncio.sleep(0)
+    assert await drainer.tick(now=11.0) == []  # past the deadline, but its pass is in progress
+    evictions.release.set()
+    await first
+    assert await drainer.tick(now=12.0) == [drain]
+    assert (drain.evicted, drain.waiting) == (2, {})
