@@ -213,7 +213,10 @@ class Controller:
         twice that, and `lease.replay_margin_seconds` more, before the last time another leader was seen
         renewing is kept; older events were the old leader's to act on. The margin is for the old leader's
         own view: its cache may have shown it a fault later than this replica's did (an overloaded process,
-        a watch re-established), or not before it died, while it still renewed. The engine's ledger
+        a watch re-established), or not before it died, while it still renewed. A leader also keeps, in its
+        memory only, a fault whose first write kept failing while it still renewed (the ledger's kind not
+        served, 500s on its writes), for up to `recovery.retry_seconds`: the horizon reaches back that far
+        when it is longer, so a leader that died retrying does not take the fault with it. The engine's ledger
         (cooldowns, reloaded per epoch) and its preconditions make replaying what the old leader did act on
         harmless: a replayed fault it acted on is refused (its pod replaced, its node cordoned)."""
         now = self.clock.monotonic()
@@ -221,7 +224,8 @@ class Controller:
         # counted from the last time a leader was seen alive, not from now: while the API server was down,
         # or this replica's own term ended mid-batch, no leader acted on what was held meanwhile
         lease = self.settings.lease
-        horizon = min(now, alive) - 2 * lease.lease_duration_seconds - lease.replay_margin_seconds
+        kept = max(2 * lease.lease_duration_seconds, self.settings.recovery.retry_seconds)
+        horizon = min(now, alive) - kept - lease.replay_margin_seconds
         events = [ev for at, ev in self._held if at >= horizon]
         old = [ev for at, ev in self._held if at < horizon]
         if old or self._held_evicted:

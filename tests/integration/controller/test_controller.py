@@ -42,9 +42,9 @@ class RecordingEngine:
         self.reconfigured.append(recovery)
 
 
-def _settings(identity: str, namespace: str, **lease: Any) -> settings.Settings:
+def _settings(identity: str, namespace: str, *, retry_seconds: float | None = None, **lease: Any) -> settings.Settings:
     return settings.Settings.model_validate({
-        "recovery": {"ledger_namespace": namespace},
+        "recovery": {"ledger_namespace": namespace, **({} if retry_seconds is None else {"retry_seconds": retry_seconds})},
         "lease": {"identity": identity, "namespace": namespace, "lease_duration_seconds": 2.0,
                   "renew_deadline_seconds": 1.5, "retry_period_seconds": 0.2, **lease},
         "detectors": {"entries": {name: {"enabled": False} for name in settings.BUILTIN_DETECTORS}},
@@ -244,17 +244,22 @@ async def test_what_a_follower_held_while_nobody_led_is_replayed_however_long_th
     await _until(lambda: any(ev.target.name == "p7" for batch in b.engine.batches for ev in batch), 2.0)
 
 
-@pytest.mark.parametrize(("margin", "replayed"), [(6.0, True), (0.0, False)], ids=["within-the-margin", "no-margin"])
+@pytest.mark.parametrize(("margin", "retry", "replayed"), [(6.0, 1.0, True), (0.0, 1.0, False), (0.0, 6.0, True)],
+                         ids=["within-the-margin", "no-margin", "within-the-retry-time"])
 async def test_a_fault_the_dead_leader_may_not_have_seen_is_replayed_within_the_margin(
-        cluster: Cluster, replicas: Callable[..., Replica], margin: float, replayed: bool) -> None:
+        cluster: Cluster, replicas: Callable[..., Replica], margin: float, retry: float, replayed: bool) -> None:
     """A follower saw a fault that the leader, renewing for 5 s more (more than twice the 2 s Lease), never
     saw (its cache behind), and the leader then died without releasing the Lease. The successor replays what
     it saw up to twice the Lease duration and `lease.replay_margin_seconds` before the dead leader's last
     renewal: with a 6 s margin the fault is acted on; with none it counts as the old leader's and is dropped
-    (so the horizon still holds). A chaos run lost a fault so, its leader's watch seconds behind."""
-    a = replicas("a", replay_margin_seconds=margin)
+    (so the horizon still holds). A chaos run lost a fault so, its leader's watch seconds behind.
+
+    Or up to `recovery.retry_seconds` when that is longer: a leader retrying a fault whose first write kept
+    failing (the ledger's kind not served) while it renewed kept it in its memory only, and died with it; a
+    6 s retry time replays the 5 s old fault without any margin."""
+    a = replicas("a", replay_margin_seconds=margin, retry_seconds=retry)
     await _until(a.controller.is_leader, 5.0)
-    b = replicas("b", replay_margin_seconds=margin)
+    b = replicas("b", replay_margin_seconds=margin, retry_seconds=retry)
     await _until(lambda: b.controller.cache.synced, 5.0)
     await b.controller.bus.publish(_event("p9"))  # b's bus only: a never sees it
     await asyncio.sleep(5.0)
