@@ -1,7 +1,8 @@
-"""Waiting with a way out: sleep until stopped, the first of several signals, an awaitable unless stopped.
+"""Waiting with a way out: sleep until stopped, the first of several signals, an awaitable unless stopped,
+and the process's SIGINT and SIGTERM as a stop event.
 
 Owns the one way kcover waits for "X, or the stop signal, or a timeout", so no module writes its own
-race of `stop.wait()` against something else. Every helper returns as soon as the answer is known (a
+race of `stop.wait()` against something else (nor its own SIGINT handling). Every helper returns as soon as the answer is known (a
 signal already set returns at once), cancels and awaits whatever it started before it returns, and
 never swallows the caller's own cancellation. What the awaited work raises propagates. No module
 state, no I/O; the times are the running loop's (so looptime's virtual time moves them).
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+import signal
+from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -71,3 +73,25 @@ async def or_stop(work: Awaitable[T], stop: asyncio.Event, *, timeout: float | N
     if task.cancelled():
         return None
     return task.result()
+
+
+@contextlib.contextmanager
+def process_stop_signals() -> Iterator[asyncio.Event]:
+    """An event that SIGINT and SIGTERM set while inside (the running loop's handlers; the previous ones
+    back on leaving). Not left to Python's KeyboardInterrupt: a process started in the background by a shell
+    without job control inherits SIGINT ignored, and then only SIGKILL stopped it. Off the main thread no
+    handler can be set, and the event is set by nobody: cancelling is the way to stop there."""
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stopped.set)
+        except (RuntimeError, ValueError):
+            continue
+        installed.append(sig)
+    try:
+        yield stopped
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import structlog
 
 from kcover import logs, settings
+from kcover.aio import waiting
 from kcover.detectors import registry
 from kcover.sim import chaos as chaos_
 from kcover.sim import cluster as cluster_
@@ -121,7 +122,8 @@ async def run_scenario(scenario: playing.Scenario, size: cluster_.Size | None = 
                        report_format: str = "text") -> Report:
     """Start a cluster, play `scenario`, check its expectations, stop the cluster.
 
-    With `serve`, the report is printed to `out` and the cluster kept running until cancelled."""
+    With `serve`, the report is printed to `out` and the cluster kept running until SIGINT or SIGTERM (or
+    until cancelled)."""
     size = size or cluster_.Size()
     if scenario.nodes > size.nodes:
         size = dataclasses.replace(size, nodes=scenario.nodes)
@@ -147,13 +149,14 @@ async def run_scenario(scenario: playing.Scenario, size: cluster_.Size | None = 
         report = Report(scenario.name, bool(run.checks) and all(c.ok for c in run.checks), run.started,
                         run.faults, run.checks, timeline(run), requests, size=size, chaos=run.results.get("chaos"))
         if serve:
-            if out is not None:
-                print(json.dumps(report.to_json(), indent=2) if report_format == "json" else render(report),
-                      file=out, flush=True)
-                print(f"\nserving the simulated cluster at {cluster.srv.url}"
-                      + (f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out else "") + "; Ctrl-C stops it",
-                      file=sys.stderr, flush=True)
-            await asyncio.Event().wait()
+            with waiting.process_stop_signals() as stopped:  # before it says it serves: a signal sent on that line is heard
+                if out is not None:
+                    print(json.dumps(report.to_json(), indent=2) if report_format == "json" else render(report),
+                          file=out, flush=True)
+                    print(f"\nserving the simulated cluster at {cluster.srv.url}"
+                          + (f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out else "") + "; Ctrl-C stops it",
+                          file=sys.stderr, flush=True)
+                await stopped.wait()  # SIGINT or SIGTERM; then the cluster's teardown runs
     return report
 
 
@@ -260,6 +263,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
         report = asyncio.run(_main(scenario, size, args, out))
     except KeyboardInterrupt:
         return 0 if args.serve else 130  # --serve printed its report before serving
+    if args.serve and not report.skipped:
+        return 0  # stopped by SIGINT or SIGTERM; its report was printed before serving
     if args.report == "json":
         print(json.dumps(report.to_json(), indent=2), file=out)
     else:

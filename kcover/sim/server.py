@@ -32,6 +32,7 @@ import yaml
 from aiohttp import web
 
 from kcover.aio import clock as clocks
+from kcover.aio import waiting
 from kcover.sim import apiserver, exchange, faults, inprocess, podlogs, registry
 from kcover.sim import store as stores
 
@@ -201,8 +202,9 @@ async def _serve(host: str, port: int, kubeconfig_out: str | None) -> None:
     async with SimServer(host=host, port=port) as srv:
         if kubeconfig_out:
             srv.write_kubeconfig(kubeconfig_out)
-        print(f"kcover sim API server at {srv.url}", flush=True)
-        await asyncio.Event().wait()
+        with waiting.process_stop_signals() as stopped:
+            print(f"kcover sim API server at {srv.url}", flush=True)
+            await stopped.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
