@@ -58,6 +58,13 @@ PARAMS = ("cluster", "conformance_api", "realcluster", "realnode", "kubectl_serv
 OUTCOMES = pytest.StashKey[dict[str, tuple[str, str]]]()  # nodeid -> (backend, outcome)
 STARTUP = pytest.StashKey[dict[str, float]]()  # backend -> start-up seconds
 SERVER = pytest.StashKey[dict[str, str]]()  # backend -> the server's gitVersion
+BACKEND_PROPERTY = "kcover_backend"  # a report's user property: the test's backend
+SERVERS_PROPERTY = "kcover_servers"  # a report's user property: the servers' start-up seconds and versions
+SERIAL_GROUPS = {"integration/cluster": "stacks", "integration/node": "stacks"}
+"""Test folders whose stacks share the machine (the training operator's fixed webhook cert directory, the
+node's kubelet, containerd and host paths): under pytest-xdist (`-n N --dist loadgroup`) all their tests
+run in one worker, one after the other, as without it."""
+_config: pytest.Config | None = None  # pytest_runtest_logreport is given no config
 
 
 def in_ci() -> bool:
@@ -115,6 +122,8 @@ def _controlplane_module() -> Any:
 # ------------------------------------------------------------------------------------------------ hooks
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
     config.addinivalue_line("markers", "sim_only(reason): runs on the sim backend only (uses a sim-only feature)")
     config.stash[OUTCOMES] = {}
     config.stash[STARTUP] = {}
@@ -138,6 +147,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("cluster", backends, indirect=True, ids=backends)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()
+        for folder, group in SERIAL_GROUPS.items():
+            if path.is_relative_to(TESTS / folder):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _backend_of(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
@@ -152,16 +169,32 @@ def _backend_of(item: pytest.Item) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item,
                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Names the test's backend, and what this process knows of each backend's server, on the report: the
+    summary is written from reports, which pytest-xdist's workers send to the process that prints it."""
     report = yield
     backend = _backend_of(item)
     if backend is not None:
-        _record(item, backend, report)
+        report.user_properties.append((BACKEND_PROPERTY, backend))
+        report.user_properties.append((SERVERS_PROPERTY, {
+            "startup": dict(item.config.stash[STARTUP]), "server": dict(item.config.stash[SERVER])}))
     return report
 
 
-def _record(item: pytest.Item, backend: str, report: pytest.TestReport) -> None:
-    seen = item.config.stash[OUTCOMES]
-    previous = seen.get(item.nodeid, (backend, ""))[1]
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    props = dict(report.user_properties)
+    backend = props.get(BACKEND_PROPERTY)
+    if not isinstance(backend, str) or _config is None:
+        return
+    servers = props.get(SERVERS_PROPERTY) or {}
+    for name, seconds in (servers.get("startup") or {}).items():  # the slowest start of any worker's server
+        _config.stash[STARTUP][name] = max(seconds, _config.stash[STARTUP].get(name, 0.0))
+    _config.stash[SERVER].update(servers.get("server") or {})
+    _record(_config, report, backend)
+
+
+def _record(config: pytest.Config, report: pytest.TestReport, backend: str) -> None:
+    seen = config.stash[OUTCOMES]
+    previous = seen.get(report.nodeid, (backend, ""))[1]
     if report.failed:
         result = "failed"
     elif report.skipped:
@@ -172,7 +205,7 @@ def _record(item: pytest.Item, backend: str, report: pytest.TestReport) -> None:
         return
     rank = {"": 0, "passed": 1, "skipped": 2, "failed": 3}
     if rank[result] > rank[previous]:
-        seen[item.nodeid] = (backend, result)
+        seen[report.nodeid] = (backend, result)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
