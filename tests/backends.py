@@ -62,8 +62,8 @@ BACKEND_PROPERTY = "kcover_backend"  # a report's user property: the test's back
 SERVERS_PROPERTY = "kcover_servers"  # a report's user property: the servers' start-up seconds and versions
 SERIAL_GROUPS = {"integration/cluster": "stacks", "integration/node": "stacks"}
 """Test folders whose stacks share the machine (the training operator's fixed webhook cert directory, the
-node's kubelet, containerd and host paths): under pytest-xdist (`-n N --dist loadgroup`) all their tests
-run in one worker, one after the other, as without it."""
+node's kubelet, containerd and host paths): under pytest-xdist all their tests run in one worker, one after
+the other, as without it (`pytest_xdist_make_scheduler`)."""
 _config: pytest.Config | None = None  # pytest_runtest_logreport is given no config
 
 
@@ -147,12 +147,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("cluster", backends, indirect=True, ids=backends)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.path.resolve()
-        for folder, group in SERIAL_GROUPS.items():
-            if path.is_relative_to(TESTS / folder):
-                item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`-n N`, `--dist load` or `loadgroup`): every test is a unit of its own, except the
+    tests of `SERIAL_GROUPS`, one unit per group, sent whole to one worker, the largest first. (Not xdist's
+    `xdist_group` marks: pytest 9 derives a test's id from its node, and xdist 3.8's renaming of the ids,
+    which those marks work by, no longer takes, so marked tests were spread over the workers.)"""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            for folder, group in SERIAL_GROUPS.items():
+                if nodeid.startswith(f"tests/{folder}/"):
+                    return group
+            return nodeid
+
+    return Units(config, log)
 
 
 def _backend_of(item: pytest.Item) -> str | None:
