@@ -2,10 +2,11 @@
 and the process's SIGINT and SIGTERM as a stop event.
 
 Owns the one way kcover waits for "X, or the stop signal, or a timeout", so no module writes its own
-race of `stop.wait()` against something else (nor its own SIGINT handling). Every helper returns as soon as the answer is known (a
-signal already set returns at once), cancels and awaits whatever it started before it returns, and
-never swallows the caller's own cancellation. What the awaited work raises propagates. No module
-state, no I/O; the times are the running loop's (so looptime's virtual time moves them).
+race of `stop.wait()` against something else, nor its own SIGINT handling. Every helper returns as soon
+as the answer is known (a signal already set returns at once), cancels and awaits whatever it started
+before it returns, and never swallows the caller's own cancellation. What the awaited work raises
+propagates. No module state, no I/O (`process_stop_signals` sets the running loop's signal handlers, and
+takes them off on leaving); the times are the running loop's (so looptime's virtual time moves them).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ async def or_stop(work: Awaitable[T], stop: asyncio.Event, *, timeout: float | N
 
 @contextlib.contextmanager
 def process_stop_signals() -> Iterator[asyncio.Event]:
-    """An event that SIGINT and SIGTERM set while inside (the running loop's handlers; the previous ones
-    back on leaving). Not left to Python's KeyboardInterrupt: a process started in the background by a shell
+    """An event that SIGINT and SIGTERM set while inside (the running loop's handlers, removed on leaving:
+    SIGINT raises KeyboardInterrupt again, SIGTERM ends the process again). Not left to Python's KeyboardInterrupt: a process started in the background by a shell
     without job control inherits SIGINT ignored, and then only SIGKILL stopped it. Off the main thread no
     handler can be set, and the event is set by nobody: cancelling is the way to stop there."""
     stopped = asyncio.Event()

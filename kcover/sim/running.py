@@ -149,7 +149,8 @@ async def run_scenario(scenario: playing.Scenario, size: cluster_.Size | None = 
         report = Report(scenario.name, bool(run.checks) and all(c.ok for c in run.checks), run.started,
                         run.faults, run.checks, timeline(run), requests, size=size, chaos=run.results.get("chaos"))
         if serve:
-            with waiting.process_stop_signals() as stopped:  # before it says it serves: a signal sent on that line is heard
+            # the handlers are set before it says it serves: a signal sent on that line is heard
+            with waiting.process_stop_signals() as stopped:
                 if out is not None:
                     print(json.dumps(report.to_json(), indent=2) if report_format == "json" else render(report),
                           file=out, flush=True)
