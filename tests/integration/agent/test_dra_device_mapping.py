@@ -340,6 +340,12 @@ async def _listening(nvml: fake.FakeNvml, agent: agent_running.Agent) -> bool:
 HOLD = 3.0
 
 
+async def _said_untainted(kube: Any, node: str, count: int) -> bool:
+    events = (await kube.request("GET", "/api/v1/events"))["items"]
+    return len([e for e in events if e.get("reason") == "KcoverUntaintedDevice"
+                and e["involvedObject"].get("name") == node]) == count
+
+
 async def test_a_dra_device_the_agent_reported_returns_to_service_after_the_hold(
         cluster: Cluster, tmp_path: Path) -> None:
     ns, kube = cluster.namespace, cluster.client
@@ -380,11 +386,10 @@ async def test_a_dra_device_the_agent_reported_returns_to_service_after_the_hold
                                  if (e["metadata"].get("annotations") or {}).get(codec.DEVICE_HEALTHY) == "true"]
                         assert [(e["involvedObject"]["name"], e["metadata"]["annotations"][codec.DRA_DEVICE])
                                 for e in words] == [(node, "gpu-2")]
-                        untaint = [e for e in (await kube.request("GET", "/api/v1/events"))["items"]
-                                   if e.get("reason") == "KcoverUntaintedDevice"
-                                   and e["involvedObject"].get("name") == node]
-                        assert len(untaint) == 1
+                        # the step's Event is written after its rule's removal: waited for, then counted
+                        await _until(lambda: _said_untainted(kube, node, 1), "kcover's KcoverUntaintedDevice Event")
                         await asyncio.sleep(SETTLE)
+                        assert await _said_untainted(kube, node, 1), "one KcoverUntaintedDevice Event, not more"
                         await _never_cordoned(kube, node)
                     finally:
                         stop.set()
