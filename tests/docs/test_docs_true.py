@@ -1,8 +1,9 @@
 """What the docs say that can be checked stays true: every `kcover` command and flag they show is one the
 command line accepts (its `--help`), README's command table lists every command, and the `kubectl -n`
 commands that look at kcover's own objects look in the namespace the install docs install into, where
-the chart puts them. (The RBAC tables are checked against the rendered chart in
-tests/chart/test_docs_rbac.py; metric names against a running role's /metrics in
+the chart puts them; and every file, folder and test the docs cite is in the tree (`path::test_name`: that
+file defines that test; a test named alone: some test file does). (The RBAC tables are checked against the
+rendered chart in tests/chart/test_docs_rbac.py; metric names against a running role's /metrics in
 tests/integration/test_documented_metrics.py.)
 """
 
@@ -163,3 +164,135 @@ def test_the_namespace_scan_catches_a_wrong_namespace(line: str, tmp_path: Path)
     (_, text), = code_lines(doc)
     assert OWN.search(text)
     assert re.search(r"(?:\s-n|--namespace)[ =](\S+)", text).group(1) != install_namespace()  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------- cited paths
+
+TOP = {entry.name for entry in ROOT.iterdir()}
+"""A word naming one of these first (`tests/...`, `kcover/...`, `scripts/...`, `.ci/...`) is a path in the tree."""
+FILE_SUFFIX = re.compile(r"\.(py|ya?ml|sh|md|toml|txt|json|cfg|ini)$")
+"""A word ending so is a file too, wherever it is relative to (`files/ledgerentry-crd.yaml`, the chart's)."""
+RUNTIME = ("build/", "dist/", ".venv/")
+"""Folders created by a build or a test run, not kept in the tree (`.gitignore`)."""
+LINK_TARGET = re.compile(r"(?<!!)\]\(\s*<?([^)\s>]+)")
+WORD_SPLIT = re.compile(r"[\s=(),'\"]+")
+
+
+def _prose_words(path: Path) -> list[tuple[int, str]]:
+    """(line number, word) of every Markdown link target and every word of prose outside code (a path is
+    sometimes cited in plain text: "(tests/sim/test_mttr.py)")."""
+    out: list[tuple[int, str]] = []
+    fenced = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            prose = CODE_SPAN.sub("", line)
+            out += [(number, target.partition("#")[0]) for target in LINK_TARGET.findall(prose)]
+            out += [(number, word) for word in WORD_SPLIT.split(LINK_TARGET.sub("]", prose))]
+    return out
+
+
+def _bases(doc: Path) -> list[Path]:
+    """Where a path a doc cites may be relative to: the repository, the doc's folder, the chart (the runbook
+    names the files `helm upgrade` applies by their place in it) and, for docs/plugins/NAME.md, that plugin."""
+    return [ROOT, doc.parent, ROOT / "helm" / "kcover", ROOT / "plugins" / f"kcover-{doc.stem}"]
+
+
+def citations(doc: Path) -> list[tuple[int, str, str | None]]:
+    """(line number, path, test name or None) of each repository path the doc cites in code or a link."""
+    out: list[tuple[int, str, str | None]] = []
+    words = [(n, w) for n, text in code_lines(doc) for w in WORD_SPLIT.split(text)]
+    words += _prose_words(doc)
+    for number, word in sorted(words, key=lambda nw: nw[0]):
+        word = word.rstrip(".,;:")  # the sentence's punctuation after the path
+        if "/" not in word or "://" in word or word.startswith(("/", "~", "$")) or re.search(r"[<>{}*]", word):
+            continue  # a URL, an absolute path (in an image, on a node), a placeholder or a glob
+        path, _, test = word.partition("::")
+        path = re.sub(r":\d+$", "", path).removeprefix("./")
+        if path.startswith(RUNTIME):
+            continue
+        if path.split("/", 1)[0] in TOP or path.startswith("../") or FILE_SUFFIX.search(path):
+            name = re.sub(r"\[.*\]$", "", test.rsplit("::", 1)[-1]) or None
+            out.append((number, path, name))
+    return out
+
+
+def _exists(doc: Path, path: str) -> Path | None:
+    for base in _bases(doc):
+        target = (base / path).resolve()
+        if target.is_relative_to(ROOT) and target.exists():
+            return target
+    return None
+
+
+def missing_paths(docs: list[Path]) -> list[str]:
+    """Every cited path that is in none of the doc's bases, and every cited test its file does not define."""
+    wrong = []
+    for doc in docs:
+        where = doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc
+        for number, path, test in citations(doc):
+            target = _exists(doc, path)
+            if target is None:
+                wrong.append(f"{where}:{number}: {path}: no such file or folder")
+            elif test and not (target.is_file() and re.search(
+                    rf"^\s*(async\s+)?def {re.escape(test)}\b", target.read_text(encoding="utf-8"), re.M)):
+                wrong.append(f"{where}:{number}: {path}::{test}: no such test in {target.relative_to(ROOT)}")
+    return wrong
+
+
+def test_the_docs_cite_paths() -> None:
+    cited = {(path, test) for doc in DOCS for _, path, test in citations(doc)}
+    assert len(cited) >= 50, "found too few cited paths: is the scan right?"
+    assert {("scripts/test", None), ("helm/kcover", None), ("files/ledgerentry-crd.yaml", None),
+            ("../kcover/kube/capabilities.py", None)} <= cited, "found too few cited paths: is the scan right?"
+    assert any(test for _, test in cited), "found no cited test names: is the scan right?"
+
+
+def test_every_path_the_docs_cite_exists() -> None:
+    wrong = missing_paths(DOCS)
+    assert not wrong, "paths the docs cite that are not in the tree:\n" + "\n".join(wrong)
+
+
+TEST_NAME = re.compile(r"^test_\w+$")
+TEST_FILES = [*(ROOT / "tests").glob("**/test_*.py"), *(ROOT / "plugins").glob("*/tests/**/test_*.py")]
+
+
+def unknown_tests(docs: list[Path]) -> list[str]:
+    """Every test the docs name alone (`test_x`, its file said in prose or not at all) that no test file defines."""
+    defined = {name for f in TEST_FILES
+               for name in re.findall(r"^\s*(?:async\s+)?def (test_\w+)", f.read_text(encoding="utf-8"), re.M)}
+    wrong = []
+    for doc in docs:
+        where = doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc
+        for number, text in code_lines(doc):
+            name = re.sub(r"\[.*\]$", "", text.strip())
+            if TEST_NAME.match(name) and name not in defined:
+                wrong.append(f"{where}:{number}: {name}: no test of that name in tests/ or plugins/*/tests/")
+    return wrong
+
+
+def test_every_test_the_docs_name_alone_is_defined() -> None:
+    wrong = unknown_tests(DOCS)
+    assert not wrong, "tests the docs name that no test file defines:\n" + "\n".join(wrong)
+
+
+def test_the_path_scan_catches_a_missing_file_and_a_missing_test(tmp_path: Path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text(
+        "See `tests/docs/test_nothing_here.py` and [the planner](kcover/recovery/no_such_module.py).\n"
+        "`tests/docs/test_docs_true.py::test_that_is_not_there` and\n"
+        "`tests/docs/test_docs_true.py::test_the_docs_cite_paths` (it is there), `kcover.io/agent`,\n"
+        "`/opt/kcover/plugins/x.py`, `https://example.com/tests/x.py`, `<hostPath>/<namespace>/x.py`.\n"
+        "```sh\n./scripts/test tests/docs/test_docs_true.py  # tests/not/in/a/comment.py\n```\n"
+        "As tests/sim/test_nowhere.py shows; `test_never_written` and `test_the_docs_cite_paths`.\n")
+    wrong = missing_paths([doc])
+    assert [w.split(": ", 1)[1] for w in wrong] == [
+        "tests/docs/test_nothing_here.py: no such file or folder",
+        "kcover/recovery/no_such_module.py: no such file or folder",
+        "tests/docs/test_docs_true.py::test_that_is_not_there: no such test in tests/docs/test_docs_true.py",
+        "tests/sim/test_nowhere.py: no such file or folder",
+    ]
+    assert [w.split(": ", 1)[1] for w in unknown_tests([doc])] == [
+        "test_never_written: no test of that name in tests/ or plugins/*/tests/"]
