@@ -2,7 +2,8 @@
 
 Owns `DryRun`, a `kube.gateway.Gateway` over the real one. What a person reads passes through: Events
 (with a reason and message of their own, `KcoverDryRun...` / "dry run, nothing was changed: ...", so no
-alert or script mistakes them for the real action) and Recovery resources (marked `decision.dryRun`). What acts is recorded in
+alert or script mistakes them for the real action) and Recovery resources (marked `decision.dryRun`, and
+in phase `RecordOnly` with cause `DryRun` where the real run's would say it acted: `dry_status`). What acts is recorded in
 `would` and not sent: node rewrites, labels and conditions, evictions and deletes, DeviceTaintRules, the
 controls ConfigMap. The ledger is kept in memory over the real one (`_Overlay`): a dry run honours
 cooldowns, budgets and signals it recorded itself, as the real run would act once, without writing.
@@ -23,8 +24,15 @@ from typing import Any
 
 from kcover import errors, model
 from kcover.kube import gateway
+from kcover.recovery import recoveries
 
 EVENT_PREFIX = "dry run, nothing was changed: "
+ACTED_PHASES = frozenset({recoveries.Phase.ACTING, recoveries.Phase.VERIFYING, recoveries.Phase.RECOVERED,
+                          recoveries.Phase.STALLED})
+"""The phases that say kcover acted (or is acting): a dry run's Recovery never reads so."""
+DRY_CAUSE = "DryRun"
+RECORDS_KEPT = 10_000
+"""Dry-run Recoveries remembered, so a verifier's later phase does not rewrite one (oldest forgotten first)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,16 @@ class Write:
     call: str
     about: str
     detail: str = ""
+
+
+def dry_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A Recovery status that says the action was taken, as the dry run's: `RecordOnly`, cause `DryRun`, the
+    message prefixed as the Events' are, and no acted, recovered or MTTR figure (nothing was done)."""
+    out = {k: v for k, v in status.items() if k not in ("actedAt", "recoveredAt", "mttrSeconds")}
+    out["phase"] = recoveries.Phase.RECORDED.value
+    out["cause"] = DRY_CAUSE
+    out["message"] = model.fit(EVENT_PREFIX + str(status.get("message", "")), 1024)
+    return out
 
 
 def dry_reason(reason: str) -> str:
@@ -93,6 +111,8 @@ class DryRun:
         self._config_maps = _Overlay()
         self._rules: dict[str, gateway.SpecBody] = {}
         self._nodes: dict[str, gateway.NodeBody] = {}
+        self._records: dict[tuple[str, str], None] = {}
+        """Recoveries whose status this dry run wrote as `dry_status` (insertion-ordered, bounded)."""
 
     @property
     def dry(self) -> bool:
@@ -129,6 +149,14 @@ class DryRun:
         await self._real.create_recovery(body)
 
     async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        if self.dry and status.get("phase") in ACTED_PHASES:
+            key = (namespace, name)
+            if key in self._records:  # already says what was not done: the verifier's Recovered would read as done
+                return
+            self._records[key] = None
+            while len(self._records) > RECORDS_KEPT:
+                del self._records[next(iter(self._records))]
+            status = dry_status(status)
         await self._real.patch_recovery_status(namespace, name, status)
 
     async def list_recoveries(self, *, limit: int, continue_token: str = "") -> tuple[list[gateway.SpecBody], str]:

@@ -117,10 +117,22 @@ async def test_a_node_action_lives_in_the_release_namespace_and_a_dry_runs_says_
         assert ref is not None
         assert ref[0] == "kcover-system"
         dry, _ = _recorder(srv, dry_run=True)
-        ref = dry.note(_restart("c9"), recoveries.Phase.VERIFYING)
+        ref = dry.note(_restart("c9"), recoveries.Phase.VERIFYING, message="took 2 pods away")
         assert ref is not None
         await dry.flush()
-        assert srv.store.get("recoveries.kcover.io", ref[0], ref[1])["spec"]["decision"]["dryRun"] is True
+        obj = srv.store.get("recoveries.kcover.io", ref[0], ref[1])
+        assert obj["spec"]["decision"]["dryRun"] is True
+        # nothing was taken away: the status says so, not Verifying (seen on a real kubelet: "took 1 pods away")
+        assert obj["status"]["phase"] == "RecordOnly"
+        assert obj["status"]["cause"] == "DryRun"
+        assert obj["status"]["message"] == "dry run, nothing was changed: took 2 pods away"
+        assert "actedAt" not in obj["status"]
+        # the verifier's later word does not make it read as done
+        assert dry.phase("w.uid-1", recoveries.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
+        await dry.flush()
+        obj = srv.store.get("recoveries.kcover.io", ref[0], ref[1])
+        assert obj["status"]["phase"] == "RecordOnly"
+        assert "mttrSeconds" not in obj["status"] and "recoveredAt" not in obj["status"]
 
 
 @pytest.mark.looptime
