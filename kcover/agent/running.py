@@ -34,8 +34,7 @@ from kcover.aio import clock as clock_
 from kcover.aio import commands
 from kcover.detectors import contract, registry, supervising
 from kcover.kube import client as client_
-from kcover.kube import decoding, events, gpus, projecting, retrying
-from kcover.kube import projections as proj
+from kcover.kube import decoding, events, gpus, retrying
 from kcover.nvml import backend, xid_policy
 
 log = structlog.get_logger()
@@ -123,7 +122,8 @@ class Agent:
         self.devices = dradevices.DraDevices(client, node, pods_for_devices=pods_for_devices)
         self.sight = sight.GpuSight(node, rule=gpus.GpuRule.of(config.kube.gpu_resources, config.kube.gpu_dra_drivers),
                                     gpu_detectors=config.agent.gpu_detectors, statuses=self.supervisor.statuses,
-                                    gauge=metrics.agent_blind, recheck_seconds=config.agent.gpu_node_recheck_seconds)
+                                    gauge=metrics.agent_blind, recheck_seconds=config.agent.gpu_node_recheck_seconds,
+                                    gpu_node_labels=config.agent.gpu_node_labels)
         self.reporter = reporting.Reporter(client, config.agent, node, clock=self.clock,
                                            tick_seconds=reporter_tick_seconds, devices=self.devices.attach,
                                            sight=self.sight.current)
@@ -165,14 +165,13 @@ class Agent:
             self.validator.config = new.agent.validation
         self.config = new
 
-    async def _read_node(self) -> proj.Node | None:
-        raw = await read_node(self.client, self.node)
-        return projecting.node(raw) if raw is not None else None
+    async def _read_node(self) -> sight.NodeRead | None:
+        return sight.node_read(await read_node(self.client, self.node))
 
     async def run(self, stop: asyncio.Event) -> None:
         raw = await read_node(self.client, self.node)
         self.context.node_capacity = capacity_of(raw)
-        self.sight.learn(projecting.node(raw) if raw is not None else None)
+        self.sight.learn(sight.node_read(raw))
         if self.health is not None:
             self.health.add_readiness("detectors", self.supervisor.readiness)
             self.health.add_degradation("gpu-sight", self.sight.degraded)

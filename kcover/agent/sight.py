@@ -1,7 +1,9 @@
 """The agent's GPU sight: whether this agent can see its node's GPU faults at all.
 
 Owns the rule "this agent is blind": on a node kcover counts as a GPU node (a GPU resource in its Node's
-`status.capacity`, `kcover.kube.gpus` with `kube.gpu_resources`), none of the GPU detectors
+`status.capacity`, `kcover.kube.gpus` with `kube.gpu_resources`; or, for the agent's sight, the labels of
+`agent.gpu_node_labels`, `nvidia.com/gpu.present=true` by default: a node whose driver never loaded has no
+GPU capacity, and its label is what placed the agent there), none of the GPU detectors
 (`agent.gpu_detectors`: NVML and DCGM by default) watches: each is unavailable (NVML cannot load, no
 `dcgmi`: a broken driver rollout or a missing runtime class), failed, stopped or disabled. A blind agent
 says so instead of reporting healthy GPUs: the reporter writes the condition `Unknown` with reason
@@ -27,13 +29,14 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import prometheus_client
 import structlog
 
 from kcover.aio import waiting
 from kcover.detectors import supervising
-from kcover.kube import gpus
+from kcover.kube import gpus, projecting
 from kcover.kube import projections as proj
 
 log = structlog.get_logger()
@@ -83,7 +86,24 @@ def judge(*, gpu_node: bool, statuses: Mapping[str, supervising.Status], gpu_det
     return Sight(Seeing.BLIND, "; ".join(_why(name, s) for name, s in mine.items()) or "agent.gpu_detectors is empty")
 
 
-ReadNode = Callable[[], Awaitable[proj.Node | None]]
+class NodeRead(NamedTuple):
+    """One read of the agent's Node: its projection and its labels (the projection keeps none)."""
+
+    node: proj.Node
+    labels: Mapping[str, str]
+
+
+def node_read(raw: Mapping[str, Any] | None) -> NodeRead | None:
+    """The read of a Node object as the API server returned it (None: the read failed)."""
+    if raw is None:
+        return None
+    labels = (raw.get("metadata") or {}).get("labels")
+    safe = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(labels, Mapping) else {}
+    return NodeRead(projecting.node(raw), safe)
+
+
+ReadNode = Callable[[], Awaitable[NodeRead | None]]
 
 
 class GpuSight:
@@ -91,9 +111,11 @@ class GpuSight:
 
     def __init__(self, node: str, *, rule: gpus.GpuRule, gpu_detectors: Sequence[str],
                  statuses: Callable[[], Mapping[str, supervising.Status]], gauge: prometheus_client.Gauge,
-                 recheck_seconds: float) -> None:
+                 recheck_seconds: float, gpu_node_labels: Mapping[str, str] | None = None) -> None:
         self.node = node
         self.rule = rule
+        self.gpu_node_labels = dict(gpu_node_labels or {})
+        """Labels that make a node a GPU node for the sight, all of them (none: capacity alone)."""
         self.gpu_detectors = tuple(gpu_detectors)
         self.recheck_seconds = recheck_seconds
         self._statuses = statuses
@@ -104,12 +126,16 @@ class GpuSight:
         """The Node was read (or its read failed) at least once: until then there is no judgement."""
         self._last: Seeing | None = None
 
-    def learn(self, node: proj.Node | None) -> None:
+    def learn(self, read: NodeRead | None) -> None:
         """Fold in a read of the Node (None: the read failed)."""
         self.known = True
-        if node is not None and not self.gpu_node and self.rule.is_gpu_node(node):
+        if read is None or self.gpu_node:
+            return
+        labelled = bool(self.gpu_node_labels) and all(read.labels.get(k) == v for k, v in self.gpu_node_labels.items())
+        if self.rule.is_gpu_node(read.node) or labelled:
             self.gpu_node = True
-            log.info("agent_on_gpu_node", node=self.node, gpus=self.rule.gpu_capacity(node))
+            log.info("agent_on_gpu_node", node=self.node, gpus=self.rule.gpu_capacity(read.node),
+                     labels=sorted(self.gpu_node_labels) if labelled else [])
 
     def current(self) -> Sight:
         """The sight now; logs a change and keeps `kcover_agent_blind` in step."""

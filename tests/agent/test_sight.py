@@ -10,8 +10,7 @@ import pytest
 from kcover import codec, model
 from kcover.agent import reporting, sight
 from kcover.detectors import supervising
-from kcover.kube import gpus, projecting
-from kcover.kube import projections as proj
+from kcover.kube import gpus
 
 S = supervising.Status
 RUNNING = S("running", "", settled=True)
@@ -79,15 +78,40 @@ def test_a_fault_outranks_blindness_and_settling() -> None:
         assert (cond.status, cond.reason) == ("False", "IBPortDown")
 
 
-def _node(capacity: dict[str, str]) -> proj.Node:
-    return projecting.node({"metadata": {"name": "n1"}, "status": {"capacity": capacity}})
+def _node(capacity: dict[str, str], labels: object = None) -> sight.NodeRead | None:
+    meta: dict[str, object] = {"name": "n1"}
+    if labels is not None:
+        meta["labels"] = labels
+    return sight.node_read({"metadata": meta, "status": {"capacity": capacity}})
 
 
 def _gpu_sight(statuses: dict[str, supervising.Status], registry: prometheus_client.CollectorRegistry,
-               recheck: float = 60.0) -> sight.GpuSight:
+               recheck: float = 60.0, labels: dict[str, str] | None = None) -> sight.GpuSight:
     gauge = prometheus_client.Gauge("kcover_agent_blind", "test", ["node"], registry=registry)
     return sight.GpuSight("n1", rule=gpus.DEFAULT, gpu_detectors=GPU, statuses=lambda: statuses, gauge=gauge,
-                          recheck_seconds=recheck)
+                          recheck_seconds=recheck, gpu_node_labels=labels)
+
+
+def test_a_node_labelled_as_having_gpus_but_without_their_capacity_is_a_gpu_node_the_agent_is_blind_on() -> None:
+    """Seen on a real kubelet: a node labelled `nvidia.com/gpu.present=true` (so the chart's agent ran there)
+    whose GPUs were never published (no driver, no device plugin), NVML and `dcgmi` missing: the agent wrote
+    `KcoverGPUHealthy=True`, "sees no GPU fault". With the label it counts as a GPU node, and is blind."""
+    statuses = {"nvml": NO_NVML, "dcgm": NO_DCGMI}
+    present = {"nvidia.com/gpu.present": "true"}
+    seen = _gpu_sight(statuses, prometheus_client.CollectorRegistry(), labels=present)
+    seen.learn(_node({"cpu": "64"}, {"nvidia.com/gpu.present": "true", "kubernetes.io/os": "linux"}))
+    assert seen.current().seeing is sight.Seeing.BLIND
+    cond = reporting.condition({}, 0.0, 300.0, seen.current())
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("Unknown", sight.BLIND_REASON)
+    # what does not make a GPU node: another value, no labels, labels of the wrong shape, no label configured
+    for labels in ({"nvidia.com/gpu.present": "false"}, None, ["nvidia.com/gpu.present"], {"nvidia.com/gpu.present": True}):
+        other = _gpu_sight(statuses, prometheus_client.CollectorRegistry(), labels=present)
+        other.learn(_node({"cpu": "64"}, labels))
+        assert other.current().seeing is sight.Seeing.NOT_A_GPU_NODE, labels
+    capacity_alone = _gpu_sight(statuses, prometheus_client.CollectorRegistry(), labels={})
+    capacity_alone.learn(_node({"cpu": "64"}, present))
+    assert capacity_alone.current().seeing is sight.Seeing.NOT_A_GPU_NODE
 
 
 def test_the_gauge_follows_the_sight_and_a_gpu_node_stays_one() -> None:
@@ -123,7 +147,7 @@ async def test_the_node_is_read_again_only_while_it_is_not_a_gpu_node() -> None:
     reads: list[float] = []
     capacities = [{"cpu": "64"}, {"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "8"}]
 
-    async def read() -> proj.Node | None:
+    async def read() -> sight.NodeRead | None:
         reads.append(asyncio.get_running_loop().time())
         return _node(capacities[len(reads) - 1])
 

@@ -296,3 +296,19 @@ def test_the_path_scan_catches_a_missing_file_and_a_missing_test(tmp_path: Path)
     ]
     assert [w.split(": ", 1)[1] for w in unknown_tests([doc])] == [
         "test_never_written: no test of that name in tests/ or plugins/*/tests/"]
+
+
+def _runbook_alerts(text: str) -> set[str]:
+    """Alert names in the first column of the runbook's alert table (section 9), `A` / `B` rows split."""
+    section = text.split("## 9. Alerts and the dashboard", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`(Kcover\w+)`", row.split("|")[1])}
+
+
+def test_the_runbooks_alert_table_names_every_alert_the_chart_ships() -> None:
+    shipped = set(re.findall(r"^\s*- alert: (\w+)", (ROOT / "helm/kcover/files/prometheus-rules.yaml").read_text(),
+                             re.MULTILINE))
+    assert len(shipped) >= 10
+    listed = _runbook_alerts((ROOT / "docs/runbook.md").read_text())
+    assert shipped - listed == set(), "alerts the chart ships that docs/runbook.md's table leaves out"
+    assert listed - shipped == set(), "alerts docs/runbook.md's table names that the chart does not ship"
