@@ -132,7 +132,8 @@ async def test_a_node_action_lives_in_the_release_namespace_and_a_dry_runs_says_
         await dry.flush()
         obj = srv.store.get("recoveries.kcover.io", ref[0], ref[1])
         assert obj["status"]["phase"] == "RecordOnly"
-        assert "mttrSeconds" not in obj["status"] and "recoveredAt" not in obj["status"]
+        assert "mttrSeconds" not in obj["status"]
+        assert "recoveredAt" not in obj["status"]
 
 
 @pytest.mark.looptime
