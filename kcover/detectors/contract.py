@@ -150,7 +150,7 @@ class ClusterView(Protocol):
         ...
 
     def opted_in(self, pod: proj.Pod) -> bool:
-        """The pod or its workload is labelled `kcover.io/cascading-recovery=true`."""
+        """The pod, its workload or its Namespace is labelled `kcover.io/cascading-recovery=true` (`ownership.opted_in`)."""
         ...
 
     def resolve(self, pod: proj.Pod) -> ownership.Resolved | ownership.Unresolved:

@@ -42,7 +42,7 @@ class PodStatusConfig(BaseModel):
     exit_codes: list[int] = Field(default_factory=list, description="Non-zero exit codes reported whatever the reason; empty means none beyond `reasons`.")
     ignore_exit_codes: list[int] = Field(default_factory=list, description="Exit codes never reported (for example a job's own 'retry me' code).")
     init_containers: bool = Field(True, description="Also watch init containers.")
-    opt_in_only: bool = Field(True, description="Only pods opted in with `kcover.io/cascading-recovery=true` on the pod or its workload.")
+    opt_in_only: bool = Field(True, description="Only pods opted in with `kcover.io/cascading-recovery=true` on the pod, its workload or its Namespace.")
     max_age_seconds: float = Field(600.0, gt=0, description="Seconds: terminations that finished longer ago are history, not faults (a restarted controller must not replay them).")
     seen_capacity: int = Field(200_000, ge=1, description="Terminations remembered to avoid repeats: more than one per pod at 150,000 pods.")
 

@@ -324,8 +324,9 @@ class ClusterIndex:
         return {"kind": w.kind, "name": w.name, "uid": w.uid, "apiVersion": w.api_version}
 
     def opted_in(self, pod: proj.Pod) -> bool:
-        """`ownership.opted_in`: the opt-in label on the pod or on any controller of its owner chain."""
-        return ownership.opted_in(pod, ownership.resolve(self, pod))
+        """`ownership.opted_in`: the opt-in label on the pod, on any controller of its owner chain, or on its
+        Namespace."""
+        return ownership.opted_in(pod, ownership.resolve(self, pod), namespace=self.namespace(pod.namespace))
 
     def slice_drivers(self, node: str) -> list[str]:
         """The drivers of the DRA ResourceSlices naming `node`."""

@@ -151,8 +151,20 @@ def labelled(labels: proj.Pairs) -> bool:
     return opt_in_value(proj.get(labels, proj.OPT_IN_LABEL))
 
 
-def opted_in(pod: proj.Pod, resolved: Resolved | Unresolved | None) -> bool:
-    """The opt-in label on the pod, or on any controller of its resolved chain (workload included)."""
-    if labelled(pod.labels):
+def opts_out(value: str) -> bool:
+    """`false` in any letter case: a pod or workload that says so stays out of its namespace's opt-in."""
+    return value.lower() == "false"
+
+
+def opted_in(pod: proj.Pod, resolved: Resolved | Unresolved | None, *, namespace: proj.Namespace | None) -> bool:
+    """The opt-in label on the pod, or on any controller of its resolved chain (workload included); or on
+    the pod's Namespace (`namespace`, None when not known), unless the pod or a controller of its chain
+    carries the label with `false`. Who may set each: a Namespace's labels are written by whoever may patch
+    Namespaces (cluster-scoped: the cluster's admins, not a namespace's tenants), a pod's or workload's by
+    whoever may write them in that namespace (docs/security.md)."""
+    own = [pod.labels, *(item.labels for item in resolved.chain)] if isinstance(resolved, Resolved) else [pod.labels]
+    values = [proj.get(labels, proj.OPT_IN_LABEL) for labels in own]
+    if any(opt_in_value(v) for v in values):
         return True
-    return isinstance(resolved, Resolved) and any(labelled(item.labels) for item in resolved.chain)
+    return namespace is not None and namespace.name == pod.namespace and labelled(namespace.labels) \
+        and not any(opts_out(v) for v in values)

@@ -53,7 +53,8 @@ def drain_candidates(snapshot: planinputs.Snapshot, node: str, mode: settings.Dr
             continue
         if mode is settings.DrainMode.OPTED_IN:
             resolved = ownership.resolve(snapshot, pod)
-            if not ownership.opted_in(pod, None if isinstance(resolved, ownership.Unresolved) else resolved):
+            if not ownership.opted_in(pod, None if isinstance(resolved, ownership.Unresolved) else resolved,
+                                      namespace=snapshot.namespace(pod.namespace)):
                 continue
         out.append(pod)
     return sorted(out, key=lambda p: (p.namespace, p.name))

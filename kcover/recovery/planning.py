@@ -123,9 +123,10 @@ class _Planner:
             code = Code(resolved.problem.value)
             # audited only when the pod itself opted in: a crashing Deployment pod is not kcover's business
             return [st.Refuse(code, resolved.text, self.event, about=about, quiet=not ownership.labelled(pod.labels))]
-        if not ownership.opted_in(pod, resolved):
-            return [] if sweep else [self.refuse(Code.NOT_OPTED_IN, f"neither Pod {pod.namespace}/{pod.name} nor its "
-                                                 f"{resolved.workload.kind} carries {proj.OPT_IN_LABEL}=true", about)]
+        if not ownership.opted_in(pod, resolved, namespace=self.snapshot.namespace(pod.namespace)):
+            return [] if sweep else [self.refuse(Code.NOT_OPTED_IN, f"neither Pod {pod.namespace}/{pod.name}, its "
+                                                 f"{resolved.workload.kind} nor Namespace {pod.namespace} carries "
+                                                 f"{proj.OPT_IN_LABEL}=true (or the pod or workload says false)", about)]
         w = resolved.workload
         unit = restartunits.unit_of(resolved, pod)
         if unit.key in self.planned_keys:

@@ -97,15 +97,16 @@ def vet(key: str, intent: ledgerentries.Intent, snapshot: planinputs.Snapshot,
     pods = [p for p in snapshot.pods_of_workload(uid) if not p.deleting]
     pods.sort(key=lambda p: intent.pod is None or p.uid != intent.pod[2])  # the faulting pod first
     opted = False
+    ns = snapshot.namespace(w.namespace)
     for pod in pods:
         resolved = ownership.resolve(snapshot, pod)
         if not isinstance(resolved, ownership.Resolved) or resolved.workload.uid != uid:
             continue
-        opted = opted or ownership.opted_in(pod, resolved)
+        opted = opted or ownership.opted_in(pod, resolved, namespace=ns)
         unit = restartunits.unit_of(resolved, pod)
         if unit.key != key:
             continue
-        if not ownership.opted_in(pod, resolved):
+        if not ownership.opted_in(pod, resolved, namespace=ns):
             return f"{what} is not opted in ({proj.OPT_IN_LABEL})"
         if unit.selector.render() != intent.selector:
             return f"the recorded selector {intent.selector!r} is not {what}'s ({unit.selector.render()!r})"

@@ -84,6 +84,57 @@ async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(wher
         assert planned.code is actions.Code.NOT_OPTED_IN
 
 
+def _namespace(labels: dict[str, str]) -> o.Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "uid": "ns-uid", "labels": labels}}
+
+
+@pytest.mark.parametrize(("ns_value", "own", "opted"), [
+    ("true", {}, True),                                   # the Namespace opts in every workload in it
+    ("TRUE", {}, True),
+    ("true", {"pod": "false"}, False),                    # ... but a pod that says false stays out
+    ("true", {"workload": "False"}, False),               # ... and so does a workload that says so
+    ("true", {"pod": "no"}, True),                        # only false opts out
+    ("yes", {}, False),
+    ("", {}, False),
+    ("false", {"workload": "true"}, True),                # the workload's own word stands
+    (None, {}, False),                                    # no Namespace object cached
+])
+async def test_a_namespace_label_opts_in_every_workload_in_it_in_the_detector_and_the_policy(
+        ns_value: str | None, own: dict[str, str], opted: bool) -> None:
+    now = _now()
+    job = o.workload(KF, "PyTorchJob", "train", uid="pt-uid",
+                     labels={proj.OPT_IN_LABEL: own["workload"]} if "workload" in own else {})
+    pod = _failed_pod(job, {proj.OPT_IN_LABEL: own["pod"]} if "pod" in own else {}, now)
+    objects = [job, pod, o.node("n1")]
+    if ns_value is not None:
+        objects.append(_namespace({proj.OPT_IN_LABEL: ns_value} if ns_value else {}))
+    cache = caching.ClusterCache.offline(objects)
+
+    reported = await _detector_reports(cache)
+    assert len(reported) == (1 if opted else 0)
+    fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
+                                 target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
+                                                     uid="p0"), observed_at=now)
+    [planned] = planning.plan(fault, cache, planinputs.History(), settings.RecoverySettings(), now)
+    if opted:
+        assert isinstance(planned, actions.Restart)
+        assert planned.workload.uid == "pt-uid"
+    else:
+        assert isinstance(planned, actions.Refuse)
+        assert planned.code is actions.Code.NOT_OPTED_IN
+
+
+def test_another_namespaces_label_opts_nothing_in() -> None:
+    """`opted_in` is given the pod's own Namespace; handed another one, it does not count."""
+    job = o.workload(KF, "PyTorchJob", "train", uid="pt-uid")
+    cache = caching.ClusterCache.offline([job, _failed_pod(job, {}, _now())])
+    pod = cache.pod_by_name("ml", "train-worker-0")
+    assert pod is not None
+    other = proj.Namespace(uid="u", rv="1", name="team-b", labels=((proj.OPT_IN_LABEL, "true"),), annotations=())
+    assert ownership.opted_in(pod, cache.resolve(pod), namespace=other) is False
+    assert ownership.opted_in(pod, cache.resolve(pod), namespace=other._replace(name="ml")) is True
+
+
 def test_pods_of_workload_means_every_pod_under_it() -> None:
     """TrainJob -> JobSet -> Job -> Pod, JobSet -> Job -> Pod, LWS -> (uncached) StatefulSet -> Pod."""
     tj = o.workload("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", uid="tj-uid")

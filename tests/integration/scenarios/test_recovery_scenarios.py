@@ -27,6 +27,7 @@ from kcover import serving, settings
 from kcover.aio import clock as clock_
 from kcover.controller import running
 from kcover.kube import client as client_
+from kcover.kube import projections as proj
 
 Cluster = Any  # tests/backends.py's Cluster
 T = TypeVar("T")
@@ -89,12 +90,13 @@ def _template(node: str) -> dict[str, Any]:
 
 
 async def _job(cluster: Cluster, name: str, node: str, *, kind: str = "PyTorchJob",
-               opted_in: bool = True) -> dict[str, Any]:
-    """A Kubeflow job with two running workers (a TFJob: one parameter server) on `node`."""
+               opted_in: bool = True, opt_in: str = "true") -> dict[str, Any]:
+    """A Kubeflow job with two running workers (a TFJob: one parameter server) on `node`; labelled
+    `kcover.io/cascading-recovery=<opt_in>` when `opted_in`."""
     ns = cluster.namespace
     plural, specs, rtype, replicas = (("pytorchjobs", "pytorchReplicaSpecs", "Worker", 2) if kind == "PyTorchJob"
                                       else ("tfjobs", "tfReplicaSpecs", "PS", 1))
-    labels = {"kcover.io/cascading-recovery": "true"} if opted_in else {}
+    labels = {"kcover.io/cascading-recovery": opt_in} if opted_in else {}
     job: dict[str, Any] = await cluster.client.request(
         "POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/{plural}", body={
             "apiVersion": "kubeflow.org/v1", "kind": kind,
@@ -280,6 +282,37 @@ async def test_pod_error_restarts_its_job_once_and_nothing_else(cluster: Cluster
         assert _uids(after) == _uids(before)
         assert all(not p["metadata"].get("deletionTimestamp") for p in after)
     assert _deletecollections(cluster) in (None, 0)
+
+
+async def test_a_namespace_labelled_to_opt_in_has_its_unlabelled_job_restarted_and_a_job_saying_false_spared(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """`kcover.io/cascading-recovery=true` on the Namespace opts in every workload in it; a workload labelled
+    `false` stays out. Before the Namespace is labelled, the same fault on the unlabelled job is passed over."""
+    node = f"scn-{secrets.token_hex(3)}"
+    await _node(cluster.client, node)
+    train = await _job(cluster, "train", node, opted_in=False)
+    kept = await _job(cluster, "kept", node, opt_in="false")
+    old, kept_pods = _uids(await _pods(cluster, "train")), await _pods(cluster, "kept")
+    ns_path = f"/api/v1/namespaces/{cluster.namespace}"
+    async with cluster.harness.playing(), _controllers(cluster, tmp_path):
+        await cluster.harness.fail_container(cluster.namespace, "train-worker-1", CONTAINER, message="exit 1")
+        await asyncio.sleep(3 * SETTLE)  # not opted in yet: nothing happens
+        assert _about(await _events(cluster), RESTARTED, train["metadata"]["uid"]) == []
+        assert _uids(await _pods(cluster, "train")) == old
+        await cluster.client.request("PATCH", ns_path, body={"metadata": {"labels": {proj.OPT_IN_LABEL: "true"}}},
+                                     content_type=client_.MERGE_PATCH)
+        # the failed worker is still failed: a fresh failure on each job, now that the Namespace opts in
+        await cluster.harness.run_pod(cluster.namespace, "train-worker-1")
+        await cluster.harness.fail_container(cluster.namespace, "train-worker-1", CONTAINER, message="exit 1")
+        await cluster.harness.fail_container(cluster.namespace, "kept-worker-1", CONTAINER, message="exit 1")
+        await _until_event(cluster, RESTARTED, train["metadata"]["uid"], "a restart Event for the unlabelled job")
+        await _recreated(cluster, "train", old)
+        await asyncio.sleep(SETTLE)
+        events = await _events(cluster)
+    assert len(_about(events, RESTARTED, train["metadata"]["uid"])) == 1
+    acted_on = {e["involvedObject"].get("uid") for e in events if e.get("reason", "").startswith("Kcover")}
+    assert kept["metadata"]["uid"] not in acted_on
+    assert _uids(await _pods(cluster, "kept")) == _uids(kept_pods)
 
 
 async def test_dra_unhealthy_device_restarts_its_job(cluster: Cluster, tmp_path: Path) -> None:
