@@ -6,8 +6,9 @@ paths answer 404, as kube-apiserver's do once a CRD is gone). The controller run
 restarts nothing for a container that fails; once the LedgerEntry CRD is back it restarts the job once,
 and says that Recovery resources are not served while it goes on (`records` on /readyz, the
 `not_served` count, a `KcoverRecordsUnavailable` Event). Then the LedgerEntry CRD is deleted under the
-running controller: the next fault is not acted on until the CRD returns, and then once. The process
-never exits on its own. Real time; every wait polls what the API server or the process says.
+running controller: the next fault is not acted on until the CRD returns, and then once. A node fault
+likewise cordons nothing without the ledger, at start and under a running controller, and once after. The
+process never exits on its own. Real time; every wait polls what the API server or the process says.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def _kcover_controller(cluster: Cluster, tmp_path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def _kcover_controller(cluster: Cluster, tmp_path: Path, *extra: str
+                             ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     ns, port = cluster.namespace, _free_port()
-    sets = [f"recovery.ledger_namespace={ns}", f"lease.namespace={ns}", "recovery.namespaces_deny=[]",
+    sets = [*extra, f"recovery.ledger_namespace={ns}", f"lease.namespace={ns}", "recovery.namespaces_deny=[]",
             "recovery.save_logs.enabled=false", "recovery.workload_cooldown_seconds=1",
             "lease.lease_duration_seconds=2", "lease.renew_deadline_seconds=1.5", "lease.retry_period_seconds=0.2",
             "kube.workload_kinds=[pytorchjobs.kubeflow.org]", "kube.gc_freeze_after_sync=false",
@@ -207,3 +209,83 @@ async def test_without_its_crds_kcover_acts_on_nothing_says_so_and_acts_once_the
     assert len(done) == 2, [e["message"] for e in done]
     print(f"the fault under a deleted LedgerEntry CRD: the CRD was back {restored - started:.1f} s after it, "
           f"the job restarted {acted - started:.1f} s after it")
+
+
+async def _gpu_node(cluster: Cluster, name: str) -> None:
+    await cluster.client.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node",
+                                                                "metadata": {"name": name}})
+    node = await cluster.client.request("GET", f"/api/v1/nodes/{name}")
+    resources = {"nvidia.com/gpu": "8", "cpu": "64", "pods": "110"}
+    node["status"] = {"capacity": resources, "allocatable": resources,
+                      "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": ""}]}
+    await cluster.client.request("PUT", f"/api/v1/nodes/{name}/status", body=node)
+
+
+async def test_without_the_ledger_crd_a_node_fault_cordons_nothing_until_it_is_back_and_then_once(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A node fault while the LedgerEntry CRD is not served writes no Node (a cordon without its ledger entry
+    would have no cooldown and no window count); once the CRD is back, the fault is acted on, once. Both
+    with the CRD missing at the controller's start (the ledger never loads) and deleted under the running
+    controller (the loaded ledger's cordon guard, `Ledger.confirm_served`, finds it gone)."""
+    nodes = [f"crd-gpu-{secrets.token_hex(3)}" for _ in range(2)]
+    for name in nodes:
+        await _gpu_node(cluster, name)
+
+    async def node_now(name: str) -> dict[str, Any]:
+        return dict(await cluster.client.request("GET", f"/api/v1/nodes/{name}"))
+
+    async def cordon_events(name: str) -> list[dict[str, Any]]:
+        listed = await cluster.client.request("GET", "/api/v1/events")
+        return [e for e in listed.get("items") or [] if e.get("reason") == "KcoverCordonedNode"
+                and e["involvedObject"].get("name") == name]
+
+    async def xid(name: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cond = {"type": "KcoverGPUHealthy", "status": "False", "reason": "XID79", "message": "XID 79 on GPU 0",
+                "lastTransitionTime": now, "lastHeartbeatTime": now}
+        await cluster.client.request("PATCH", f"/api/v1/nodes/{name}/status", body={"status": {"conditions": [cond]}},
+                                     content_type="application/strategic-merge-patch+json")
+
+    seen: dict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    await _unserve(cluster, LEDGER)
+    try:
+        async with _kcover_controller(cluster, tmp_path, "detectors.entries.node-condition.config.min_duration_seconds=0",
+                                      "recovery.max_cordoned_fraction=1.0", "recovery.max_cordons_per_window=10",
+                                      "recovery.max_cordons_per_window_fraction=1.0") as (proc, url):
+            async def ledger_failing() -> bool:
+                status, body = await _get(url + "/readyz")
+                return status == 503 and "[-] ledger failing" in body
+
+            async def ledger_ok() -> bool:
+                status, _ = await _get(url + "/readyz")
+                return status == 200
+
+            for phase, name in zip(("at start", "deleted"), nodes, strict=True):
+                if phase == "deleted":
+                    await _until(ledger_ok, "/readyz to pass with the ledger served", within=60.0)
+                    await _unserve(cluster, LEDGER)
+                else:
+                    await _until(ledger_failing, "/readyz to fail on the ledger", within=60.0)
+                await xid(name)
+                await _until(ledger_failing, f"/readyz to fail on the ledger ({phase})", within=60.0)
+                await asyncio.sleep(SETTLE)  # room for a wrongful cordon to show
+                missing, events_missing = await node_now(name), await cordon_events(name)
+                await _serve(cluster, LEDGER)
+
+                async def cordoned(name: str = name) -> bool:
+                    return bool((await node_now(name)).get("spec", {}).get("unschedulable"))
+                await _until(cordoned, f"the node cordoned once the ledger is back ({phase})", within=60.0)
+                await asyncio.sleep(SETTLE)  # room for a second cordon Event to show
+                seen[phase] = (missing, events_missing, await cordon_events(name))
+            alive = proc.returncode is None
+    finally:
+        await _serve(cluster, LEDGER)
+    log = (tmp_path / "controller.log").read_text(errors="replace")
+    assert alive, f"the controller exited: {log[-3000:]}"
+    for phase, (missing, events_missing, events_back) in seen.items():
+        spec = missing.get("spec", {})
+        assert not spec.get("unschedulable"), f"cordoned without the ledger ({phase})"
+        assert not any(t.get("key") == "kcover.io/unhealthy" for t in spec.get("taints") or []), phase
+        assert events_missing == [], phase
+        assert len(events_back) == 1, (phase, [e.get("message") for e in events_back])
+    assert set(seen) == {"at start", "deleted"}
