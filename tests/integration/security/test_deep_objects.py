@@ -7,9 +7,12 @@ the real kube-apiserver, write such objects: one may only create Events, the oth
 pods and create PyTorchJobs. Meanwhile a genuine failure of another namespace's job is restarted by the
 running controller, a controller started afterwards syncs and restarts it again, the tenants' objects
 stay in the cache where they can be decoded without their managedFields, the PyTorchJob that cannot be
-decoded at all is skipped and counted (`kcover_objects_skipped_total`), and /readyz stays ready. On the
-simulated server (no RBAC) the same objects are written by plain clients; it stores them as the real
-one does (tests/conformance/test_managed_fields.py).
+decoded at all is skipped and counted (`kcover_objects_skipped_total`), and /readyz stays ready. That
+failure is a pod's, seen through the pods watch; so a second test writes the deep Event and then a
+genuine Event annotated `kcover.io/need-recovery` about an opted-in pod of another namespace, which the
+running controller's Events watch (the event-watcher detector's cache) must still deliver: the job is
+restarted once. On the simulated server (no RBAC) the same objects are written by plain clients; it
+stores them as the real one does (tests/conformance/test_managed_fields.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from test_trust import Replica, _job, _node, _pods, _until
 
 from kcover import metrics as metrics_
 from kcover import serving, settings
+from kcover.aio import clock as clock_
 from kcover.controller import running
 from kcover.kube import client as client_
 from kcover.kube import decoding, retrying
@@ -112,6 +116,30 @@ async def _raw_list(cluster: Cluster, path: str) -> str:
     return str(await cluster.client.text(path))
 
 
+async def _write_deep_event(eventer: client_.KubeClient, namespace: str) -> None:
+    """An Event in `namespace` whose managedFields nest `DEPTH` levels (the server keeps them as written)."""
+    await eventer.request("POST", f"/api/v1/namespaces/{namespace}/events", body=(
+        b'{"apiVersion":"v1","kind":"Event","metadata":{"name":"deep",' + managed_fields("eventer") + b'},'
+        b'"involvedObject":{"kind":"Pod","namespace":"' + namespace.encode() + b'","name":"x"},'
+        b'"reason":"Deep","message":"deep","type":"Normal"}'))
+
+
+async def _ask_recovery(cluster: Cluster, pod: Obj) -> None:
+    """A fresh Event annotated kcover.io/need-recovery about `pod`, in its namespace, as a health checker posts it."""
+    meta = pod["metadata"]
+    now = clock_.rfc3339(clock_.utcnow())
+    await cluster.client.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body={
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(6)}", "namespace": meta["namespace"],
+                     "annotations": {"kcover.io/need-recovery": "true"}},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
+                           "uid": meta["uid"]},
+        "reason": "NCCLAllReduceHang", "message": "all-reduce stalled for 300s", "type": "Warning",
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "source": {"component": "healthcheck.example.com/checker"},
+        "reportingComponent": "healthcheck.example.com/checker", "reportingInstance": "checker-0"})
+
+
 async def _restarts(cluster: Cluster, namespace: str, uid: str) -> int:
     events = (await cluster.client.request("GET", f"/api/v1/namespaces/{namespace}/events")).get("items") or []
     return sum(1 for e in events if e.get("reason") == "KcoverRestartedWorkload" and e["involvedObject"].get("uid") == uid)
@@ -144,10 +172,7 @@ async def test_objects_nested_too_deep_blind_nothing(cluster: Cluster) -> None:
                 _tenant(cluster, pods_ns, "podder", [
                     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "patch"]},
                     {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create"]}]) as podder:
-            await eventer.request("POST", f"/api/v1/namespaces/{events_ns}/events", body=(
-                b'{"apiVersion":"v1","kind":"Event","metadata":{"name":"deep",' + managed_fields("eventer") + b'},'
-                b'"involvedObject":{"kind":"Pod","namespace":"' + events_ns.encode() + b'","name":"x"},'
-                b'"reason":"Deep","message":"deep","type":"Normal"}'))
+            await _write_deep_event(eventer, events_ns)
             await podder.request("POST", f"/api/v1/namespaces/{pods_ns}/pods", body=(
                 b'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"deep",' + managed_fields("podder") + b'},'
                 b'"spec":{"containers":[{"name":"c","image":"busybox"}]}}'))
@@ -184,6 +209,37 @@ async def test_objects_nested_too_deep_blind_nothing(cluster: Cluster) -> None:
         await first.shutdown()
         if second is not None:
             await second.shutdown()
+
+
+async def test_an_event_nested_too_deep_leaves_the_events_watch_acting(cluster: Cluster) -> None:
+    suffix = secrets.token_hex(3)
+    events_ns = await cluster.create_namespace(f"deep-ev-{suffix}")
+    victim_ns = await cluster.create_namespace(f"victim-{suffix}")
+    node = f"deep-{suffix}"
+    await _node(cluster.client, node)
+    victim_uid = (await _job(cluster, victim_ns, "victim", node))["metadata"]["uid"]
+    before = await _pods(cluster, victim_ns, "victim")
+
+    first, health = await _start(cluster, "a")
+    try:
+        async with playing.Harness(cluster.harness.kube, namespace=victim_ns).playing(), \
+                _tenant(cluster, events_ns, "eventer", [{"apiGroups": [""], "resources": ["events"],
+                                                         "verbs": ["create"]}]) as eventer:
+            await _write_deep_event(eventer, events_ns)
+            with pytest.raises(orjson.JSONDecodeError):  # the premise: the server serves what orjson refuses
+                orjson.loads(await _raw_list(cluster, f"/api/v1/namespaces/{events_ns}/events"))
+
+            # written after the deep one, so the Events watch delivers it only if it read past the deep one
+            await _ask_recovery(cluster, before[1])
+            await _until(lambda: _count_at_least(cluster, victim_ns, victim_uid, 1),
+                         "the victim's restart, asked by an annotated Event after the deep one")
+            await _until(lambda: _recreated(cluster, victim_ns, {p["metadata"]["uid"] for p in before}),
+                         "the victim's workers recreated")
+            await asyncio.sleep(1.5)  # nothing restarts it twice
+            assert await _restarts(cluster, victim_ns, victim_uid) == 1
+            assert health.readiness()[0], health.readiness()
+    finally:
+        await first.shutdown()
 
 
 async def _has_pods(replica: Replica, namespace: str, names: set[str]) -> bool:
