@@ -107,12 +107,12 @@ class KubeSettings(settinggroups.Group):
     backoff_initial_seconds: float = Field(0.5, gt=0, description="Seconds: first retry delay after a failed list or watch.")
     backoff_max_seconds: float = Field(30.0, gt=0, description="Seconds: ceiling of the retry delay, as client-go's reflector.")
     request_timeout_seconds: float = Field(30.0, gt=0, description="Seconds for one non-watch request.")
-    retry_deadline_seconds: float = Field(10.0, ge=0, description="Seconds a request keeps being retried after a 429, a 5xx or a connection error, waits included; 0 turns retries off. 10 s rides out an API server restart or a burst of priority-and-fairness throttling without holding a recovery past a typical cooldown. A leader's writes are further bounded by its term (see docs/architecture.md, Fencing).")
+    retry_deadline_seconds: float = Field(10.0, ge=0, description="Seconds a request keeps being retried after a 429, a 5xx or a connection error, waits included; 0 turns retries off. 10 s rides out an API server restart or a burst of priority-and-fairness throttling without holding a recovery past a typical cooldown. A leader's writes are further bounded by its term (see docs/architecture.md#retries-and-fencing).")
     retry_initial_seconds: float = Field(0.1, gt=0, description="Seconds: first retry delay (equal jitter: drawn from the upper half of a doubling ceiling) when the server gave no Retry-After.")
     retry_max_delay_seconds: float = Field(2.0, gt=0, description="Seconds: ceiling of one retry delay, and of a server's Retry-After honoured: the API server asks for 1 s under priority and fairness.")
     workload_kinds: list[str] = Field(
         default_factory=lambda: list(kinds.DEFAULT_KEYS),
-        description="Workload kinds the controller cache watches, as `plural.group`: by default every kind kcover restarts (docs/architecture.md, \"Workload kinds\"). A kind whose CRD is missing is logged once and retried slowly.",
+        description="Workload kinds the controller cache watches, as `plural.group`: by default every kind kcover restarts (docs/architecture.md#contract-with-the-cluster). A kind whose CRD is missing is logged once and retried slowly.",
         json_schema_extra=_RESTART)
     watch_events: bool = Field(True, description="Watch core/v1 Events (for the event-watcher detector); only those annotated `kcover.io/need-recovery` or `kcover.io/device-healthy` are kept.",
                                json_schema_extra=_RESTART)

@@ -4,20 +4,27 @@ commands that look at kcover's own objects look in the namespace the install doc
 the chart puts them; and every file, folder and test the docs cite is in the tree (`path::test_name`: that
 file defines that test; a test named alone: some test file does). (The RBAC tables are checked against the
 rendered chart in tests/chart/test_docs_rbac.py; metric names against a running role's /metrics in
-tests/integration/test_documented_metrics.py.)
+tests/integration/test_documented_metrics.py.) install.md starts by building the images; nothing calls the
+ledger a ConfigMap; and every `*.md` file (and `#anchor`) a setting's description names is in the tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import re
 import shlex
+import typing
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from pydantic import BaseModel
 
-from kcover import wiring
+from kcover import settings, wiring
 from kcover.cli import parsing
+from kcover.detectors import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
@@ -211,6 +218,7 @@ def citations(doc: Path) -> list[tuple[int, str, str | None]]:
             continue  # a URL, an absolute path (in an image, on a node), a placeholder or a glob
         path, _, test = word.partition("::")
         path = re.sub(r":\d+$", "", path).removeprefix("./")
+        path = re.sub(r"(\.md)#[\w-]*$", r"\1", path)  # `docs/x.md#heading`: the file (the heading: missing_md_names)
         if path.startswith(RUNTIME):
             continue
         if path.split("/", 1)[0] in TOP or path.startswith("../") or FILE_SUFFIX.search(path):
@@ -312,3 +320,202 @@ def test_the_runbooks_alert_table_names_every_alert_the_chart_ships() -> None:
     listed = _runbook_alerts((ROOT / "docs/runbook.md").read_text())
     assert shipped - listed == set(), "alerts the chart ships that docs/runbook.md's table leaves out"
     assert listed - shipped == set(), "alerts docs/runbook.md's table names that the chart does not ship"
+
+
+# ---------------------------------------------------------------------------------------------- install order
+
+def install_order_problems(text: str) -> list[str]:
+    """Why install.md's text does not start from building the images: its first fenced `sh` block must run
+    `scripts/build-images --push`, and no `helm install` may come before the first `scripts/build-images`."""
+    blocks = re.findall(r"^\s*```sh[ \t]*\n(.*?)^\s*```", text, re.M | re.S)
+    if not blocks:
+        return ["no fenced sh block"]
+    problems = []
+    if not re.search(r"^\s*scripts/build-images\b.*\s--push\b", blocks[0], re.M):
+        problems.append("its first sh block does not run scripts/build-images --push")
+    build = re.search(r"^\s*(?:\$\s+)?scripts/build-images\b", text, re.M)
+    helm = re.search(r"helm\s+install\b", text)
+    if build is None:
+        problems.append("no scripts/build-images command")
+    if helm and (build is None or helm.start() < build.start()):
+        problems.append("`helm install` comes before the images are built")
+    return problems
+
+
+def test_install_md_builds_the_images_before_it_installs_the_chart() -> None:
+    """docs/install.md starts from `scripts/build-images --push`, and shows no `helm install` before it."""
+    assert install_order_problems((ROOT / "docs" / "install.md").read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(("text", "problems"), [
+    ("```sh\ngit clone x && cd kcover\nhelm install kcover helm/kcover\n```\n"
+     "```sh\nscripts/build-images --push r.example/ml\n```\n",
+     ["its first sh block does not run scripts/build-images --push",
+      "`helm install` comes before the images are built"]),
+    ("```sh\nscripts/build-images r.example/ml\nhelm install kcover helm/kcover\n```\n",
+     ["its first sh block does not run scripts/build-images --push"]),
+    ("Then `helm install` it.\n```sh\nscripts/build-images --push r.example/ml\n```\n",
+     ["`helm install` comes before the images are built"]),
+    ("```yaml\na: 1\n```\n```sh\nscripts/build-images --push r.example/ml\n```\n"
+     "`scripts/build-images --help` lists its options.\n```sh\nhelm install kcover helm/kcover\n```\n", []),
+])
+def test_the_install_order_scan_catches_an_install_before_the_build(text: str, problems: list[str]) -> None:
+    """install_order_problems finds a clone-then-install page and passes one that builds first."""
+    assert install_order_problems(text) == problems
+
+
+# ---------------------------------------------------------------------------------------------- the ledger
+
+def _models(annotation: object, path: str) -> list[tuple[str, type[BaseModel]]]:
+    """(dotted path, model) of `annotation` if it is a model, and of every model nested in it (fields, the
+    items of lists and maps, the arms of unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        found = [(path, annotation)]
+        for name, info in annotation.model_fields.items():
+            found += _models(info.annotation, f"{path}.{name}".lstrip("."))
+        return found
+    return [m for arg in typing.get_args(annotation) for m in _models(arg, path)]
+
+
+def setting_texts() -> list[tuple[str, str]]:
+    """(where, text) of every description of kcover's settings and of every installed detector's config:
+    each model's docstring, each field's description, each removed setting's text."""
+    models = _models(settings.Settings, "")
+    for info in registry.discover().infos:
+        if info.cls is not None:
+            models += _models(info.cls.config_model, f"detectors.entries.{info.name}.config")
+    out = []
+    for path, model in models:
+        out.append((f"{path or 'Settings'} ({model.__name__})", model.__doc__ or ""))
+        out += [(f"{path}.{name}".lstrip("."), info.description or "") for name, info in model.model_fields.items()]
+        out += [(f"{path}.{name} (removed)".lstrip("."), why) for name, why in getattr(model, "removed", {}).items()]
+    return out
+
+
+LEDGER_AS_CONFIGMAP = [re.compile(p, re.I) for p in (
+    r"\bledger(?:'s|`)?\s+configmaps?\b",  # the ledger ConfigMap, the ledger's ConfigMap, `kcover-ledger` ConfigMap
+    r"\bconfigmaps?(?:\s+(?:named|called))?[\s/]+`?kcover-ledger(?![\w.-])",  # the ConfigMap `kcover-ledger`
+    r"\bledger(?:'s)?\s+(?:is|are|lives|sits|stays)\s+(?:(?:kept|stored|held|written)\s+)?(?:in|as)?\s*"
+    r"(?:a|an|the|one)\s+(?:[\w`.-]+\s+)?configmaps?\b",  # the ledger is (kept in) a ConfigMap
+    r"\bconfigmaps?\s+(?:that\s+|which\s+)?(?:holding|holds?|keeping|keeps?|storing|stores?|of|for|with)\s+"
+    r"(?:the\s+|its\s+|kcover's\s+)?ledger\b",  # the ConfigMap holding the ledger
+    r"\bledger\s*[(,:\u2014\u2013]\s*(?:a|an|the|one)\s+configmaps?\b",  # the ledger (a ConfigMap ...)
+)]
+"""What calls the ledger a ConfigMap. A sentence that only names both ("the ledger and the controls ConfigMap",
+"the chart's config ConfigMap and the ledger") says nothing of the kind."""
+HISTORY = re.compile(r"\b(?:earlier|previous|former|older)\s+versions?\b|\bno longer\b|\bformerly\b|\bused to\b"
+                     r"|\b(?:is|are)\s+gone\b", re.I)
+"""A clause that says it is about what kcover did before (`earlier versions kept it all in the ConfigMap
+`kcover-ledger`, which this version no longer reads`)."""
+
+
+def _clauses(text: str) -> list[str]:
+    """The sentences (and clauses after a `;`) of a text, wrapped lines joined; table cells, list items and
+    `#` comment lines (YAML, shell) are their own."""
+    text = re.sub(r"^[ \t]*#+[ \t]?", "", text, flags=re.M)
+    out = []
+    for paragraph in re.split(r"\n\s*\n|\n(?=\s*(?:[*+-]|\d+\.)\s)|\|", text):
+        out += [c.strip() for c in re.split(r"(?<=[.;!?])\s+", " ".join(paragraph.split())) if c.strip()]
+    return out
+
+
+def ledger_as_configmap(where: str, text: str) -> list[str]:
+    """`where: clause` for each clause of `text` that calls the ledger a ConfigMap."""
+    return [f"{where}: {clause}" for clause in _clauses(text)
+            if any(p.search(clause) for p in LEDGER_AS_CONFIGMAP) and not HISTORY.search(clause)]
+
+
+LEDGER_SOURCES = [*DOCS, ROOT / "helm" / "kcover" / "values.yaml", ROOT / "helm" / "kcover" / "templates" / "NOTES.txt"]
+
+
+def test_nothing_calls_the_ledger_a_configmap() -> None:
+    """No doc, chart comment or setting's description calls the ledger (LedgerEntry objects) a ConfigMap."""
+    texts = [(str(f.relative_to(ROOT)), f.read_text(encoding="utf-8")) for f in LEDGER_SOURCES] + setting_texts()
+    assert sum("ledger" in t.lower() and "configmap" in t.lower() for _, t in texts) >= 5, \
+        "found too few texts naming both: is the scan right?"
+    wrong = [w for where, text in texts for w in ledger_as_configmap(where, text)]
+    assert not wrong, "the ledger is LedgerEntry objects (ledgerentries.kcover.io, kcover-ledger.<unit>), " \
+                      "not a ConfigMap:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(("text", "caught"), [
+    ("The controller keeps cooldowns in the ledger ConfigMap.", True),
+    ("Back up the ledger's ConfigMap before an upgrade.", True),
+    ("Delete the `kcover-ledger` ConfigMap to forget the cooldowns.", True),
+    ("```sh\nkubectl -n kcover-system get configmap kcover-ledger -o yaml\n```", True),
+    ("The ledger is kept in a ConfigMap in the release namespace.", True),
+    ("The ledger lives in one ConfigMap per release.", True),
+    ("Restarts are recorded in the ConfigMap holding the ledger;\nit is\nwritten by the leader.", True),
+    ("# Lease, ledger ConfigMap and controls\n# names.", True),
+    ("| `recovery.ledger_name` | the ledger (a ConfigMap) |", True),
+    ("It reads the Lease, the ledger and the controls ConfigMap.", False),
+    ("# Lease, ledger and controls ConfigMap names, in the release namespace.", False),
+    ("It reads the chart's config ConfigMap and the ledger first.", False),
+    ("Namespace of the ledger's LedgerEntry objects, the controls ConfigMap and kcover's Lease.", False),
+    ("ConfigMap (in `ledger_namespace`) holding operator controls.", False),
+    ("The breaker, `kcover-ledger.breaker` (`recovery.ledger_name`; earlier versions kept it all in the ConfigMap "
+     "`kcover-ledger`, which this\nversion no longer reads).", False),
+    ("The ledger is LedgerEntry objects. The controls ConfigMap is `kcover-controls`.", False),
+])
+def test_the_ledger_scan_catches_a_ledger_configmap(text: str, caught: bool) -> None:
+    """ledger_as_configmap finds a sentence calling the ledger a ConfigMap, and not one naming both."""
+    assert bool(ledger_as_configmap("x", text)) is caught
+
+
+# ---------------------------------------------------------------------------------------------- named docs
+
+def _check_docs() -> ModuleType:
+    """scripts/check-docs as a module, for its heading slugs (GitHub's rules) and anchors."""
+    path = ROOT / "scripts" / "check-docs"
+    loader = importlib.machinery.SourceFileLoader("check_docs", str(path))
+    spec = importlib.util.spec_from_loader("check_docs", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+MD_NAME = re.compile(r"(?<![\w/.-])((?:\.\./)?(?:[\w-]+/)*[\w.-]*\w\.md)\b(?:#([\w-]+)|,\s+\"([^\"]+)\")?")
+"""A Markdown file a text names (`DESIGN.md`, `docs/runbook.md`), with the `#anchor` or the quoted heading
+(`architecture.md, "Workload kinds"`) it points into."""
+
+
+def missing_md_names(texts: list[tuple[str, str]]) -> list[str]:
+    """`where: name` for each `*.md` a text names that is neither in the repository's root nor under docs/
+    (nor docs/plugins/, a plugin's page), and each anchor or quoted heading its file does not have."""
+    check_docs = _check_docs()
+    cache: dict[Path, set[str]] = {}
+    wrong = []
+    for where, text in texts:
+        for name, anchor, heading in MD_NAME.findall(text):
+            bases = [ROOT, ROOT / "docs", ROOT / "docs" / "plugins"]
+            target = next((b / name for b in bases if (b / name).resolve().is_relative_to(ROOT)
+                           and (b / name).is_file()), None)
+            if target is None:
+                wrong.append(f"{where}: {name}: no such file in the repository's root or docs/")
+            elif (anchor or heading) and (anchor or check_docs.slug(heading)) not in check_docs.anchors(target, cache):
+                wrong.append(f"{where}: {name}: no heading {anchor or repr(heading)} in {target.relative_to(ROOT)}")
+    return wrong
+
+
+def test_every_md_file_a_settings_description_names_exists() -> None:
+    """Every `*.md` file (and heading) a setting's or detector config's description names is in the tree."""
+    texts = [*setting_texts(), ("docs/configuration.md", (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"))]
+    assert any(MD_NAME.search(t) for w, t in texts if w != "docs/configuration.md"), \
+        "found no descriptions naming a doc: is the scan right?"
+    wrong = missing_md_names(texts)
+    assert not wrong, "docs the settings' descriptions name that are not in the tree:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(("text", "wrong"), [
+    ("The kinds watched (see DESIGN.md).", ["DESIGN.md: no such file in the repository's root or docs/"]),
+    ("See docs/nowhere.md and runbook.md.", ["docs/nowhere.md: no such file in the repository's root or docs/"]),
+    ("See docs/architecture.md#no-such-heading.", ["docs/architecture.md: no heading no-such-heading in docs/architecture.md"]),
+    ('(docs/architecture.md, "No such section").',
+     ["docs/architecture.md: no heading 'No such section' in docs/architecture.md"]),
+    ("See docs/architecture.md#retries-and-fencing, runbook.md#un-cordoning-a-node, preflight.md and README.md.", []),
+    ('(architecture.md, "Contract with the cluster"), `../README.md`', []),
+])
+def test_the_md_name_scan_catches_a_missing_doc_or_heading(text: str, wrong: list[str]) -> None:
+    """missing_md_names finds a named doc, anchor or quoted heading that is not there, and passes those that are."""
+    assert [w.split(": ", 1)[1] for w in missing_md_names([("x", text)])] == wrong
