@@ -161,6 +161,7 @@ class Agent:
         self.reporter.config = new.agent
         self.sight.gpu_detectors = tuple(new.agent.gpu_detectors)
         self.sight.recheck_seconds = new.agent.gpu_node_recheck_seconds
+        self.sight.gpu_node_labels = dict(new.agent.gpu_node_labels)  # a GPU node already stays one
         if self.validator is not None:
             self.validator.config = new.agent.validation
         self.config = new

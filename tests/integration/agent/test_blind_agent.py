@@ -39,8 +39,10 @@ CONDITION = "KcoverGPUHealthy"
 NO_DCGMI = "/nonexistent/kcover-test/dcgmi"
 
 
-async def _node(kube: client_.KubeClient, name: str, capacity: dict[str, str]) -> None:
-    await kube.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+async def _node(kube: client_.KubeClient, name: str, capacity: dict[str, str],
+                labels: dict[str, str] | None = None) -> None:
+    await kube.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node",
+                                                      "metadata": {"name": name, "labels": labels or {}}})
     node = await kube.request("GET", f"/api/v1/nodes/{name}")
     node["status"] = {"capacity": capacity, "allocatable": capacity,
                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -173,6 +175,22 @@ async def test_a_gpu_node_whose_nvml_runs_and_a_node_without_gpus_get_true(clust
     assert cond["reason"] == "GPUsHealthy"
     assert blind == (0, 0)
     assert degraded == ({}, {})
+
+
+async def test_a_node_labelled_with_gpus_but_without_their_capacity_gets_unknown_from_an_agent_without_nvml(
+        cluster: Cluster) -> None:
+    """Seen on a real kubelet: the chart's agent runs on `nvidia.com/gpu.present=true` nodes; on one whose GPUs
+    were never published (no driver, no device plugin) an agent without NVML and `dcgmi` wrote `True`."""
+    node = f"labelled-{secrets.token_hex(3)}"
+    await _node(cluster.client, node, CPU_NODE, labels={"nvidia.com/gpu.present": "true"})
+    async with _watching(cluster, node) as seen, \
+            _agent(cluster, node, fake.FakeNvml(8, init_error=backend.CODE_LIBRARY_MISSING)) as run:
+        cond = await seen.until("Unknown")
+        await asyncio.sleep(1.0)  # retries of both detectors: nothing flips
+        blind = run.blind()
+    assert seen.statuses == ["Unknown"]
+    assert cond["reason"] == "NoGPUDetector"
+    assert blind == 1
 
 
 async def test_a_blind_node_whose_driver_loads_again_gets_true(cluster: Cluster) -> None:
