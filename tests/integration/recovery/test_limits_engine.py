@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
 import yaml
 from enginekit import Clock, Cluster, Rig, events, items, run_cli
 
@@ -33,6 +34,7 @@ from kcover.status import report
 
 DRIVER = "gpu.nvidia.com"
 RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 IN_FLIGHT = 32
@@ -56,8 +58,13 @@ async def _bounded(calls: list[Callable[[], Awaitable[None]]]) -> None:
 async def _nodes(cluster: Cluster, count: int, *, slices: bool = False,
                  gpu: str = "nvidia.com/gpu") -> AsyncIterator[list[str]]:
     """`count` GPU nodes of this test (8 of `gpu` each; with a ResourceSlice publishing gpu-0..7 each, with
-    `slices`), made concurrently; deleted afterwards, with kcover's DeviceTaintRules of their devices."""
+    `slices`), made concurrently; deleted afterwards, with kcover's DeviceTaintRules of their devices. With
+    `slices`, skips on a server that serves no v1 ResourceSlices or no v1beta2 DeviceTaintRules (1.29.6)."""
     kube = cluster.harness.kube
+    if slices:
+        for path in (SLICES, RULES):
+            if not await _served(cluster, path):
+                pytest.skip(f"this server serves no {path.removeprefix('/apis/')}: the device tests need both")
     names = [f"lim-{cluster.namespace}-{i}" for i in range(count)]
 
     async def make(name: str) -> None:
@@ -65,7 +72,7 @@ async def _nodes(cluster: Cluster, count: int, *, slices: bool = False,
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
             "status": {"capacity": {gpu: "8", "cpu": "64"}}})  # a node's status is kept on create (the kubelet's way)
         if slices:
-            await kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body={
+            await kube.request("POST", SLICES, body={
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{name}-gpus"},
                 "spec": {"driver": DRIVER, "nodeName": name,
                          "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
@@ -74,7 +81,7 @@ async def _nodes(cluster: Cluster, count: int, *, slices: bool = False,
     async def remove(name: str) -> None:
         if slices:
             with contextlib.suppress(errors.NotFoundError):
-                await kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{name}-gpus")
+                await kube.request("DELETE", f"{SLICES}/{name}-gpus")
         with contextlib.suppress(errors.NotFoundError):
             await kube.request("DELETE", f"/api/v1/nodes/{name}")
 
@@ -91,9 +98,8 @@ async def _mine(cluster: Cluster, names: list[str], *, slices: bool = True) -> l
     """This test's nodes (and their ResourceSlices, with `slices`) as the server holds them."""
     wanted = set(names)
     mine = [n for n in await items(cluster, "/api/v1/nodes") if n["metadata"]["name"] in wanted]
-    if slices:
-        mine += [s for s in await items(cluster, "/apis/resource.k8s.io/v1/resourceslices")
-                 if s["spec"].get("nodeName") in wanted]
+    if slices and await _served(cluster, SLICES):  # a server without v1 ResourceSlices holds none
+        mine += [s for s in await items(cluster, SLICES) if s["spec"].get("nodeName") in wanted]
     return mine
 
 
@@ -102,8 +108,20 @@ async def _snapshot(cluster: Cluster, names: list[str]) -> caching.ClusterCache:
     return caching.ClusterCache.offline(await _mine(cluster, names))
 
 
+async def _served(cluster: Cluster, path: str) -> bool:
+    try:
+        await cluster.harness.kube.request("GET", path, query={"limit": "1"})
+    except errors.NotFoundError:
+        return False
+    return True
+
+
 async def _rules(cluster: Cluster, names: list[str]) -> list[dict[str, Any]]:
-    listed = await cluster.harness.kube.request("GET", RULES)
+    """kcover's DeviceTaintRules of these nodes' devices (none on a server that serves none)."""
+    try:
+        listed = await cluster.harness.kube.request("GET", RULES)
+    except errors.NotFoundError:
+        return []
     return [r for r in listed.get("items") or []
             if (r["metadata"].get("annotations") or {}).get("kcover.io/node") in names]
 
