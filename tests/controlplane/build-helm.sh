@@ -56,6 +56,7 @@ rm -rf "$STAGE"
 mkdir -p "$STAGE"
 # helm's version package reads these at link time; `helm version` then reports the pinned release.
 LDF="-s -w -X helm.sh/helm/v3/internal/version.version=v${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+export GOMODCACHE="${GOMODCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/go-mod}"  # the module cache with the build cache, under ~/.cache
 GOBIN="$STAGE" CGO_ENABLED=0 GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod \
   nice -n 10 go install -trimpath -ldflags "$LDF" "helm.sh/helm/v3/cmd/helm@v${HELM_VERSION}" >&2
 mv "$STAGE/helm" "$HELM"

@@ -85,6 +85,7 @@ log "==> go install github.com/prometheus/prometheus/cmd/promtool@v${PROMTOOL_VE
 STAGE="$BIN_DIR/.stage"
 rm -rf "$STAGE"
 mkdir -p "$STAGE"
+export GOMODCACHE="${GOMODCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/go-mod}"  # the module cache with the build cache, under ~/.cache
 GOBIN="$STAGE" CGO_ENABLED=0 GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod \
   nice -n 10 go install -trimpath -ldflags "-s -w" \
   "github.com/prometheus/prometheus/cmd/promtool@v${PROMTOOL_VERSION}" >&2

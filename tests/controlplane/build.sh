@@ -76,6 +76,7 @@ if command -v flock >/dev/null; then
 fi
 
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local GOWORK=off
+export GOMODCACHE="${GOMODCACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/go-mod}"  # the module cache with the build cache, under ~/.cache
 NICE=(nice -n 10)
 STAGING_VERSION="v0.${K8S_VERSION#1.}"   # 1.36.3 -> v0.36.3
 
