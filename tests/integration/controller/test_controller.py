@@ -344,8 +344,13 @@ async def test_an_optional_plugin_that_cannot_be_imported_leaves_the_replica_sta
             await _until(lambda: ctl.is_leader() and ctl.supervisor.health().get("broken") == "failed", 10.0)
             await _until(lambda: health.readiness()[0], 5.0)
             assert "ModuleNotFoundError" in health.readiness()[1]["detectors"]
-            listed = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/events")
-            failed = [e for e in listed.get("items") or [] if e.get("reason") == "KcoverDetectorFailed"]
+            failed: list[dict[str, Any]] = []
+            # the Event is written after the detector is marked failed (its failure hook): wait for it
+            deadline = time.monotonic() + 10
+            while not failed and time.monotonic() < deadline:
+                listed = await kube.request("GET", f"/api/v1/namespaces/{cluster.namespace}/events")
+                failed = [e for e in listed.get("items") or [] if e.get("reason") == "KcoverDetectorFailed"]
+                await asyncio.sleep(0.2)
             assert [e["involvedObject"]["kind"] for e in failed] == ["Lease"]
             assert "optional detector broken failed" in failed[0]["message"]
         finally:
