@@ -85,11 +85,14 @@ def test_preflight_slow_node_is_cordoned_and_the_job_runs_elsewhere(realcluster:
                for p in pods for s in p["status"]["initContainerStatuses"] if s["name"] == "preflight")
     old = real._uids(pods)
 
-    watch_log = tmp_path / "kubectl-get-pfr-w.txt"
-    with watch_log.open("wb") as out:
-        watcher = subprocess.Popen([*_kubectl(rc), "get", "pfr", "-n", ns, "-w"], stdout=out,
-                                   stderr=subprocess.STDOUT)
+    watch_log, watch_err = tmp_path / "kubectl-get-pfr-w.txt", tmp_path / "kubectl-get-pfr-w.stderr"
+    with watch_log.open("wb") as out, watch_err.open("wb") as err:
+        # -v=6 logs kubectl's requests on stderr: the reports are written once its watch is open, so a
+        # kubectl slow to start (a loaded machine) cannot list them after some already went with their pods
+        watcher = subprocess.Popen([*_kubectl(rc), "get", "pfr", "-n", ns, "-w", "-v=6"], stdout=out, stderr=err)
     try:
+        real._until(lambda: "watch=true" in watch_err.read_text(errors="replace"), "kubectl get pfr -w watching",
+                    within=WAIT)
         tl = real.Timeline("preflight-slow-node")
         slow = preflight.write_reports(lambda node: rc.host_path(node, HOST_PATH), ns, JOB, pods,
                                        slow_rank=SLOW_RANK)
