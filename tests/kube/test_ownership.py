@@ -59,19 +59,11 @@ async def _detector_reports(cache: caching.ClusterCache) -> list[model.Collector
     return sub.get_nowait()
 
 
-@pytest.mark.parametrize("where", ["pod", "workload"])
-@pytest.mark.parametrize(("value", "opted"), [("true", True), ("True", True), ("TRUE", True),
-                                              ("yes", False), ("", False)])
-async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(where: str, value: str,
-                                                                          opted: bool) -> None:
-    label = {proj.OPT_IN_LABEL: value}
-    now = _now()
-    job = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=label if where == "workload" else {})
-    cache = caching.ClusterCache.offline([job, _failed_pod(job, label if where == "pod" else {}, now), o.node("n1")])
-
+async def _detector_and_policy_agree(cache: caching.ClusterCache, opted: bool, now: dt.datetime) -> None:
+    """The pod-status detector reports train-worker-0's failure, and the plan restarts its PyTorchJob, exactly
+    when `opted`; otherwise the plan refuses `NotOptedIn`."""
     reported = await _detector_reports(cache)
     assert len(reported) == (1 if opted else 0)
-
     fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
                                  target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
                                                      uid="p0"), observed_at=now)
@@ -82,6 +74,19 @@ async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(wher
     else:
         assert isinstance(planned, actions.Refuse)
         assert planned.code is actions.Code.NOT_OPTED_IN
+
+
+@pytest.mark.parametrize("where", ["pod", "workload"])
+@pytest.mark.parametrize(("value", "opted"), [("true", True), ("True", True), ("TRUE", True),
+                                              ("yes", False), ("", False)])
+async def test_opt_in_values_behave_the_same_in_the_detector_and_the_policy(where: str, value: str,
+                                                                          opted: bool) -> None:
+    label = {proj.OPT_IN_LABEL: value}
+    now = _now()
+    job = o.workload(KF, "PyTorchJob", "train", uid="pt-uid", labels=label if where == "workload" else {})
+    cache = caching.ClusterCache.offline([job, _failed_pod(job, label if where == "pod" else {}, now), o.node("n1")])
+
+    await _detector_and_policy_agree(cache, opted, now)
 
 
 def _namespace(labels: dict[str, str]) -> o.Obj:
@@ -110,18 +115,7 @@ async def test_a_namespace_label_opts_in_every_workload_in_it_in_the_detector_an
         objects.append(_namespace({proj.OPT_IN_LABEL: ns_value} if ns_value else {}))
     cache = caching.ClusterCache.offline(objects)
 
-    reported = await _detector_reports(cache)
-    assert len(reported) == (1 if opted else 0)
-    fault = model.CollectorEvent(detector="pod-status", severity=model.Severity.ERROR, reason="ContainerError",
-                                 target=model.Target(kind=model.TargetKind.POD, namespace="ml", name="train-worker-0",
-                                                     uid="p0"), observed_at=now)
-    [planned] = planning.plan(fault, cache, planinputs.History(), settings.RecoverySettings(), now)
-    if opted:
-        assert isinstance(planned, actions.Restart)
-        assert planned.workload.uid == "pt-uid"
-    else:
-        assert isinstance(planned, actions.Refuse)
-        assert planned.code is actions.Code.NOT_OPTED_IN
+    await _detector_and_policy_agree(cache, opted, now)
 
 
 def test_another_namespaces_label_opts_nothing_in() -> None:
