@@ -12,7 +12,10 @@ Owns two judgements the plan makes before it acts:
   read from the ledger's restarts and where their faults were (`ledger.Failure`): `node_workloads`
   different workloads restarted for faults on the node within `window_seconds`, `device_workloads` on one
   GPU, or one workload restarted `same_workload_restarts` times for faults only there, from different pods
-  of it, while it runs elsewhere too. Restarts before the node's last verdict do not count again.
+  of it, while it runs elsewhere too, or `device_restarts` times for faults all naming one GPU (an
+  application-class XID on the same device each time: a faulty GPU, or a rank's own bug, which the
+  validation tells apart).
+  Restarts before the node's last verdict do not count again.
 
 What follows is the plan's (`planning`): a fault blamed on a workload restarts it and moves no node
 (`recovery.judgement.workload_blame`); a suspect node is validated by its agent, and only a failed
@@ -155,6 +158,13 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
             return Suspicion(node, device, SUSPECT_DEVICE, f"{len(on_device) + 1} different workloads restarted for "
                              f"faults on GPU {device} of Node {node} within {js.window_seconds:g}s "
                              f"(recovery.judgement.device_workloads {js.device_workloads})")
+    own = [f for f in rows if f.key == key]
+    if device and js.suspect_device is not settings.JudgementMode.OFF:
+        here = [f for f in own if f.device == device]
+        if len(here) + 1 >= js.device_restarts and _only_here(evidence.unit(key), node, since, device=device):
+            return Suspicion(node, device, SUSPECT_DEVICE, f"one workload restarted {len(here) + 1} times within "
+                             f"{js.window_seconds:g}s for faults only on GPU {device} of Node {node} "
+                             f"(recovery.judgement.device_restarts {js.device_restarts})")
     if js.suspect_node is settings.JudgementMode.OFF:
         return None
     distinct = sorted({f.key for f in others})
@@ -162,7 +172,6 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
         return Suspicion(node, "", SUSPECT_NODE, f"{len(distinct) + 1} different workloads restarted for faults on "
                          f"Node {node} within {js.window_seconds:g}s (recovery.judgement.node_workloads "
                          f"{js.node_workloads})")
-    own = [f for f in rows if f.key == key]
     if runs_elsewhere and len(own) + 1 >= js.same_workload_restarts and _only_here(evidence.unit(key), node, since):
         ranks = {r for r in (*(f.rank for f in own), rank) if r}
         if len(ranks) >= 2:
@@ -173,11 +182,13 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
     return None
 
 
-def _only_here(unit: ledgerentries.Unit | None, node: str, since: float) -> bool:
-    """Every restart of the unit since `since` was for a fault on `node`."""
+def _only_here(unit: ledgerentries.Unit | None, node: str, since: float, *, device: str = "") -> bool:
+    """Every restart of the unit since `since` was for a fault on `node` (on its GPU `device`, if given)."""
     if unit is None:
         return True
     places: Sequence[str] = [p for t, p in zip(unit.restarts, unit.placed(), strict=True) if t >= since]
+    if device:
+        return all(p == f"{node}/{device}" for p in places)
     return all(p.partition("/")[0] == node for p in places)
 
 

@@ -181,14 +181,61 @@ async def test_a_suspect_whose_validation_cannot_run_is_cordoned_with_a_hardware
         assert "KcoverGPUHealthy is False" in r.events("KcoverSuspectFailed")[0]["message"]
 
 
+async def fail_again(r: engines.Rig, name: str, gpu: int, generation: int) -> None:
+    """Job `name`'s only rank, on n1, raises XID 13 on GPU `gpu`; the operator recreates it 61 s later."""
+    await r.handle(xid("n1", 13, gpu, [f"{name}-worker-0-g{generation}"], signal=f"{name}-e{generation}"))
+    await asyncio.sleep(61)
+    recreate(r, name, ["n1"], generation + 1)
+    await r.settle()
+
+
+async def test_xid13_twice_by_one_job_on_one_gpu_asks_one_validation_and_a_pass_cordons_nothing() -> None:
+    """A rank's own bug and a faulty GPU look alike by place (the rank comes back to its GPU): the second
+    restart for an application XID on the same GPU asks the node to validate, and only that decides."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        assert not validation_request(r, "n1"), "one restart is no evidence"
+        assert node_writes(r) == {}
+        await fail_again(r, "a", 3, 1)
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert ("one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node n1 "
+                "(recovery.judgement.device_restarts 2)") in suspect["message"]
+        assert validation_request(r, "n1")
+        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        assert cordoned(r) == []
+        await fail_again(r, "a", 3, 2)
+        await fail_again(r, "a", 3, 3)
+        assert len(r.events("KcoverRestartedWorkload")) == 4
+        assert len(r.events("KcoverNodeSuspect")) == 2, "the evidence before the verdict does not count again"
+        assert cordoned(r) == []
+        assert node_writes(r).keys() <= {"PATCH nodes"}, "only the requests' annotations were written"
+
+
+async def test_xid13_twice_on_one_gpu_whose_validation_fails_cordons_the_node_once() -> None:
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        await fail_again(r, "a", 3, 1)
+        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        assert cordoned(r) == ["n1"]
+        assert len(r.events("KcoverCordonedNode")) == 1
+
+
+async def test_xid13_by_one_job_on_different_gpus_makes_nothing_suspect() -> None:
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        for generation, gpu in enumerate((3, 5, 3, 5)):
+            await fail_again(r, "a", gpu, generation)
+        assert len(r.events("KcoverRestartedWorkload")) == 4
+        assert not r.events("KcoverNodeSuspect")
+        assert not validation_request(r, "n1")
+        assert node_writes(r) == {}
+
+
 async def test_xid13_repeated_by_one_job_on_one_gpu_cordons_nothing_and_across_jobs_makes_it_suspect() -> None:
     objs = [*nodes(2), *job("a", ["n1"]), *job("b", ["n1"])]
-    async with engines.rig(objs) as r:
+    overrides = {"recovery": {"judgement": {"device_restarts": 99}}}  # the one-workload rule out of the way
+    async with engines.rig(objs, overrides=overrides) as r:
         for generation in range(3):
-            await r.handle(xid("n1", 13, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}"))
-            await asyncio.sleep(61)
-            recreate(r, "a", ["n1"], generation + 1)
-            await r.settle()
+            await fail_again(r, "a", 3, generation)
         assert len(r.events("KcoverRestartedWorkload")) == 3
         assert cordoned(r) == []
         assert not validation_request(r, "n1")

@@ -4,8 +4,8 @@ The same behaviours run on virtual time against the simulated cluster in tests/r
 these pin them against the real kube-apiserver's semantics, asserting what the server ends up holding and
 what the product's client asked of it: a job that crashes on every start is restarted until its budget and
 no node is written to; three different jobs failing on one node make it suspect, and a failed validation
-cordons it once; XID 13 repeated by one job on one GPU cordons nothing, and the same XID across two jobs
-makes the node suspect. Each test makes its own nodes (cluster-scoped, shared on a real server), named for
+cordons it once; XID 13 twice by one job on one GPU asks a validation and cordons nothing; with that rule
+aside, XID 13 repeated by one job cordons nothing, and the same XID across two jobs makes the node suspect. Each test makes its own nodes (cluster-scoped, shared on a real server), named for
 it, and builds the engine's cache from what the server holds (`enginekit`), with a clock the test moves.
 """
 
@@ -150,6 +150,29 @@ async def test_three_jobs_failing_on_one_node_make_it_suspect_and_a_failed_valid
     assert len(await _reasons(cluster, "KcoverNodeSuspect", node)) == 1
 
 
+async def test_xid13_twice_by_one_job_on_one_gpu_asks_a_validation_and_cordons_nothing(cluster: Cluster) -> None:
+    node, _ = await _nodes(cluster, 2)
+    a = await _job(cluster, "a")
+    pod = await _member(cluster, a, node, 0)
+    clock = _past(5)
+    rig = await Rig.make(cluster, clock)
+    await rig.handle(_xid(cluster, node, 13, 3, pod, clock, signal="e0"))
+    _later(clock, 61)
+    pod = await _member(cluster, a, node, 1)
+    await rig.refresh()
+    held = await _node(cluster, node)
+    assert codec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {}), "one restart is no evidence"
+    await rig.handle(_xid(cluster, node, 13, 3, pod, clock, signal="e1"))  # again on GPU 3, after its restart
+    assert len(await _reasons(cluster, "KcoverRestartedWorkload", "a")) == 2
+    (suspect,) = await _reasons(cluster, "KcoverNodeSuspect", node)
+    assert f"one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node {node}" \
+        in suspect["message"]
+    held = await _node(cluster, node)
+    assert (held["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST), "validation asked"
+    assert not held["spec"].get("unschedulable"), "suspect, not cordoned"
+    assert _node_writes(rig).keys() <= {"PATCH nodes"}, "only the request's annotations were written"
+
+
 async def test_xid13_repeated_by_one_job_cordons_nothing_and_across_two_jobs_makes_the_node_suspect(
         cluster: Cluster) -> None:
     node, _ = await _nodes(cluster, 2)
@@ -157,7 +180,7 @@ async def test_xid13_repeated_by_one_job_cordons_nothing_and_across_two_jobs_mak
     pod = await _member(cluster, a, node, 0)
     other = await _member(cluster, b, node, 0)
     clock = _past(5)
-    rig = await Rig.make(cluster, clock)
+    rig = await Rig.make(cluster, clock, judgement={"device_restarts": 99})  # the one-workload rule aside
     for generation in range(3):  # job a's own XID 13 on GPU 3, after each of its restarts
         await rig.handle(_xid(cluster, node, 13, 3, pod, clock, signal=f"e{generation}"))
         _later(clock, 61)
