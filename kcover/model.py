@@ -27,6 +27,11 @@ NAME_MAX = 128
 """Bytes of an Event's reason, action and reportingInstance the API server accepts."""
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless `n` is 1 ("1 pod", "4 pods")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def fit(text: str, max_bytes: int, *, suffix: str = "...") -> str:
     """`text` cut to at most `max_bytes` UTF-8 bytes on a character boundary, `suffix` marking a cut.
 

@@ -145,13 +145,13 @@ class Audit:
                            f"{RECORD_ONLY_PREFIX} ({step.why}): {would.message}", warning=would.warning)
         if isinstance(step, st.Restart):
             return st.Emit(step.workload, "KcoverRestartedWorkload", "RestartWorkload",
-                           f"restarted {step.what}: {_verb(step)} {outcome.removed} pods "
+                           f"restarted {step.what}: {_verb(step)} {model.counted(outcome.removed, 'pod')} "
                            f"({step.selector.render()}) {_why(step.cause)}{_blamed(step.blame)}{saved}")
         if isinstance(step, st.Resume) and step.restart is not None:
             r = step.restart
             recorded = clock_.rfc3339(dt.datetime.fromtimestamp(step.intent.at, dt.UTC))
             return st.Emit(r.workload, "KcoverRestartedWorkload", "RestartWorkload",
-                           f"restarted {r.what}: {_verb(r)} {outcome.removed} pods ({r.selector.render()}), "
+                           f"restarted {r.what}: {_verb(r)} {model.counted(outcome.removed, 'pod')} ({r.selector.render()}), "
                            f"finishing the restart {step.intent.leader} recorded at {recorded} after "
                            f"{step.intent.message}{saved}")
         if isinstance(step, st.Cordon):

@@ -340,8 +340,8 @@ class RecoveryEngine:
         for drain in await self.coordinator.drainer.tick(now.timestamp()):
             about = st.node_ref(drain.node)
             message = (f"drain of Node {drain.node} gave up after {rs.escalation.drain_timeout_seconds:g}s: "
-                       f"{drain.evicted} pods evicted, {len(drain.waiting)} still there (last refusal: {drain.refused})"
-                       if drain.waiting else f"drain of Node {drain.node} done: {drain.evicted} pods evicted")
+                       f"{model.counted(drain.evicted, 'pod')} evicted, {len(drain.waiting)} still there (last refusal: {drain.refused})"
+                       if drain.waiting else f"drain of Node {drain.node} done: {model.counted(drain.evicted, 'pod')} evicted")
             await self.coordinator.run([st.Emit(about, escalating.ESCALATED, "Drain", message, warning=bool(drain.waiting))])
         await self._expire_device_taints(now, rs)
         await self._retry(now)

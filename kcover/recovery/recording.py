@@ -400,7 +400,7 @@ class Records:
                 verified = self._verifying()
                 note(step, recoveries.Phase.VERIFYING if verified else recoveries.Phase.RECOVERED,
                      cause="" if verified else "NotVerified",
-                     message=f"took {outcome.removed} pods away"
+                     message=f"took {model.counted(outcome.removed, 'pod')} away"
                      + ("" if verified else "; recovery.verify.enabled is off"))
             elif isinstance(step, st.Cordon | st.Uncordon | st.TaintDevice | st.UntaintDevice):
                 note(step, recoveries.Phase.RECOVERED, message=f"{recoveries.decision(step)} done")
