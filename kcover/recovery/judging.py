@@ -8,13 +8,14 @@ Owns two judgements the plan makes before it acts:
   hardware, driver or NVLink, a DCGM check, a DRA device's `Unhealthy` status (the kubelet's), a node
   condition. Application signals blame the workload: a container's exit, an application-class XID. A
   Pod's Event blames at most its own workload, whatever it claims.
-* `suspicion(...)`: differential evidence against the node (or one GPU) of a fault blamed on a workload,
+* `suspicion(...)`: differential evidence against the node (or one GPU) of a fault blamed on a workload
+  (or of a hardware XID that only restarts, such as 94),
   read from the ledger's restarts and where their faults were (`ledger.Failure`): `node_workloads`
   different workloads restarted for faults on the node within `window_seconds`, `device_workloads` on one
   GPU, or one workload restarted `same_workload_restarts` times for faults only there, from different pods
-  of it, while it runs elsewhere too, or `device_restarts` times for faults all naming one GPU (an
-  application-class XID on the same device each time: a faulty GPU, or a rank's own bug, which the
-  validation tells apart).
+  of it, while it runs elsewhere too, or `device_restarts` times for faults all naming one GPU (an XID
+  on the same device each time, as NVIDIA's workflows for XIDs 13 and 31 read repeats: a faulty GPU, or a
+  rank's own bug, which the validation tells apart).
   Restarts before the node's last verdict do not count again.
 
 What follows is the plan's (`planning`): a fault blamed on a workload restarts it and moves no node
@@ -183,12 +184,14 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
 
 
 def _only_here(unit: ledgerentries.Unit | None, node: str, since: float, *, device: str = "") -> bool:
-    """Every restart of the unit since `since` was for a fault on `node` (on its GPU `device`, if given)."""
+    """Every restart of the unit since `since` was for a fault on `node`; with `device`, every one of them
+    for a fault on `node` was on that GPU (restarts for faults on other nodes, which a large job has many
+    of, say nothing about it)."""
     if unit is None:
         return True
     places: Sequence[str] = [p for t, p in zip(unit.restarts, unit.placed(), strict=True) if t >= since]
     if device:
-        return all(p == f"{node}/{device}" for p in places)
+        return all(p == f"{node}/{device}" for p in places if p.partition("/")[0] == node)
     return all(p.partition("/")[0] == node for p in places)
 
 
@@ -200,16 +203,24 @@ def hardware_signal(conditions: Sequence[tuple[str, str]], js: settings.Judgemen
     return ""
 
 
+def _evidence_for(step: st.Restart) -> bool:
+    """A restart whose fault can make its node suspect: one blamed on the workload, or one for a hardware XID
+    that only restarts (XID 94, a contained ECC error: the device is blamed, yet no node is moved until it
+    repeats)."""
+    return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and step.cause.fault.xid is not None)
+
+
 def suspects(steps: Sequence[st.Step], view: View, evidence: Evidence, rs: settings.RecoverySettings,
              now: float) -> list[st.Step]:
-    """The validations of the nodes the restarts in `steps` for workloads' faults make suspect: at most one per
+    """The validations of the nodes the restarts in `steps` for workloads' faults (and for hardware XIDs that
+    only restart) make suspect: at most one per
     node, none for a node that is unschedulable or paused, or suspect and not answered yet. A rule in `record`
     mode gives a `RecordOnly` validation."""
     js = rs.judgement
     out: list[st.Step] = []
     asked: set[str] = set()
     for step in steps:
-        if not isinstance(step, st.Restart) or step.blame is not B.WORKLOAD or not step.node or step.node in asked:
+        if not isinstance(step, st.Restart) or not _evidence_for(step) or not step.node or step.node in asked:
             continue
         node = view.node(step.node)
         entry = evidence.node(step.node)

@@ -196,6 +196,8 @@ async def test_xid13_twice_by_one_job_on_one_gpu_asks_one_validation_and_a_pass_
         await fail_again(r, "a", 3, 0)
         assert not validation_request(r, "n1"), "one restart is no evidence"
         assert node_writes(r) == {}
+        (restarted,) = r.events("KcoverRestartedWorkload")
+        assert "deleted 1 pod (" in restarted["message"]
         await fail_again(r, "a", 3, 1)
         (suspect,) = r.events("KcoverNodeSuspect")
         assert ("one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node n1 "
@@ -218,6 +220,43 @@ async def test_xid13_twice_on_one_gpu_whose_validation_fails_cordons_the_node_on
         await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
         assert cordoned(r) == ["n1"]
         assert len(r.events("KcoverCordonedNode")) == 1
+
+
+async def test_xid94_twice_on_one_gpu_asks_a_validation_before_its_escalation_and_cordons_nothing() -> None:
+    """XID 94 (a contained ECC error) blames the device but only restarts, cordoning at its third within an
+    hour; its second on the same GPU already asks the node to validate, and a pass moves nothing."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        for generation in range(2):
+            await r.handle(xid("n1", 94, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}"))
+            await asyncio.sleep(1200)  # 20 min apart: two in the hour, short of the escalation's three
+            recreate(r, "a", ["n1"], generation + 1)
+            await r.settle()
+        assert len(r.events("KcoverRestartedWorkload")) == 2
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert "for faults only on GPU gpu3 of Node n1 (recovery.judgement.device_restarts 2)" in suspect["message"]
+        assert cordoned(r) == []
+        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        assert cordoned(r) == []
+        assert node_writes(r).keys() <= {"PATCH nodes"}
+
+
+async def test_a_large_jobs_restarts_for_faults_on_other_nodes_leave_the_evidence_against_one_gpu_whole() -> None:
+    """A large job is restarted for faults all over the fleet; those elsewhere say nothing about n1's GPU 3."""
+    placement = ["n1", "n2"]
+    async with engines.rig([*nodes(3), *job("big", placement)]) as r:
+        causes = (xid("n1", 13, 3, ["big-worker-0-g0"], signal="e0"), pod_fault("big-1-g1"),
+                  xid("n1", 13, 3, ["big-worker-0-g2"], signal="e2"))
+        for generation, cause in enumerate(causes):
+            await r.handle(cause)
+            await asyncio.sleep(61)
+            recreate(r, "big", placement, generation + 1)
+            await r.settle()
+        assert len(r.events("KcoverRestartedWorkload")) == 3
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert "restarted 2 times within 21600s for faults only on GPU gpu3 of Node n1" in suspect["message"]
+        assert validation_request(r, "n1")
+        assert not validation_request(r, "n2")
+        assert cordoned(r) == []
 
 
 async def test_xid13_by_one_job_on_different_gpus_makes_nothing_suspect() -> None:
