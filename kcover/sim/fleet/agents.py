@@ -99,6 +99,10 @@ class Agent:
                                               clock=clock)
         self._later: asyncio.Task[None] | None = None
         self._validating: asyncio.Task[None] | None = None
+        self.validations = 0
+        """Validations the controller asked of this node that ran (the report's count)."""
+        self.healthy_validations = 0
+        """Those that ran while the node had no DCGM-visible fault (a validation of a healthy node)."""
 
     async def xid(self, gpu: int, code: int) -> None:
         """The driver raised XID `code` on GPU `gpu`: the detector judges it, then checks the GPU's health."""
@@ -131,6 +135,8 @@ class Agent:
                                                                   name=f"agent:{self.node}:validate")
 
     async def _validate(self, request: codec.ValidationRequest) -> None:
+        self.validations += 1
+        self.healthy_validations += not self._diag_runner.failed()
         await self.validator.validate(request)
 
     async def repaired(self) -> None:

@@ -19,6 +19,8 @@ order the text prints them (docs/performance.md says the same):
 * restarts: the policy's restarts per interruption; *not acted on*: interruptions the policy never
   restarted (Kubernetes' in-place restart or a person did); *unneeded*: restarts of a job running fine or
   already restarting; kcover's refusals by code and its breaker's (the engine's own counts);
+* validations: the `dcgmi diag` runs kcover asked of suspect nodes (its agents' count), and how many of
+  them ran on a node with no DCGM-visible fault (the cost of suspicion: a diagnostic, no cordon);
 * effective training time: each job's training kept (run time less the work lost since the last
   checkpoint) over the replay's length, per job and GPU-weighted over the fleet; the GPU-hours lost, by
   part: waiting for a decision (fault to restart), restarting, waiting for nodes, work lost since the last
@@ -70,6 +72,9 @@ class Figures:
     unneeded_restarts: int = 0
     refusals: dict[str, int] = field(default_factory=dict)
     breaker_refusals: int = 0
+    validations: int | None = None
+    """Validations (`dcgmi diag` on request) kcover asked of suspect nodes that ran; None for the others."""
+    healthy_validations: int | None = None
     ettr_fleet: float = 0.0
     ettr_jobs: dict[str, float] = field(default_factory=dict)
     lost_gpu_hours: dict[str, float] = field(default_factory=dict)
@@ -85,9 +90,12 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def compute(world: world_.World, *, refusals: Mapping[str, int] | None = None) -> Figures:
+def compute(world: world_.World, *, refusals: Mapping[str, int] | None = None,
+            validations: tuple[int, int] | None = None) -> Figures:
     p = world.params
     fig = Figures(world.policy.name)
+    if validations is not None:
+        fig.validations, fig.healthy_validations = validations
     struck = [f for f in world.faults if f.interruptions or f.first_signal is not None]
     cordon_of: dict[int, st.CordonRecord] = {}
     for record in world.cordons:
@@ -218,6 +226,8 @@ def rows(figs: Mapping[str, Figures], job_sizes: Mapping[str, int]) -> list[tupl
     add("  interruptions not acted on", lambda f: f.not_acted_on)
     add("  unneeded restarts", lambda f: f.unneeded_restarts)
     add("  breaker refusals", lambda f: f.breaker_refusals if f.policy == "kcover" else None)
+    add("validations of suspect nodes", lambda f: f.validations)
+    add("  of healthy nodes", lambda f: f.healthy_validations)
     return out
 
 

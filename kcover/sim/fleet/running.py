@@ -147,15 +147,17 @@ def replay(params: st.Params, taxonomy: tax.Taxonomy, onsets: list[trace_.Onset]
             virtualtime.run(world.run())
         timing[f"{name}_seconds"] = round(time.perf_counter() - started, 1)
         timing[f"{name}_cpu_seconds"] = round(time.process_time() - cpu, 1)
-        refusals = None
+        refusals, validations = None, None
         if isinstance(policy, kcoverpolicy.KcoverPolicy):
+            validations = (sum(a.validations for a in policy.agents.values()),
+                           sum(a.healthy_validations for a in policy.agents.values()))
             refusals = {code: n for (step, code), n in policy.observer.outcomes.items()
                         if step in ("refuse", "hold") and code not in ("done", "failed")}
             timing["kcover_api_requests"] = sum(policy.srv.request_counts.values())
             timing["kcover_batches"] = policy.batches
             timing["kcover_passes"] = policy.passes
             timing.update({f"kcover_{k}_seconds": round(v, 1) for k, v in policy.seconds.items()})
-        figs[name] = report.compute(world, refusals=refusals)
+        figs[name] = report.compute(world, refusals=refusals, validations=validations)
     timing["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     return figs, timing
 

@@ -115,11 +115,36 @@ def test_a_bad_gpu_strikes_again_until_it_is_isolated_and_never_after() -> None:
             assert all(i.repeat for i in hits[1:])
 
 
-def fleet_world(name: str, trace: list[trace_.Onset]) -> fleet.world_.World:
+def fleet_world(name: str, trace: list[trace_.Onset], overrides: dict[str, object] | None = None
+                ) -> fleet.world_.World:
     from kcover.sim.fleet import virtualtime
-    world = fleet.world_.World(PARAMS, tax.load(), trace, fleet.policy_of(name, PARAMS, {}))
+    world = fleet.world_.World(PARAMS, tax.load(), trace, fleet.policy_of(name, PARAMS, overrides or {}))
     virtualtime.run(world.run())
     return world
+
+
+def test_a_gpu_failing_one_job_twice_with_xid13_is_validated_and_isolated_before_its_next_diagnostic() -> None:
+    """XID 13 is application-class: its first strike only restarts the job. Its second on the same GPU makes
+    the node suspect, kcover asks its agent to validate it, and the failed diagnostic cordons it, without
+    waiting for the hourly one; with the rule out of the way the GPU stays in service until that runs."""
+    trace = [trace_.Onset(20 * HOUR + 60, 35, 4, "faulty-gpu", tax.SignalKind.XID, 13)]
+    world = fleet_world("kcover", trace)
+    (bad,) = world.faults
+    hits = [i for i in world.interruptions if i.fault is bad]
+    agents = world.policy.agents  # type: ignore[attr-defined]
+    assert bad.isolated_by == "policy"
+    assert len(hits) >= 2, [round(i.at) for i in hits]
+    assert bad.isolated_at is not None
+    assert hits[1].at < bad.isolated_at < hits[1].at + 120, "validated within two minutes of the second strike"
+    assert agents[35].validations == 1
+    assert agents[35].healthy_validations == 0
+    assert sum(a.validations for a in agents.values()) == 1, "no other node was asked"
+    diagnosed = fleet_world("kcover", trace, {"recovery": {"judgement": {"device_restarts": 99}}})
+    (later,) = diagnosed.faults
+    assert later.isolated_at is not None
+    assert bad.isolated_at is not None
+    assert bad.isolated_at < later.isolated_at, "validated sooner than the hourly diagnostic"
+    assert sum(a.validations for a in diagnosed.policy.agents.values()) == 0  # type: ignore[attr-defined]
 
 
 def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
