@@ -205,17 +205,18 @@ def hardware_signal(conditions: Sequence[tuple[str, str]], js: settings.Judgemen
 
 def _evidence_for(step: st.Restart) -> bool:
     """A restart whose fault can make its node suspect: one blamed on the workload, or one for a hardware XID
-    that only restarts (XID 94, a contained ECC error: the device is blamed, yet no node is moved until it
-    repeats)."""
-    return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and step.cause.fault.xid is not None)
+    whose recommended action only restarts (XID 94, a contained ECC error: the device is blamed, yet no node
+    is moved until it repeats). An XID that isolates its device or node (48, 79, 95) is not evidence: its
+    own step isolates, and a device taint is not widened to a cordon by a validation."""
+    return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and step.cause.fault.xid is not None
+                                        and step.cause.recommended is model.Action.RESTART_WORKLOAD)
 
 
 def suspects(steps: Sequence[st.Step], view: View, evidence: Evidence, rs: settings.RecoverySettings,
              now: float) -> list[st.Step]:
     """The validations of the nodes the restarts in `steps` for workloads' faults (and for hardware XIDs that
-    only restart) make suspect: at most one per
-    node, none for a node that is unschedulable or paused, or suspect and not answered yet. A rule in `record`
-    mode gives a `RecordOnly` validation."""
+    only restart) make suspect: at most one per node, none for a node that is unschedulable or paused, or
+    suspect and not answered yet. A rule in `record` mode gives a `RecordOnly` validation."""
     js = rs.judgement
     out: list[st.Step] = []
     asked: set[str] = set()

@@ -19,7 +19,7 @@ from harness import objects as o
 from kcover import kinds, model, settings
 from kcover.kube import caching
 from kcover.kube import projections as proj
-from kcover.recovery import planinputs, planning
+from kcover.recovery import judging, ledger, ledgerentries, planinputs, planning
 from kcover.recovery import steps as actions
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -153,3 +153,40 @@ def test_a_devices_return_undoes_only_the_devices_isolation(overrides: dict[str,
     assert summary(planning.plan(_healthy_word("n1"), cache, SERVED, rs, NOW)) == expected
     no_device = _healthy_word("n1").model_copy(update={"fault": model.NO_FAULT})
     assert summary(planning.plan(no_device, cache, SERVED, rs, NOW)) == ["uncordon n1"]
+
+
+class _EarlierRestartOnGpu3:
+    """The ledger's read side (`judging.Evidence`) holding one earlier restart, for a fault on n1's gpu-3,
+    of every unit asked about."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def failures_at(self, node: str, since: float) -> list[ledger.Failure]:
+        return [ledger.Failure(NOW.timestamp() - 600, key, DEV3.resource_id, "") for key in sorted(self.keys)]
+
+    def unit(self, key: str) -> ledgerentries.Unit | None:
+        return None
+
+    def node(self, name: str) -> ledgerentries.Node | None:
+        return None
+
+
+@pytest.mark.parametrize(("event", "suspect"), [
+    (agent(xid=79, pods=("ml/a-worker-0",)), False),
+    (agent(xid=94, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), True),
+    (agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), True),
+], ids=["xid79-taints-and-is-no-evidence", "xid94-restart-only-is-evidence", "xid13-is-evidence"])
+def test_a_repeat_on_a_tainted_device_is_not_widened_to_a_validation_of_its_node(
+        event: model.CollectorEvent, suspect: bool) -> None:
+    """A second XID on gpu-3 by the same job: one that isolates the device (79, a DeviceTaintRule, the node
+    left schedulable) asks no validation, which could cordon the node for a device already taken out; one
+    that only restarts (94, 13) makes the node suspect (`recovery.judgement.device_restarts`)."""
+    rs = settings.RecoverySettings()
+    steps = planning.plan(event, world(), SERVED, rs, NOW)
+    restarts = [s for s in steps if isinstance(s, actions.Restart)]
+    assert [s.workload.name for s in restarts] == ["a"]
+    evidence = _EarlierRestartOnGpu3()
+    evidence.keys = {s.unit_key for s in restarts}
+    asked = judging.suspects(steps, world(), evidence, rs, NOW.timestamp())
+    assert [type(s).__name__ for s in asked] == (["RequestValidation"] if suspect else [])

@@ -259,6 +259,21 @@ async def test_a_large_jobs_restarts_for_faults_on_other_nodes_leave_the_evidenc
         assert cordoned(r) == []
 
 
+async def test_xid48_twice_on_one_gpu_is_isolated_by_its_own_step_and_asks_no_validation() -> None:
+    """An XID that isolates (48: cordon the node and restart) is no suspicion's evidence: it cordons once."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        for generation in range(2):
+            event = xid("n1", 48, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}")
+            await r.handle(event.model_copy(update={"recommended": model.Action.CORDON_NODE_AND_RESTART}))
+            await asyncio.sleep(61)
+            recreate(r, "a", ["n1"], generation + 1)
+            await r.settle()
+        assert cordoned(r) == ["n1"]
+        assert len(r.events("KcoverCordonedNode")) == 1
+        assert not r.events("KcoverNodeSuspect")
+        assert not validation_request(r, "n1")
+
+
 async def test_xid13_by_one_job_on_different_gpus_makes_nothing_suspect() -> None:
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         for generation, gpu in enumerate((3, 5, 3, 5)):
