@@ -205,11 +205,13 @@ def hardware_signal(conditions: Sequence[tuple[str, str]], js: settings.Judgemen
 
 def _evidence_for(step: st.Restart) -> bool:
     """A restart whose fault can make its node suspect: one blamed on the workload, or one for a hardware XID
-    whose recommended action only restarts (XID 94, a contained ECC error: the device is blamed, yet no node
-    is moved until it repeats). An XID that isolates its device or node (48, 79, 95) is not evidence: its
-    own step isolates, and a device taint is not widened to a cordon by a validation."""
-    return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and step.cause.fault.xid is not None
-                                        and step.cause.recommended is model.Action.RESTART_WORKLOAD)
+    that kcover's own XID catalog only restarts for (94, a contained ECC error: the device is blamed, yet no
+    node is moved until it repeats), whatever the report recommended. An XID the catalog isolates for (48,
+    79, 95) is not evidence: its own step isolates, and a device taint is not widened to a cordon by a
+    validation."""
+    xid = step.cause.fault.xid
+    return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and xid is not None
+                                        and _catalog().entry(xid).action is AK.RESTART_WORKLOAD)
 
 
 def suspects(steps: Sequence[st.Step], view: View, evidence: Evidence, rs: settings.RecoverySettings,

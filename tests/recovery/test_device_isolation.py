@@ -176,12 +176,15 @@ class _EarlierRestartOnGpu3:
     (agent(xid=79, pods=("ml/a-worker-0",)), False),
     (agent(xid=94, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), True),
     (agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), True),
-], ids=["xid79-taints-and-is-no-evidence", "xid94-restart-only-is-evidence", "xid13-is-evidence"])
+    (agent(xid=79, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), False),
+], ids=["xid79-taints-and-is-no-evidence", "xid94-restart-only-is-evidence", "xid13-is-evidence",
+        "xid79-reported-as-restart-only-is-still-no-evidence"])
 def test_a_repeat_on_a_tainted_device_is_not_widened_to_a_validation_of_its_node(
         event: model.CollectorEvent, suspect: bool) -> None:
     """A second XID on gpu-3 by the same job: one that isolates the device (79, a DeviceTaintRule, the node
     left schedulable) asks no validation, which could cordon the node for a device already taken out; one
-    that only restarts (94, 13) makes the node suspect (`recovery.judgement.device_restarts`)."""
+    that only restarts (94, 13) makes the node suspect (`recovery.judgement.device_restarts`). Which is which
+    is kcover's XID catalog's word, not the report's recommendation."""
     rs = settings.RecoverySettings()
     steps = planning.plan(event, world(), SERVED, rs, NOW)
     restarts = [s for s in steps if isinstance(s, actions.Restart)]

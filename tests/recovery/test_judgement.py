@@ -260,7 +260,9 @@ async def test_a_large_jobs_restarts_for_faults_on_other_nodes_leave_the_evidenc
 
 
 async def test_xid48_twice_on_one_gpu_is_isolated_by_its_own_step_and_asks_no_validation() -> None:
-    """An XID that isolates (48: cordon the node and restart) is no suspicion's evidence: it cordons once."""
+    """An XID that isolates (48: cordon the node and restart) cordons once, and its repeat on the node it
+    cordoned asks no validation (the node is unschedulable; the planning table in test_device_isolation.py
+    pins that such an XID is no evidence where its node stays schedulable)."""
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         for generation in range(2):
             event = xid("n1", 48, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}")

@@ -1,6 +1,6 @@
 """The fleet replay's reference policies: Kubernetes alone, the Go controller's policy, and the oracle.
 
-Owns three small `world.Policy`s, each what its name says and nothing more, run on the same trace as
+Owns three small `policy.Policy`s, each what its name says and nothing more, run on the same trace as
 kcover. None is kcover's judgement re-implemented; kcover runs as itself (`kcoverpolicy`).
 
 * `KubernetesAlone`: no controller. What Kubernetes does by itself (the kubelet restarting containers

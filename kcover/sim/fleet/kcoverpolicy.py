@@ -1,6 +1,6 @@
 """kcover in the fleet replay: the real controller on the in-process simulated API server, on virtual time.
 
-Owns `KcoverPolicy`, the `world.Policy` whose decisions are kcover's own. It builds a
+Owns `KcoverPolicy`, the `policy.Policy` whose decisions are kcover's own. It builds a
 `controller.running.Controller` as the product does (cache, bus, detector supervisor, and the engine
 from `controller.recovering.build`: plan, coordinator, gateway, ledger, hooks), over a `SimServer(listen=
 False)` whose clock is the virtual loop's (`virtualtime`), and keeps that server a mirror of the world:

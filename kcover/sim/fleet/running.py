@@ -23,6 +23,7 @@ import yaml
 
 from kcover import errors, layering
 from kcover.sim.fleet import baselines, kcoverpolicy, plotting, report, virtualtime
+from kcover.sim.fleet import policy as pol
 from kcover.sim.fleet import state as st
 from kcover.sim.fleet import taxonomy as tax
 from kcover.sim.fleet import trace as trace_
@@ -107,7 +108,7 @@ def problems(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def policy_of(name: str, params: st.Params, kcover_overrides: Mapping[str, Any]) -> world_.Policy:
+def policy_of(name: str, params: st.Params, kcover_overrides: Mapping[str, Any]) -> pol.Policy:
     if name == "kcover":
         return kcoverpolicy.KcoverPolicy(params, overrides=kcover_overrides)
     return {"kubernetes": baselines.KubernetesAlone, "go": baselines.GoController, "oracle": baselines.Oracle}[name]()

@@ -2,7 +2,7 @@
 
 Owns `World`, a discrete-event simulation of one fleet under one policy: nodes and their GPUs, jobs
 placed one pod per node, the trace's onsets and what follows from them, and the accounting the report
-reads (`state`). It is the same for every policy; only the policy (`Policy`) differs. What it models:
+reads (`state`). It is the same for every policy; only the policy (`policy.Policy`) differs. What it models:
 
 * **Faults** (`taxonomy`): a persistent fault fails the job on its node at once and again
   `recur_minutes` (mean, exponential) after every later start of a job there, until the node is
@@ -41,8 +41,8 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
+from kcover.sim.fleet import policy as pol
 from kcover.sim.fleet import state as st
 from kcover.sim.fleet import taxonomy as tax
 from kcover.sim.fleet import trace as trace_
@@ -58,29 +58,9 @@ WATCHDOG_EXIT_CODE = 134
 """A rank aborted by the NCCL watchdog (SIGABRT)."""
 
 
-class Policy(Protocol):
-    """What decides recovery in a replay: kcover (real code), a baseline or the oracle."""
-
-    name: str
-    force_deletes: bool
-    """Pods lost on a NotReady node are replaced at once (the oracle), not when evicted."""
-
-    async def attach(self, world: World) -> None: ...
-
-    async def notify(self, notice: st.Notice, cause: st.Fault | None) -> None:
-        """What happened; `cause` is the truth behind a signal, for the oracle's eyes only."""
-        ...
-
-    async def advance(self, until: float) -> None:
-        """Do the policy's own work up to `until`; may return earlier after acting (`world.now` then)."""
-        ...
-
-    async def close(self) -> None: ...
-
-
 class World:
     def __init__(self, params: st.Params, taxonomy: tax.Taxonomy, onsets: Sequence[trace_.Onset],
-                 policy: Policy) -> None:
+                 policy: pol.Policy) -> None:
         self.params = params
         self.taxonomy = taxonomy
         self.classes = taxonomy.by_name()

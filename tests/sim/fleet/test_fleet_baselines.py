@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kcover.sim.fleet import baselines, virtualtime
+from kcover.sim.fleet import policy as pol
 from kcover.sim.fleet import state as st
 from kcover.sim.fleet import taxonomy as tax
 from kcover.sim.fleet import trace as trace_
@@ -25,7 +26,7 @@ def small(**changes: object) -> st.Params:
     return st.Params(**base)  # type: ignore[arg-type]
 
 
-def replay(policy: world_.Policy, onsets: Sequence[trace_.Onset], params: st.Params | None = None) -> world_.World:
+def replay(policy: pol.Policy, onsets: Sequence[trace_.Onset], params: st.Params | None = None) -> world_.World:
     world = world_.World(params or small(), tax.load(), onsets, policy)
     virtualtime.run(world.run())
     return world
