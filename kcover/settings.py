@@ -68,7 +68,7 @@ class DetectorEntry(settinggroups.Group):
     required: bool | None = Field(None, description="Whether its failure makes the process not ready (/readyz 503). Unset: built-in detectors are required, plugins optional (a failed plugin shows in `kcover_detector_up`, the log and /readyz's text, and the pod stays ready).")
 
 
-BUILTIN_DETECTORS = ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm")
+BUILTIN_DETECTORS = ("pod-status", "dra-health", "event-watcher", "node-condition", "nvml", "dcgm", "rdma-link")
 """Detectors kcover ships; each runs in its own role (controller or agent) when enabled."""
 
 
@@ -254,6 +254,7 @@ class JudgementSettings(settinggroups.Group):
     device_restarts: int = Field(2, ge=1, description="Restarts of one workload within the window for faults on one node that all named one of its GPUs (restarts for faults on other nodes do not count either way; an XID on the same device each time: application-class ones such as 13 and 31, whose repeats on one GPU NVIDIA's catalog reads as hardware, or a hardware one that only restarts, such as 94) that make that GPU's node suspect. Two: a faulty GPU keeps failing whatever runs on it, but a job's own bug raising an XID fails the same GPU again too when its rank comes back there, so place alone cannot tell them apart; the validation does (level 1 takes seconds, a node that passes stays schedulable and its evidence starts again).")
     same_workload_restarts: int = Field(3, ge=2, description="Restarts of one workload for faults all on one node (from at least two different pods of it, while it also runs elsewhere) within the window that make that node suspect. One pod crashing every time is the workload's bug (the same rank fails wherever it runs); different pods failing only where they land on one node is the node.")
     validation_level: int = Field(1, ge=1, le=4, description="The `dcgmi diag -r` level a suspect node's agent runs: level 1 takes seconds and is safe beside the jobs still running there.")
+    verdict_wait_seconds: float = Field(120.0, ge=0, description="Seconds a restart for a fault on a suspect node waits for its validation's verdict, held (`AwaitingVerdict`): a failed validation cordons the node first, so the restarted pods land elsewhere instead of on the faulty GPU for one more failure; a pass, or no answer within this, restarts it in place. A node that shows no agent condition (`agent.condition_type`) is not waited on: no agent runs there to answer. Two minutes: a level-1 diagnostic takes seconds to a minute, and a restart costs a job far more than the wait. 0: restart at once, beside the validation.")
     validation_timeout_seconds: float = Field(900.0, gt=0, description="Seconds kcover waits for a suspect node's answer; without one it is treated as a validation that could not run (the node is cordoned only if it also shows a hardware signal).")
     hardware_conditions: list[str] = Field(default_factory=lambda: ["KcoverGPUHealthy"], description="Node conditions whose `False` status is a hardware signal: a suspect node whose validation cannot run (no answer, or `DiagError`) is cordoned only while one of these says so. `KcoverGPUHealthy` is the agent's own; `Unknown` (an agent that sees no GPU) is no signal either way.")
 

@@ -240,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
         options = options_from(args)
         report = asyncio.run(run(options))
     except (errors.KcoverError, ValueError, OSError) as exc:
-        print(f"kcover bench: failed: {exc}", file=sys.stderr)
+        print(f"kcover bench: failed: {exc or type(exc).__name__ + ' (no message)'}", file=sys.stderr)
         return 1
     if args.report == "json":
         print(json.dumps(report, indent=2))

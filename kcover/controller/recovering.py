@@ -189,7 +189,8 @@ def build(deps: EngineDeps) -> LeaderEngine:
     ]
     inner = engine.RecoveryEngine(deps.cache, ledger_, coordinator, recovery=recovery, clock=deps.clock,
                                   metrics_=deps.metrics, devices=devices, verifier=verifier,
-                                  on_hold_dropped=_on_hold_dropped(recorder, deps.clock))
+                                  on_hold_dropped=_on_hold_dropped(recorder, deps.clock),
+                                  agent_condition=deps.settings.agent.condition_type)
     leader = LeaderEngine(inner, gw, recorder, deps.epoch, live, synced=deps.cache.wait_synced,
                           leading=deps.is_leader)
     leader.faults = fleet.FaultMetrics(deps.metrics.registry)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import structlog
 from prometheus_client import Counter, Gauge
 
-from kcover import errors, metrics, model, settings
+from kcover import codec, errors, metrics, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import projections as proj
 from kcover.recovery import (
@@ -96,9 +96,10 @@ class RecoveryEngine:
     def __init__(self, snapshot: planinputs.Snapshot, ledger_: ledger.Ledger, coordinator: coordinating.Coordinator, *,
                  recovery: Callable[[], settings.RecoverySettings], clock: clock_.Clock, metrics_: metrics.Metrics,
                  devices: devicetainting.DeviceTaints, verifier: verifying.Verifier | None = None,
-                 on_hold_dropped: Callable[[str, ledgerentries.HeldRestart, holding.Dropped], None] | None = None
-                 ) -> None:
+                 on_hold_dropped: Callable[[str, ledgerentries.HeldRestart, holding.Dropped], None] | None = None,
+                 agent_condition: str = codec.AGENT_CONDITION_TYPE) -> None:
         self._snapshot = snapshot
+        self._agent_condition = agent_condition
         self._on_hold_dropped = on_hold_dropped
         """Told (ledger key, the held entry, why with its code) when a held restart is dropped without
         running: the Recovery it left `Held` is moved on, whichever leader held it."""
@@ -117,6 +118,8 @@ class RecoveryEngine:
         """Node -> when its cordon was planned, until the cache shows it cordoned."""
         self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
         """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
+        self._suspecting: collections.Counter[str] = collections.Counter()
+        """Nodes whose suspect validation a plan asked and the coordinator has not yet carried out."""
         self._retries: dict[str, _Retry] = {}
         """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
         self._expiry_recorded: set[str] = set()
@@ -147,7 +150,9 @@ class RecoveryEngine:
         return planinputs.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
                                 cordons_in_flight=frozenset(self._cordoning),
                                 device_taints_served=self._devices.known_served,
-                                device_taints_in_flight={rid: node for rid, node in self._tainting})
+                                device_taints_in_flight={rid: node for rid, node in self._tainting},
+                                suspects_in_flight=frozenset(self._suspecting),
+                                agent_condition=self._agent_condition)
 
     async def _ready(self, batch: Sequence[model.CollectorEvent] = ()) -> bool:
         """The ledger is loaded (and, for a batch with a DRA device's fault, device taint discovery fresh);
@@ -266,6 +271,8 @@ class RecoveryEngine:
                 self._cordoning[step.node] = self._clock.monotonic()
             elif isinstance(step, st.TaintDevice):
                 self._tainting[(step.device.resource_id, step.node)] += 1
+            elif isinstance(step, st.RequestValidation) and step.purpose is st.Purpose.SUSPECT:
+                self._suspecting[step.node] += 1
 
     def _release(self, planned: Sequence[st.Step], outcomes: Sequence[st.Outcome]) -> None:
         for step in planned:
@@ -278,6 +285,10 @@ class RecoveryEngine:
                 self._tainting[key] -= 1
                 if self._tainting[key] <= 0:
                     del self._tainting[key]
+            elif isinstance(step, st.RequestValidation) and step.purpose is st.Purpose.SUSPECT:
+                self._suspecting[step.node] -= 1  # done or not, the ledger now holds the suspicion (or none)
+                if self._suspecting[step.node] <= 0:
+                    del self._suspecting[step.node]
         done = {o.step.node for o in outcomes if isinstance(o, st.Done) and isinstance(o.step, st.Cordon)}
         for step in planned:
             if isinstance(step, st.Cordon) and step.node not in done:

@@ -3,7 +3,8 @@
 Owns when a restart held for a blocker that lifts (`steps.Hold`: a pause, a cooldown, the budget window,
 the breaker) runs, stays held or is dropped: it is planned again with `planning.plan` on its cause, and
 dropped when it expired (`recovery.hold_seconds`), when its cause cannot be read, or when the workload
-recovered by itself meanwhile. Pure, like the plan.
+recovered by itself meanwhile. A restart held for its node's verdict (`AwaitingVerdict`) runs `judged`: the
+verdict answered its fault, which is no evidence against the node again. Pure, like the plan.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def replan_held(key: str, held: ledgerentries.HeldRestart, snapshot: planinputs.
             pod = failing[0]
             cause = cause.model_copy(update={"target": model.Target(
                 kind=model.TargetKind.POD, namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node)})
-    steps = planning.plan(cause, snapshot, history, rs, now, rules_=rules_)
+    steps = planning.plan(cause, snapshot, history, rs, now, rules_=rules_,
+                          judged=held.code == st.Code.AWAITING_VERDICT)
     mine = [s for s in steps if isinstance(s, st.Restart | st.Hold) and _key_of(s) == key]
     if not mine:
         return [], Dropped("the fault no longer calls for a restart of it")

@@ -208,7 +208,9 @@ def _evidence_for(step: st.Restart) -> bool:
     that kcover's own XID catalog only restarts for (94, a contained ECC error: the device is blamed, yet no
     node is moved until it repeats), whatever the report recommended. An XID the catalog isolates for (48,
     79, 95) is not evidence: its own step isolates, and a device taint is not widened to a cordon by a
-    validation."""
+    validation. A restart a verdict already answered (`steps.Restart.judged`) is none again."""
+    if step.judged:
+        return False
     xid = step.cause.fault.xid
     return step.blame is B.WORKLOAD or (step.blame is B.DEVICE and xid is not None
                                         and _catalog().entry(xid).action is AK.RESTART_WORKLOAD)

@@ -160,7 +160,8 @@ class Unit:
 
     restarts: list[float] = field(default_factory=list)
     places: list[str] = field(default_factory=list)
-    """Where each restart's fault was, as `<node>` or `<node>/<device>` ("" unknown), parallel to `restarts`:
+    """Where each restart's fault was, as `<node>` or `<node>/<device>` ("" unknown, or answered by a verdict on
+    the node: `steps.Restart.judged`), parallel to `restarts`:
     the evidence that tells a node's fault from a workload's (different workloads failing on one node)."""
     ranks: list[str] = field(default_factory=list)
     """Which pod of the unit faulted, per restart (its index labels, else its name; "" unknown): one pod

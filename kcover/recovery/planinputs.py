@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kcover import codec
 from kcover.kube import projections as proj
 from kcover.recovery import controls, ledger, ledgerentries
 
@@ -99,6 +100,12 @@ class History:
     """The API server serves DeviceTaintRules (discovered)."""
     device_taints_in_flight: Mapping[str, str] = field(default_factory=dict)
     """resourceID -> node of the device taints planned and not finished."""
+    suspects_in_flight: frozenset[str] = frozenset()
+    """Nodes a suspect validation is planned for and not yet recorded in the ledger (an earlier plan of the
+    same batch asked it): a restart for a fault there waits for the verdict too."""
+    agent_condition: str = codec.AGENT_CONDITION_TYPE
+    """The Node condition kcover's agent sets (`agent.condition_type`): a node that does not show it has no
+    agent to answer a validation, so no restart waits for a verdict there."""
 
     @property
     def in_flight(self) -> int:

@@ -85,6 +85,8 @@ class _Planner:
     rs: settings.RecoverySettings
     now: float
     blame: model.Blame = model.Blame.UNKNOWN
+    judged: bool = False
+    """The event's restarts waited for a verdict already (`steps.Restart.judged`)."""
     planned_keys: set[str] = field(default_factory=set)
     planned_cordons: set[str] = field(default_factory=set)
 
@@ -156,7 +158,8 @@ class _Planner:
         restart = st.Restart(workload=wref, unit_key=unit.key, unit=unit.description, selector=unit.selector,
                              members=(), removal=table.removal,
                              pod=st.PodRef(pod.namespace, pod.name, pod.uid), cause=self.event,
-                             node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)))
+                             node=node or pod.node, blame=self.blame, rank=kinds.rank_of(dict(pod.labels)),
+                             judged=self.judged)
         scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
         if scope:
             return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]
@@ -170,12 +173,39 @@ class _Planner:
                 if held is not None:
                     return [held]
             return [self.refuse(refused.code, refused.text, wref)]
+        waiting = self.await_verdict(restart)
+        if waiting is not None:
+            return [waiting]
         restart = dataclasses.replace(restart, members=restartunits.members(self.snapshot, w, unit.selector))
         if not restart.members:
             return [self.refuse(Code.NOTHING_TO_REMOVE, f"every pod of {what} is already terminal or terminating: "
                                 "its controller recreates them and counts their failures itself", wref)]
         self.planned_keys.add(unit.key)
         return [restart]
+
+    def await_verdict(self, restart: st.Restart, *, asked_now: bool = False) -> st.Hold | None:
+        """The restart held while its fault's node is suspect and unanswered (`asked_now`: this plan asks; or an
+        earlier plan of the batch did), for at most `judgement.verdict_wait_seconds` from the request; None
+        when it runs now, and when the node shows no agent condition (`History.agent_condition`): no agent
+        runs there to answer."""
+        wait = self.rs.judgement.verdict_wait_seconds
+        if wait <= 0 or not restart.node:
+            return None
+        node = self.snapshot.node(restart.node)
+        if node is None or not any(c.type == self.history.agent_condition for c in node.conditions):
+            return None
+        since = self.now
+        if not asked_now and restart.node not in self.history.suspects_in_flight:
+            entry = self.history.ledger.node(restart.node)
+            if entry is None or not entry.pending_suspicion() or entry.suspect_at is None:
+                return None
+            since = entry.suspect_at
+        if self.now - since >= wait:
+            return None
+        return self._hold(dataclasses.replace(restart, members=()), Code.AWAITING_VERDICT,
+                          f"Node {restart.node} is suspect and its validation not answered yet: {restart.what} is "
+                          f"restarted after the verdict (at most {wait:g}s after the request), so that a failed "
+                          "validation cordons the node before its pods are recreated")
 
     def _hold(self, restart: st.Restart, code: Code, text: str, until: float | None = None) -> st.Hold:
         limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
@@ -329,15 +359,17 @@ def _restarted_since(unit: ledgerentries.Unit | None, since: float) -> bool:
 
 def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: planinputs.History,
          rs: settings.RecoverySettings, now: dt.datetime, *,
-         rules_: Sequence[rules.Rule] | None = None) -> list[st.Step]:
-    """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`.
+         rules_: Sequence[rules.Rule] | None = None, judged: bool = False) -> list[st.Step]:
+    """Every step answering one event. `rules_` defaults to `rules.parse_rules(rs.rules)`; `judged`: the event's
+    restart was held for its node's verdict, which answered it (`steps.Restart.judged`).
 
     The fault is attributed first (`judging.attribute`): a fault blamed on the workload moves no node
-    (`recovery.judgement.workload_blame`), and its restart may make the node suspect (`judging.suspects`). A
-    matching rule in `record` mode turns the actions into `RecordOnly` steps."""
+    (`recovery.judgement.workload_blame`), and its restart may make the node suspect (`judging.suspects`):
+    then the restart waits for the verdict (`judgement.verdict_wait_seconds`). A matching rule in `record`
+    mode turns the actions into `RecordOnly` steps."""
     configured = rules.parse_rules(rs.rules) if rules_ is None else rules_
     blame = judging.attribute(event)
-    p = _Planner(event, snapshot, history, rs, now.timestamp(), blame=blame)
+    p = _Planner(event, snapshot, history, rs, now.timestamp(), blame=blame, judged=judged)
     if event.cleared:
         return _returns(p)
     kind = rules.decide(event, configured, rs.node_judgement)
@@ -351,11 +383,18 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
                                                  f"{spared.value} where the rules say {kind.value}", event,
                                                  about=about),
                                        "recovery.judgement.workload_blame: record"))
-    steps += judging.suspects(steps, snapshot, history.ledger, rs, p.now)
+    asks = judging.suspects(steps, snapshot, history.ledger, rs, p.now)
+    asked = {s.node for s in asks if isinstance(s, st.RequestValidation) and s.purpose is st.Purpose.SUSPECT}
+    steps = [_awaiting(p, s) if isinstance(s, st.Restart) and s.node in asked else s for s in steps] + asks
     rule = rules.matching(event, configured)
     if rule is not None and rule.mode is rules.Mode.RECORD:
         steps = [st.RecordOnly(s, f"{rule.describe()} mode: record") if _acts(s) else s for s in steps]
     return steps
+
+
+def _awaiting(p: _Planner, restart: st.Restart) -> st.Step:
+    """A restart whose node this plan makes suspect: held for the verdict, unless the wait is off."""
+    return p.await_verdict(restart, asked_now=True) or restart
 
 
 def _acts(step: st.Step) -> bool:

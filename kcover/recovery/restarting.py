@@ -57,7 +57,7 @@ SaveLogs = Callable[[st.WorkloadRef, Sequence[proj.Pod]], Awaitable[str | None]]
 
 def place_of(step: st.Restart) -> str:
     """Where the restart's fault was, as the ledger records it (`<node>` or `<node>/<device>`)."""
-    return judging.place_of(step.node, step.cause.fault)
+    return "" if step.judged else judging.place_of(step.node, step.cause.fault)
 
 
 def _intent(step: st.Restart, *, identity: str, epoch: int, now: float) -> ledgerentries.Intent:

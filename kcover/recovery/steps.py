@@ -118,6 +118,9 @@ class Code(enum.StrEnum):
     flight counted); the device is not tainted, its holders still restarted; a cap, never a trip."""
     THROTTLED = "Throttled"
     """`admission.restart`: `recovery.max_concurrent_restarts` restarts are in flight; held, never latches."""
+    AWAITING_VERDICT = "AwaitingVerdict"
+    """`planning._Planner.await_verdict`: the fault's node is suspect and its validation not answered yet; the
+    restart is held until the verdict (a failed one cordons the node first) or `judgement.verdict_wait_seconds`."""
     OWN_POLICY = "WorkloadPolicyRestarts"
     """`kinds.own_policy_restarts`, through `planning`: the workload's own failure policy (a JobSet's
     `failurePolicy`, a Job's `podFailurePolicy`) already answers this pod failure; a second restart by
@@ -155,6 +158,10 @@ class Restart:
     blame: model.Blame = model.Blame.UNKNOWN
     rank: str = ""
     """Which pod of the unit faulted (`kinds.rank_of`), for the evidence against its node."""
+    judged: bool = False
+    """A restart held for its node's verdict, planned again after it (`holding.replan_held`): the verdict
+    answered its fault (or will: it waits while the suspicion is open), so it makes no node suspect again,
+    and the ledger records it without its place (no evidence against the node later either)."""
 
     @property
     def what(self) -> str:

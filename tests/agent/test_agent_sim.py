@@ -154,6 +154,53 @@ async def test_lost_gpu_holds_the_condition_until_it_is_back(cluster: Cluster, a
     assert reasons == ["GPULost", "GPULostCleared"]
 
 
+async def test_an_rdma_port_that_goes_down_sets_the_condition_and_asks_for_a_cordon_and_restart(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The whole agent with its rdma-link detector reading a port tree in the kernel's sysfs format."""
+
+    def port(state: str) -> None:
+        d = tmp_path / "mlx5_1" / "ports" / "1"
+        (d / "counters").mkdir(parents=True, exist_ok=True)
+        (d / "state").write_text(state + "\n")
+        (d / "phys_state").write_text(("5: LinkUp" if state == "4: ACTIVE" else "3: Disabled") + "\n")
+        (d / "link_layer").write_text("InfiniBand\n")
+        (d / "counters" / "link_downed").write_text("0\n")
+
+    port("4: ACTIVE")
+    config = agent_settings().model_dump(mode="json")
+    config["detectors"]["entries"]["rdma-link"] = {"enabled": True, "config": {
+        "sysfs_path": str(tmp_path), "poll_interval_seconds": 0.05, "down_seconds": 0.2}}
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(settings.Settings.model_validate(config), client=cluster.kube,
+                                           metrics=metrics.Metrics(), health=None, stop=stop,
+                                           nvml=fake.FakeNvml(8), reporter_tick_seconds=0.05), name="agent")
+    try:
+        await asyncio.sleep(0.3)
+        port("1: DOWN")
+
+        async def reason() -> str:
+            cond = await cluster.condition()
+            return str(cond["reason"]) if cond and cond["status"] == "False" else ""
+
+        assert await cluster.until(reason) == "RdmaLinkDown"
+        (event,) = await cluster.until(cluster.events)
+        assert event["reason"] == "RdmaLinkDown"
+        assert event["involvedObject"]["kind"] == "Node"
+        assert event["metadata"]["annotations"]["kcover.io/need-recovery"] == "true"
+        assert event["metadata"]["annotations"]["kcover.io/recommended-action"] == "cordon-node-and-restart"
+        assert "mlx5_1 port 1" in event["message"]
+        port("4: ACTIVE")
+
+        async def healthy() -> bool:
+            cond = await cluster.condition()
+            return bool(cond and cond["status"] == "True")
+
+        await cluster.until(healthy)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_no_gpu_leaves_the_agent_running_and_the_node_alone(cluster: Cluster) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(running.run(agent_settings(), client=cluster.kube, metrics=metrics.Metrics(),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kcover import codec
+
 Obj = dict[str, Any]
 
 
@@ -49,14 +51,18 @@ def pod(name: str, *, uid: str = "", namespace: str = "ml", node: str = "", labe
 
 def node(name: str, *, uid: str = "", capacity: dict[str, str] | None = None,
          annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-         unschedulable: bool = False, rv: str = "1") -> Obj:
-    """A Node; `capacity` defaults to eight NVIDIA GPUs."""
+         unschedulable: bool = False, rv: str = "1", agent: bool = False) -> Obj:
+    """A Node; `capacity` defaults to eight NVIDIA GPUs; `agent`: kcover's agent runs there (the Node shows
+    its healthy condition)."""
     spec: Obj = {"unschedulable": True} if unschedulable else {}
+    status: Obj = {"capacity": {"cpu": "96", **({"nvidia.com/gpu": "8"} if capacity is None else capacity)}}
+    if agent:
+        status["conditions"] = [{"type": codec.AGENT_CONDITION_TYPE, "status": "True", "reason": "GPUsHealthy",
+                                 "message": "all GPUs healthy", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "uid": uid or f"node-{name}", "resourceVersion": rv,
                          "annotations": dict(annotations or {}), "labels": dict(labels or {})},
-            "spec": spec,
-            "status": {"capacity": {"cpu": "96", **({"nvidia.com/gpu": "8"} if capacity is None else capacity)}}}
+            "spec": spec, "status": status}
 
 
 def resource_slice(name: str, *, driver: str, node: str, uid: str = "", devices: int = 8, rv: str = "1") -> Obj:

@@ -68,7 +68,8 @@ def node_fault(node: str) -> model.CollectorEvent:
 
 
 def nodes(n: int) -> list[o.Obj]:
-    return [o.node(f"n{i}") for i in range(n)]
+    """Nodes where kcover's agent runs (each shows its condition), so a validation asked there is answered."""
+    return [o.node(f"n{i}", agent=True) for i in range(n)]
 
 
 def node_writes(r: engines.Rig) -> dict[str, int]:
@@ -189,53 +190,152 @@ async def fail_again(r: engines.Rig, name: str, gpu: int, generation: int) -> No
     await r.settle()
 
 
+def pods_deleted(r: engines.Rig) -> int:
+    return r.writes().get("DELETE pods", 0)
+
+
 async def test_xid13_twice_by_one_job_on_one_gpu_asks_one_validation_and_a_pass_cordons_nothing() -> None:
     """A rank's own bug and a faulty GPU look alike by place (the rank comes back to its GPU): the second
-    restart for an application XID on the same GPU asks the node to validate, and only that decides."""
+    restart for an application XID on the same GPU asks the node to validate, waits for the verdict, and only
+    that decides; a restart the verdict answered is no evidence again."""
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         await fail_again(r, "a", 3, 0)
         assert not validation_request(r, "n1"), "one restart is no evidence"
         assert node_writes(r) == {}
         (restarted,) = r.events("KcoverRestartedWorkload")
         assert "deleted 1 pod (" in restarted["message"]
-        await fail_again(r, "a", 3, 1)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
         (suspect,) = r.events("KcoverNodeSuspect")
         assert ("one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node n1 "
                 "(recovery.judgement.device_restarts 2)") in suspect["message"]
         assert validation_request(r, "n1")
+        (held,) = r.events("KcoverRecoveryHeld")
+        assert "AwaitingVerdict" in held["message"]
+        assert "Node n1 is suspect" in held["message"]
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 1, "held while the validation runs"
         await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 2, "restarted in place after the pass"
         assert cordoned(r) == []
+        await asyncio.sleep(61)
+        recreate(r, "a", ["n1"], 2)
+        await r.settle()
         await fail_again(r, "a", 3, 2)
+        assert len(r.events("KcoverRestartedWorkload")) == 3, "the restart after the pass counted once, not twice"
+        assert len(r.events("KcoverNodeSuspect")) == 1
         await fail_again(r, "a", 3, 3)
-        assert len(r.events("KcoverRestartedWorkload")) == 4
         assert len(r.events("KcoverNodeSuspect")) == 2, "the evidence before the verdict does not count again"
         assert cordoned(r) == []
         assert node_writes(r).keys() <= {"PATCH nodes"}, "only the requests' annotations were written"
 
 
-async def test_xid13_twice_on_one_gpu_whose_validation_fails_cordons_the_node_once() -> None:
+async def test_xid13_twice_on_one_gpu_whose_validation_fails_cordons_the_node_before_the_restart() -> None:
+    """The second restart waits for the verdict: the node is cordoned first, so the operator's new pod cannot
+    land on the faulty GPU for one more failure."""
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         await fail_again(r, "a", 3, 0)
-        await fail_again(r, "a", 3, 1)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        await r.tick()
+        assert pods_deleted(r) == before, "held for the verdict"
         await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
         assert cordoned(r) == ["n1"]
+        assert pods_deleted(r) == before, "the cordon comes first"
+        await r.tick()
+        assert pods_deleted(r) == before + 1, "then the held restart, onto other nodes"
         assert len(r.events("KcoverCordonedNode")) == 1
+        assert len(r.events("KcoverRestartedWorkload")) == 2
+
+
+async def test_the_ranks_exit_beside_the_xid_in_one_batch_waits_for_the_same_verdict() -> None:
+    """The agent's XID and the kubelet's report of the rank's exit arrive together: the exit names no GPU, so
+    it is no evidence by itself, but its restart is for a fault on the node the XID's plan makes suspect."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"), pod_fault("a-0-g1"))
+        await r.tick()
+        assert pods_deleted(r) == before, "neither restart ran before the verdict"
+        assert len(r.events("KcoverNodeSuspect")) == 1
+        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await r.tick()
+        assert cordoned(r) == ["n1"]
+        assert pods_deleted(r) == before + 1, "one restart, after the cordon"
+
+
+async def test_a_restart_held_for_a_passed_verdict_runs_once_and_asks_nothing_again() -> None:
+    """With `device_restarts` 1 every such XID asks a validation; the restart the pass released is the
+    verdict's answer, not new evidence, so it neither asks again nor waits again."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])], overrides={"recovery": {"judgement": {
+            "device_restarts": 1}}}) as r:
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g0"], signal="a-e0"))
+        assert len(r.events("KcoverNodeSuspect")) == 1
+        assert not r.events("KcoverRestartedWorkload")
+        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        for _ in range(5):
+            await r.tick()
+            await asyncio.sleep(5)
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        assert len(r.events("KcoverNodeSuspect")) == 1, "the released restart asks no second validation"
+        assert len(r.events("KcoverRecoveryHeld")) == 1
+        assert cordoned(r) == []
+
+
+async def test_a_restart_held_for_a_verdict_that_does_not_come_runs_after_the_wait() -> None:
+    async with engines.rig([*nodes(2), *job("a", ["n1"])], overrides={"recovery": {"judgement": {
+            "verdict_wait_seconds": 60}}}) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        await asyncio.sleep(50)
+        await r.tick()
+        assert pods_deleted(r) == before
+        await asyncio.sleep(11)
+        await r.tick()
+        assert pods_deleted(r) == before + 1, "restarted in place: no answer within verdict_wait_seconds"
+        assert cordoned(r) == []
+        assert validation_request(r, "n1"), "the validation is still asked; its answer decides the node later"
+
+
+async def test_a_restart_on_a_node_without_kcovers_agent_waits_for_no_verdict() -> None:
+    """No agent condition on the Node: no agent runs there to answer a validation, so the restart runs now
+    (the validation is still asked, for an agent that starts later)."""
+    async with engines.rig([o.node("n0"), o.node("n1"), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        assert validation_request(r, "n1")
+        assert pods_deleted(r) == before + 1
+        assert not r.events("KcoverRecoveryHeld")
+
+
+async def test_with_no_verdict_wait_the_restart_runs_beside_the_validation() -> None:
+    async with engines.rig([*nodes(2), *job("a", ["n1"])], overrides={"recovery": {"judgement": {
+            "verdict_wait_seconds": 0}}}) as r:
+        await fail_again(r, "a", 3, 0)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        assert validation_request(r, "n1")
+        assert len(r.events("KcoverRestartedWorkload")) == 2
+        assert not r.events("KcoverRecoveryHeld")
 
 
 async def test_xid94_twice_on_one_gpu_asks_a_validation_before_its_escalation_and_cordons_nothing() -> None:
     """XID 94 (a contained ECC error) blames the device but only restarts, cordoning at its third within an
     hour; its second on the same GPU already asks the node to validate, and a pass moves nothing."""
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
-        for generation in range(2):
-            await r.handle(xid("n1", 94, 3, [f"a-worker-0-g{generation}"], signal=f"e{generation}"))
-            await asyncio.sleep(1200)  # 20 min apart: two in the hour, short of the escalation's three
-            recreate(r, "a", ["n1"], generation + 1)
-            await r.settle()
-        assert len(r.events("KcoverRestartedWorkload")) == 2
+        await r.handle(xid("n1", 94, 3, ["a-worker-0-g0"], signal="e0"))
+        await asyncio.sleep(1200)  # 20 min apart: two in the hour, short of the escalation's three
+        recreate(r, "a", ["n1"], 1)
+        await r.settle()
+        await r.handle(xid("n1", 94, 3, ["a-worker-0-g1"], signal="e1"))
+        assert len(r.events("KcoverRestartedWorkload")) == 1, "the second waits for the verdict"
         (suspect,) = r.events("KcoverNodeSuspect")
         assert "for faults only on GPU gpu3 of Node n1 (recovery.judgement.device_restarts 2)" in suspect["message"]
         assert cordoned(r) == []
         await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 2
         assert cordoned(r) == []
         assert node_writes(r).keys() <= {"PATCH nodes"}
 
@@ -251,7 +351,7 @@ async def test_a_large_jobs_restarts_for_faults_on_other_nodes_leave_the_evidenc
             await asyncio.sleep(61)
             recreate(r, "big", placement, generation + 1)
             await r.settle()
-        assert len(r.events("KcoverRestartedWorkload")) == 3
+        assert len(r.events("KcoverRestartedWorkload")) == 2, "the third waits for the verdict on n1"
         (suspect,) = r.events("KcoverNodeSuspect")
         assert "restarted 2 times within 21600s for faults only on GPU gpu3 of Node n1" in suspect["message"]
         assert validation_request(r, "n1")
@@ -339,9 +439,9 @@ async def test_after_a_reset_of_the_latched_breaker_the_window_starts_again_and_
 
 
 async def test_restarts_past_the_in_flight_bound_are_throttled_and_never_trip_the_breaker() -> None:
-    objs: list[Any] = [*nodes(2)]
+    objs: list[Any] = [*nodes(3)]
     for i in range(3):
-        objs += job(f"j{i}", ["n1"])
+        objs += job(f"j{i}", [f"n{i}"])  # each on its own node: no node is suspect, nothing awaits a verdict
     async with engines.rig(objs, overrides={"recovery": {"max_concurrent_restarts": 1}}) as r:
         await r.handle(*(pod_fault(f"j{i}-0-g0") for i in range(3)))
         held = [x for x in r.leader.inner.outcomes if isinstance(x, st.Held)]
@@ -353,9 +453,9 @@ async def test_restarts_past_the_in_flight_bound_are_throttled_and_never_trip_th
 
 
 async def test_restarts_of_many_different_workloads_within_the_window_trip_the_breaker() -> None:
-    objs: list[Any] = [*nodes(2)]
+    objs: list[Any] = [*nodes(4)]
     for i in range(4):
-        objs += job(f"j{i}", ["n1"])
+        objs += job(f"j{i}", [f"n{i}"])  # each on its own node: no node is suspect, nothing awaits a verdict
     async with engines.rig(objs, overrides={"recovery": {"max_restarted_workloads_per_window": 3}}) as r:
         for i in range(4):
             await r.handle(pod_fault(f"j{i}-0-g0"))

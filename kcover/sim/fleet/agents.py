@@ -4,15 +4,17 @@ Owns `Agent`, what kcover's agent on one simulated node does when the trace show
 of the agent's own parts: the NVML detector (its XID policy, per-GPU history and event, and its health
 check of the GPU afterwards: lost, double-bit ECC, row-remap failure, read from a `FakeNvml` whose
 state the XID left), the DCGM detector (reading a recorded `dcgmi diag` output, failed or passed) and
-the reporter (the Node condition and the Events with the codec's annotations, written through the
-replay's in-process client), and the validator answering the controller's validation requests (a
+the RDMA link detector (reading the node's ports from a table the world's `link` faults leave their
+`link_downed` counts in), the reporter (the Node condition and the Events with the codec's annotations,
+written through the replay's in-process client), and the validator answering the controller's validation requests (a
 `dcgmi diag` that takes its time and fails or passes as the world says the node is). What the agent
 would publish goes through a real bus to the reporter.
 
 What it does not run: the detectors' own loops (an NVML event wait in a worker thread, a health poll
 every 10 s and DCGM checks every minute on each of 2,048 nodes would not fit the replay's budget, and a
 worker thread breaks virtual time). The replay calls the detectors' per-event code instead:
-`NvmlDetector._on_xid` and `_reconcile`, `DcgmDetector._diag`, private entry points, so a change to
+`NvmlDetector._on_xid` and `_reconcile`, `DcgmDetector._diag`, private entry points (and the RDMA link
+detector's public `check`, one read of the ports, at each link fault and after a repair), so a change to
 them shows here (a public `on_xid(bus, event)` / `check(bus)` seam would make this cleaner); the
 validator's public `validate(request)`, for the requests the replay sees on the Node (its own watch
 of one Node per agent is not run). Agents
@@ -32,7 +34,7 @@ from kcover import metrics as metrics_
 from kcover.agent import reporting, validating
 from kcover.aio import clock as clock_
 from kcover.aio import commands
-from kcover.detectors import contract, dcgm, nvml_detector
+from kcover.detectors import contract, dcgm, nvml_detector, rdma_link
 from kcover.kube import client as client_
 from kcover.nvml import backend, fake, xid_policy
 from kcover.sim import dcgmi
@@ -65,6 +67,18 @@ class _Diag:
         return commands.CommandResult(dcgmi.FAILED_EXIT_CODE if failed else 0, _TEXTS[failed], "")
 
 
+class _Links:
+    """A `rdma_link.PortReader` over the node's RDMA ports as the world leaves them: one InfiniBand port per
+    GPU rail (`mlx5_<i>` port 1), ACTIVE, with its `link_downed` count."""
+
+    def __init__(self, ports: int) -> None:
+        self.downed = [0] * ports
+
+    async def read(self) -> list[rdma_link.Port]:
+        return [rdma_link.Port(f"mlx5_{i}", 1, 4, "ACTIVE", "LinkUp", "InfiniBand", n)
+                for i, n in enumerate(self.downed)]
+
+
 class _Pods:
     def __init__(self, pods: Callable[[], Awaitable[list[str]]]) -> None:
         self._pods = pods
@@ -92,6 +106,11 @@ class Agent:
         self.nvml_detector._devices = self.devices
         self.nvml_detector._by_uuid = {d.uuid: d for d in self.devices}
         self.dcgm_detector = dcgm.DcgmDetector("dcgm", dcgm.DcgmConfig.model_validate(entries["dcgm"].config), context)
+        self.links = _Links(gpus)
+        self.rdma_detector = rdma_link.RdmaLinkDetector(
+            "rdma-link", rdma_link.RdmaLinkConfig.model_validate(entries["rdma-link"].config), context,
+            reader=self.links)
+        self._links_read = False
         self.bus = bus_.Bus(dedupe_window_seconds=config.bus.dedupe_window_seconds, clock=clock.monotonic)
         self._sub = self.bus.subscribe("reporter")
         self.reporter = reporting.Reporter(client, config.agent, node, clock)
@@ -116,6 +135,18 @@ class Agent:
         await self.nvml_detector._on_xid(self.bus, backend.NvmlEvent(device.uuid, backend.EventType.XID_CRITICAL,
                                                                       code))
         await self._check(gpu)
+
+    async def link_down(self, port: int) -> None:
+        """RDMA port `port` went down and up: the detector's next read sees its `link_downed` risen."""
+        if not self._links_read:  # the agent's first read, before the link went down: its baseline
+            await self._read_links()
+        self.links.downed[port] += 1
+        await self._read_links()
+        await self._report()
+
+    async def _read_links(self) -> None:
+        self._links_read = True
+        await self.rdma_detector.check(self.bus, await self.links.read())
 
     async def _check(self, gpu: int) -> None:
         device = self.devices[gpu]
@@ -144,6 +175,9 @@ class Agent:
         for gpu in range(len(self.devices)):
             self.nvml.clear(gpu)
             await self.nvml_detector._reconcile(self.bus, self.devices[gpu], [])
+        if self._links_read:  # cables and NICs replaced, the port counters cleared (`perfquery -R`)
+            self.links.downed = [0] * len(self.links.downed)
+            await self._read_links()
         await self._report()
 
     async def _report(self) -> None:

@@ -33,8 +33,8 @@ class _Base:
     async def notify(self, notice: st.Notice, cause: st.Fault | None) -> None:
         return None
 
-    async def advance(self, until: float) -> None:
-        return None
+    async def advance(self, until: float) -> bool:
+        return True
 
     async def close(self) -> None:
         return None

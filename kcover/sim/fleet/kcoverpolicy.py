@@ -352,7 +352,7 @@ class KcoverPolicy:
         self._actions.append((asyncio.get_running_loop().time(), kind, target, detail))
         self._acted.set()
 
-    async def advance(self, until: float) -> None:
+    async def advance(self, until: float) -> bool:
         loop = asyncio.get_running_loop()
         while True:
             if self._actions:
@@ -365,9 +365,9 @@ class KcoverPolicy:
                         await self.world.cordon(int(target), cause=detail)
                     else:
                         await self.world.uncordon(int(target))
-                return
+                return False
             if loop.time() >= until:
-                return
+                return True
             self._acted.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._acted.wait(), until - loop.time())
@@ -399,6 +399,8 @@ class KcoverPolicy:
                 self._create_pod(notice.job, rank, node, now)
         elif isinstance(notice, state.XidSeen):
             await self._agent(notice.node).xid(notice.gpu, notice.xid)
+        elif isinstance(notice, state.LinkDown):
+            await self._agent(notice.node).link_down(notice.port)
         elif isinstance(notice, state.DiagResult):
             await self._agent(notice.node).diag()
         elif isinstance(notice, state.NodeReadiness):

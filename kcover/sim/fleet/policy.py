@@ -29,8 +29,9 @@ class Policy(Protocol):
         """What happened; `cause` is the truth behind a signal, for the oracle's eyes only."""
         ...
 
-    async def advance(self, until: float) -> None:
-        """Do the policy's own work up to `until`; may return earlier after acting (`world.now` then)."""
+    async def advance(self, until: float) -> bool:
+        """Do the policy's own work up to `until`: True once there; False when it returned earlier, after
+        acting (at `world.now`), so the world looks at its events again before going on to `until`."""
         ...
 
     async def close(self) -> None: ...

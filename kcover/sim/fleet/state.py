@@ -198,6 +198,14 @@ class XidSeen:
 
 
 @dataclass(frozen=True)
+class LinkDown:
+    """The node's agent sees RDMA port `port` (`mlx5_<port>`, the rail of GPU `port`) go down and up."""
+
+    node: int
+    port: int
+
+
+@dataclass(frozen=True)
 class NodeReadiness:
     node: int
     ready: bool
@@ -233,4 +241,4 @@ class NodeReturned:
     node: int
 
 
-Notice = RankExited | XidSeen | NodeReadiness | DiagResult | Placed | PersonCordoned | NodeReturned
+Notice = RankExited | XidSeen | LinkDown | NodeReadiness | DiagResult | Placed | PersonCordoned | NodeReturned

@@ -54,6 +54,9 @@ class SignalKind(enum.StrEnum):
     """The rank on the node exits with an error; nothing else shows."""
     NCCL = "nccl"
     """Nothing on any node; every rank of the job exits when the NCCL watchdog times out."""
+    LINK = "link"
+    """The node's agent sees one of its RDMA ports go down and up (`link_downed` rises); every rank of the
+    job exits when the NCCL watchdog times out."""
     NOTREADY = "notready"
     """The node stops reporting (Ready=False); its pods are lost; the other ranks time out."""
 

@@ -8,8 +8,10 @@ signal drawn by weight; seeded, so a seed is a trace) and the JSON-lines format 
     {"time": 5231.0, "node": 17, "gpu": 3, "class": "faulty-gpu", "signal": "xid", "xid": 79}
 
 `time` is seconds from the replay's start; `node` the node's index (0 .. nodes-1: `node-0017`); `gpu`
-the GPU's index on it (null for a fault of the whole node; an `xid` line without one names GPU 0); `class` a class of the taxonomy (which gives the fault's truth and physics); `signal` one of
-`xid`, `exit`, `nccl`, `notready` (`xid` needs `xid`, the code). Blank lines and lines starting with
+the GPU's index on it (null for a fault of the whole node; an `xid` line without one names GPU 0; for a
+`link` line, the rail: RDMA port `mlx5_<gpu>`, 0 without one); `class` a class of the taxonomy (which
+gives the fault's truth and physics); `signal` one of `xid`, `exit`, `nccl`, `link`, `notready` (`xid`
+needs `xid`, the code). Blank lines and lines starting with
 `#` are skipped. The trace does not depend on any policy: what an onset does depends on what runs on
 the node at that time, which differs between policies; that is the replay's business.
 
@@ -95,7 +97,7 @@ def generate(taxonomy: tax.Taxonomy, *, nodes: int, gpus_per_node: int, days: fl
             node = rng.randrange(nodes)
             gpu = rng.randrange(gpus_per_node)
             sig = rng.choices(cls.signals, weights=weights)[0]
-            keep_gpu = cls.blame is tax.Blame.DEVICE or sig.signal is tax.SignalKind.XID
+            keep_gpu = cls.blame is tax.Blame.DEVICE or sig.signal in (tax.SignalKind.XID, tax.SignalKind.LINK)
             out.append(Onset(at, node, gpu if keep_gpu else None, cls.name, sig.signal, sig.xid))
     return sorted(out)
 
@@ -134,8 +136,8 @@ def parse(lines: Sequence[str], taxonomy: tax.Taxonomy, *, nodes: int, gpus_per_
             problems.append(f"{source}:{number}: gpu {line.gpu} is past the node's {gpus_per_node} GPUs")
             continue
         gpu = line.gpu
-        if gpu is None and line.signal is tax.SignalKind.XID:
-            gpu = 0  # an XID is always some GPU's; a line without one names the first
+        if gpu is None and line.signal in (tax.SignalKind.XID, tax.SignalKind.LINK):
+            gpu = 0  # an XID is always some GPU's, a link some rail's; a line without one names the first
         out.append(Onset(line.time, line.node, gpu, line.fault_class, line.signal, line.xid))
     if problems:
         raise errors.ConfigError("invalid fault trace", problems)

@@ -11,7 +11,9 @@ reads (`state`). It is the same for every policy; only the policy (`policy.Polic
   start, `bug_failures` times. Every draw comes from a generator seeded by (seed, fault, occurrence), so
   a fault behaves alike under every policy when the same things happen to it.
 * **Signals**: an `xid` fault shows its XID to the node's agent and exits the rank on the node; `exit`
-  only exits it; `nccl` shows nothing until every rank exits at the NCCL watchdog's timeout; `notready`
+  only exits it; `nccl` shows nothing until every rank exits at the NCCL watchdog's timeout; `link`
+  shows the node's agent one RDMA port going down and up (the GPU's rail), and every rank exits at the
+  watchdog's timeout; `notready`
   takes the node's Ready condition. When no policy restarts a job, the ranks left waiting on a dead peer
   exit at the watchdog's timeout. An XID raised in a process's context (13, 31, 43, 45, 68, 109) appears
   only while a job runs on the GPU; the others appear on idle GPUs too. A `dcgm` fault fails the node's
@@ -31,7 +33,8 @@ reads (`state`). It is the same for every policy; only the policy (`policy.Polic
 
 The loop: `await run()` pops events in time order; before each it lets the policy `advance` to that
 time (a policy running real code on virtual time does its work there, and may act earlier: then the
-loop looks again). Policies act through `restart_job` and `cordon`, at `now`. It fails only on a bug.
+loop looks again, and pops the event only once the policy says it reached its time, so an event never
+happens before what the policy did up to it). Policies act through `restart_job` and `cordon`, at `now`. It fails only on a bug.
 """
 
 from __future__ import annotations
@@ -102,19 +105,19 @@ class World:
         for onset in self._onsets:
             if onset.time <= self.params.horizon:
                 self.at(onset.time, functools.partial(self._onset, onset))
-        while self._heap:
-            when = self._heap[0][0]
-            if when > self.params.horizon:
+        while True:
+            when = self._heap[0][0] if self._heap else math.inf
+            last = when > self.params.horizon
+            reached = await self.policy.advance(self.params.horizon if last else when)
+            if not reached or (self._heap and self._heap[0][0] < when) or self.now > when:
+                continue  # the policy acted before `when`: look again, and let it go on to `when`
+            if last:
                 break
-            await self.policy.advance(when)
-            if not self._heap or self._heap[0][0] < when or self.now > when:
-                continue  # the policy acted meanwhile: look again
             _, _, action = heapq.heappop(self._heap)
             self.now = when
             result = action()
             if hasattr(result, "__await__"):
                 await result
-        await self.policy.advance(self.params.horizon)
         self.now = self.params.horizon
         self._finish()
         await self.policy.close()
@@ -231,12 +234,14 @@ class World:
         run = job.run
         if onset.signal is tax.SignalKind.XID and onset.xid is not None:
             await self._tell(st.XidSeen(node, onset.gpu or 0, onset.xid), fault)
+        if onset.signal is tax.SignalKind.LINK:
+            await self._tell(st.LinkDown(node, onset.gpu or 0), fault)
         if onset.signal in (tax.SignalKind.XID, tax.SignalKind.EXIT):
             await self._tell(st.RankExited(job.name, rank, node, EXIT_CODE,
                                            f"{fault.cls.label or fault.cls.name}: the rank exited"), fault)
             others = [r for r in range(job.size) if r != rank]
         else:
-            others = list(range(job.size)) if onset.signal is tax.SignalKind.NCCL else \
+            others = list(range(job.size)) if onset.signal in (tax.SignalKind.NCCL, tax.SignalKind.LINK) else \
                 [r for r in range(job.size) if r != rank]
         self.at(self.now + nccl, lambda: self._watchdog(job, run, others, fault))
         self.at(self.now + nccl + self._backoff(job), lambda: self._in_place(job, run, down))

@@ -163,7 +163,9 @@ async def test_xid13_twice_by_one_job_on_one_gpu_asks_a_validation_and_cordons_n
     held = await _node(cluster, node)
     assert codec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {}), "one restart is no evidence"
     await rig.handle(_xid(cluster, node, 13, 3, pod, clock, signal="e1"))  # again on GPU 3, after its restart
-    assert len(await _reasons(cluster, "KcoverRestartedWorkload", "a")) == 2
+    assert len(await _reasons(cluster, "KcoverRestartedWorkload", "a")) == 1, "the second waits for the verdict"
+    (waiting,) = await _reasons(cluster, "KcoverRecoveryHeld", "a")
+    assert "AwaitingVerdict" in waiting["message"]
     (suspect,) = await _reasons(cluster, "KcoverNodeSuspect", node)
     assert f"one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node {node}" \
         in suspect["message"]

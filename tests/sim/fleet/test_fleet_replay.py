@@ -138,6 +138,10 @@ def test_a_gpu_failing_one_job_twice_with_xid13_is_validated_and_isolated_before
     assert hits[1].at < bad.isolated_at < hits[1].at + 120, "validated within two minutes of the second strike"
     assert agents[35].validations == 1
     assert agents[35].healthy_validations == 0
+    decided = hits[1].decided_at
+    assert decided is not None
+    assert bad.isolated_at <= decided < hits[1].at + 120, "restarted after the cordon, within two minutes"
+    assert len(hits) == 2, "the restart waited for the verdict: the job never started on the bad GPU again"
     assert sum(a.validations for a in agents.values()) == 1, "no other node was asked"
     diagnosed = fleet_world("kcover", trace, {"recovery": {"judgement": {"device_restarts": 99}}})
     (later,) = diagnosed.faults
@@ -171,3 +175,32 @@ def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
         100 * (doc["policies"]["oracle"]["ettr_fleet"] - doc["policies"]["kcover"]["ettr_fleet"]), abs=1e-3)
     assert cli.main(["sim", "fleet", "--nodes", "8", "--job-mix", "2x8"]) == 2
     assert "needs 16 nodes" in capsys.readouterr().err
+
+
+def test_the_world_pops_no_event_before_a_policy_that_acted_early_has_reached_it() -> None:
+    """A policy that acts before the world's next event returns early; the world asks it again for that
+    event's time rather than letting the event happen before the policy's own clock got there."""
+    from kcover.sim.fleet import baselines, virtualtime
+
+    class EarlyActor(baselines.KubernetesAlone):
+        def __init__(self) -> None:
+            self.calls: list[tuple[float, bool]] = []
+            self.acted = False
+
+        async def advance(self, until: float) -> bool:
+            reached = self.acted or until <= HOUR
+            if not reached:
+                self.acted = True
+                self.world.now = HOUR  # acts at one hour, before the world's next event
+                await self.world.cordon(0, cause="test")
+            self.calls.append((until, reached))
+            return reached
+
+    policy = EarlyActor()
+    world = fleet.world_.World(PARAMS, tax.load(), [trace_.Onset(10 * HOUR, 3, None, "host-maintenance",
+                                                                 tax.SignalKind.NOTREADY)], policy)
+    virtualtime.run(world.run())
+    early = next(i for i, (_, reached) in enumerate(policy.calls) if not reached)
+    assert policy.calls[early + 1] == (policy.calls[early][0], True), "asked again for the same time"
+    assert world.cordons[0].at == HOUR
+    assert policy.calls[-1] == (PARAMS.horizon, True)
