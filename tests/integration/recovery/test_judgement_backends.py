@@ -22,12 +22,19 @@ from kcover.kube import projections as proj
 from kcover.recovery import steps as st
 
 
-async def _nodes(cluster: Cluster, count: int) -> list[str]:
+async def _nodes(cluster: Cluster, count: int, *, agent: bool = False) -> list[str]:
+    """`count` GPU nodes; `agent`: each shows kcover's agent condition, as where an agent runs to answer a
+    validation (a restart for a fault on a suspect node waits for the verdict only there)."""
     tag = secrets.token_hex(3)
     names = [f"judge-{tag}-{i}" for i in range(count)]
+    status: dict[str, Any] = {"capacity": {"nvidia.com/gpu": "8"}}
+    if agent:
+        status["conditions"] = [{"type": codec.AGENT_CONDITION_TYPE, "status": "True", "reason": "GPUsHealthy",
+                                 "message": "8 GPUs healthy", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
     for name in names:
         await create(cluster, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-                                                "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+                                                "status": status})
     return names
 
 
@@ -151,7 +158,7 @@ async def test_three_jobs_failing_on_one_node_make_it_suspect_and_a_failed_valid
 
 
 async def test_xid13_twice_by_one_job_on_one_gpu_asks_a_validation_and_cordons_nothing(cluster: Cluster) -> None:
-    node, _ = await _nodes(cluster, 2)
+    node, _ = await _nodes(cluster, 2, agent=True)
     a = await _job(cluster, "a")
     pod = await _member(cluster, a, node, 0)
     clock = _past(5)
