@@ -15,7 +15,8 @@ Owns two judgements the plan makes before it acts:
   GPU, or one workload restarted `same_workload_restarts` times for faults only there, from different pods
   of it, while it runs elsewhere too, or `device_restarts` times for faults all naming one GPU (an XID
   on the same device each time, as NVIDIA's workflows for XIDs 13 and 31 read repeats: a faulty GPU, or a
-  rank's own bug, which the validation tells apart).
+  rank's own bug, which the validation tells apart), or `hardware_xid_restarts` times (once, by default)
+  for a hardware XID that only restarts (94) on one GPU: no job's own bug raises that one.
   Restarts before the node's last verdict do not count again.
 
 What follows is the plan's (`planning`): a fault blamed on a workload restarts it and moves no node
@@ -145,9 +146,11 @@ def since_for(evidence: Evidence, node: str, js: settings.JudgementSettings, now
 
 
 def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bool, evidence: Evidence,
-              js: settings.JudgementSettings, now: float) -> Suspicion | None:
+              js: settings.JudgementSettings, now: float, hardware: bool = False) -> Suspicion | None:
     """The evidence a restart of unit `key` for a fault on `node` (`device`, from its pod `rank`) adds up
-    to, with what the ledger holds; None when it is short of every rule (or the rules are off)."""
+    to, with what the ledger holds; None when it is short of every rule (or the rules are off). `hardware`:
+    the restart's fault is a hardware XID that only restarts (94), counted against `hardware_xid_restarts`
+    instead of `device_restarts`."""
     if not node:
         return None
     since = since_for(evidence, node, js, now)
@@ -162,10 +165,14 @@ def suspicion(*, key: str, node: str, device: str, rank: str, runs_elsewhere: bo
     own = [f for f in rows if f.key == key]
     if device and js.suspect_device is not settings.JudgementMode.OFF:
         here = [f for f in own if f.device == device]
-        if len(here) + 1 >= js.device_restarts and _only_here(evidence.unit(key), node, since, device=device):
-            return Suspicion(node, device, SUSPECT_DEVICE, f"one workload restarted {len(here) + 1} times within "
-                             f"{js.window_seconds:g}s for faults only on GPU {device} of Node {node} "
-                             f"(recovery.judgement.device_restarts {js.device_restarts})")
+        needed, setting = (js.hardware_xid_restarts, "hardware_xid_restarts") if hardware else \
+            (js.device_restarts, "device_restarts")
+        if len(here) + 1 >= needed and _only_here(evidence.unit(key), node, since, device=device):
+            times = "once" if len(here) == 0 else f"{len(here) + 1} times"
+            what = "for a hardware XID on GPU" if hardware else "for faults only on GPU"
+            return Suspicion(node, device, SUSPECT_DEVICE, f"one workload restarted {times} within "
+                             f"{js.window_seconds:g}s {what} {device} of Node {node} "
+                             f"(recovery.judgement.{setting} {needed})")
     if js.suspect_node is settings.JudgementMode.OFF:
         return None
     distinct = sorted({f.key for f in others})
@@ -237,7 +244,8 @@ def suspects(steps: Sequence[st.Step], view: View, evidence: Evidence, rs: setti
         elsewhere = any(q.node and q.node != step.node and not q.deleting and not q.terminal
                         for q in view.pods_of_workload(step.workload.uid))
         found = suspicion(key=step.unit_key, node=step.node, device=device_of(step.cause.fault), rank=step.rank,
-                          runs_elsewhere=elsewhere, evidence=evidence, js=js, now=now)
+                          runs_elsewhere=elsewhere, evidence=evidence, js=js, now=now,
+                          hardware=step.blame is B.DEVICE)
         if found is None:
             continue
         asked.add(step.node)

@@ -183,8 +183,9 @@ def test_a_repeat_on_a_tainted_device_is_not_widened_to_a_validation_of_its_node
         event: model.CollectorEvent, suspect: bool) -> None:
     """A second XID on gpu-3 by the same job: one that isolates the device (79, a DeviceTaintRule, the node
     left schedulable) asks no validation, which could cordon the node for a device already taken out; one
-    that only restarts (94, 13) makes the node suspect (`recovery.judgement.device_restarts`). Which is which
-    is kcover's XID catalog's word, not the report's recommendation."""
+    that only restarts makes the node suspect (94, a hardware XID: `recovery.judgement.hardware_xid_restarts`,
+    its first already; 13, an application's: `device_restarts`, this second). Which is which is kcover's XID
+    catalog's word, not the report's recommendation."""
     rs = settings.RecoverySettings()
     steps = planning.plan(event, world(), SERVED, rs, NOW)
     restarts = [s for s in steps if isinstance(s, actions.Restart)]

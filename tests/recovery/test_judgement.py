@@ -320,24 +320,63 @@ async def test_with_no_verdict_wait_the_restart_runs_beside_the_validation() -> 
         assert not r.events("KcoverRecoveryHeld")
 
 
-async def test_xid94_twice_on_one_gpu_asks_a_validation_before_its_escalation_and_cordons_nothing() -> None:
-    """XID 94 (a contained ECC error) blames the device but only restarts, cordoning at its third within an
-    hour; its second on the same GPU already asks the node to validate, and a pass moves nothing."""
+async def test_xid94_once_asks_a_validation_before_its_restart_and_a_pass_cordons_nothing() -> None:
+    """XID 94 (a contained ECC error) blames the device but only restarts; no job's own bug raises it, so its
+    first already asks the node to validate (`hardware_xid_restarts` 1), the restart waits for the verdict,
+    and a pass moves nothing."""
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         await r.handle(xid("n1", 94, 3, ["a-worker-0-g0"], signal="e0"))
+        assert not r.events("KcoverRestartedWorkload"), "the first waits for the verdict"
+        (waiting,) = r.events("KcoverRecoveryHeld")
+        assert "AwaitingVerdict" in waiting["message"]
+        (suspect,) = r.events("KcoverNodeSuspect")
+        assert ("one workload restarted once within 21600s for a hardware XID on GPU gpu3 of Node n1 "
+                "(recovery.judgement.hardware_xid_restarts 1)") in suspect["message"]
+        assert cordoned(r) == []
+        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await r.tick()
+        assert len(r.events("KcoverRestartedWorkload")) == 1, "restarted in place after the pass"
+        assert cordoned(r) == []
+        assert node_writes(r).keys() <= {"PATCH nodes"}
+
+
+async def test_xid94_once_whose_validation_fails_cordons_the_node_before_the_restart() -> None:
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await r.handle(xid("n1", 94, 3, ["a-worker-0-g0"], signal="e0"))
+        assert not r.events("KcoverRestartedWorkload")
+        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await r.tick()
+        assert cordoned(r) == ["n1"]
+        assert len(r.events("KcoverRestartedWorkload")) == 1, "restarted once, off the cordoned node"
+        assert len(r.events("KcoverCordonedNode")) == 1
+
+
+async def test_xid94_with_hardware_xid_restarts_2_asks_only_at_its_second_on_one_gpu() -> None:
+    """The setting at 2: the first XID 94 restarts at once and asks nothing; the second on the same GPU asks."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])], overrides={"recovery": {"judgement": {
+            "hardware_xid_restarts": 2}}}) as r:
+        await r.handle(xid("n1", 94, 3, ["a-worker-0-g0"], signal="e0"))
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        assert not validation_request(r, "n1"), "one XID 94 is no evidence at 2"
         await asyncio.sleep(1200)  # 20 min apart: two in the hour, short of the escalation's three
         recreate(r, "a", ["n1"], 1)
         await r.settle()
         await r.handle(xid("n1", 94, 3, ["a-worker-0-g1"], signal="e1"))
         assert len(r.events("KcoverRestartedWorkload")) == 1, "the second waits for the verdict"
         (suspect,) = r.events("KcoverNodeSuspect")
-        assert "for faults only on GPU gpu3 of Node n1 (recovery.judgement.device_restarts 2)" in suspect["message"]
+        assert "restarted 2 times within 21600s for a hardware XID on GPU gpu3 of Node n1 " \
+               "(recovery.judgement.hardware_xid_restarts 2)" in suspect["message"]
         assert cordoned(r) == []
-        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
-        await r.tick()
-        assert len(r.events("KcoverRestartedWorkload")) == 2
-        assert cordoned(r) == []
-        assert node_writes(r).keys() <= {"PATCH nodes"}
+
+
+async def test_an_application_xid_once_asks_nothing() -> None:
+    """XID 13 is an application's (NVIDIA: a solo one is CHECK_APP): its first restarts at once, no validation."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g0"], signal="e0"))
+        assert len(r.events("KcoverRestartedWorkload")) == 1
+        assert not validation_request(r, "n1")
+        assert not r.events("KcoverNodeSuspect")
+        assert node_writes(r) == {}
 
 
 async def test_a_large_jobs_restarts_for_faults_on_other_nodes_leave_the_evidence_against_one_gpu_whole() -> None:
