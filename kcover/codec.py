@@ -21,6 +21,7 @@ Owns both directions of the agent -> controller contract, so the two sides canno
 | `kcover.io/fault-cleared` | `cleared` | `true` / `false` | refused `bad_fault_cleared` |
 | `kcover.io/pods` | `fault.pods` | `ns/name,ns/name`, at most `PODS_MAX` | refused `bad_pods` |
 | `kcover.io/device-healthy` | (a DRA device is healthy again) | `true` / `false` | refused `bad_device_healthy` |
+| `kcover.io/evidence` | `evidence` | an `Evidence` value | refused `bad_evidence` |
 | `kcover.io/xid` | `fault.xid` | decimal, 0..2^63-1 | dropped, logged |
 | `kcover.io/gpu-index` | `fault.gpu_index` | decimal, 0..2^63-1 | dropped, logged |
 | `kcover.io/gpu-uuid` | `fault.gpu_uuid` | text | dropped, logged |
@@ -40,7 +41,12 @@ trust rules), so the policy removes kcover's DeviceTaintRule of that device. It 
 not cleared or names no DRA device, the encoder leaves it out (`dropped`); decoded without both, or
 with a value other than true/false, the Event is refused (`bad_device_healthy`).
 
-Why refuse some and drop others: the first four change what the controller does. A recommendation it
+`kcover.io/evidence: link-down` is the agent's word that one of the node's RDMA ports went down once
+(`model.Evidence`): it asks for nothing (`recommended-action: report`, never `need-recovery`), and the
+controller's event watcher keeps and judges an Event carrying it like one asking for recovery (same trust
+rules, about a Node only), so the controller records it for the judgement.
+
+Why refuse some and drop others: the first five change what the controller does. A recommendation it
 cannot read might have asked for less than its rules would do; an unreadable `cleared` could turn
 the end of a fault into a cordon; unreadable `pods` would widen a restart from the pods on one GPU
 to every workload on the node; an unreadable or inconsistent `device-healthy` could un-isolate a
@@ -85,6 +91,8 @@ WINDOW_SECONDS = "kcover.io/window-seconds"
 DETECTOR = "kcover.io/detector"
 DEVICE_HEALTHY = "kcover.io/device-healthy"
 """`true` on an Event: the agent's word that a DRA device is healthy again; kept and judged like a request."""
+EVIDENCE = "kcover.io/evidence"
+"""A `model.Evidence` value on an Event: what the observation is evidence of; kept and judged like a request."""
 
 VALUE_MAX_BYTES = 1024
 """UTF-8 bytes of one annotation value (other than `pods`): the longest model text (253 characters)
@@ -106,6 +114,7 @@ REFUSED_RECOMMENDED_ACTION = "bad_recommended_action"
 REFUSED_FAULT_CLEARED = "bad_fault_cleared"
 REFUSED_PODS = "bad_pods"
 REFUSED_DEVICE_HEALTHY = "bad_device_healthy"
+REFUSED_EVIDENCE = "bad_evidence"
 
 AGENT_CONDITION_TYPE = "KcoverGPUHealthy"
 """The Node condition kcover's agent sets (`agent.condition_type`)."""
@@ -210,6 +219,8 @@ def encode_annotations(event: model.CollectorEvent, *, device_healthy: bool = Fa
 
     if needs_recovery(event):
         out[NEED_RECOVERY] = TRUE
+    if event.evidence is not None:
+        out[EVIDENCE] = event.evidence.value
     if event.recommended is not None:
         out[RECOMMENDED_ACTION] = event.recommended.value
     if event.cleared:
@@ -264,6 +275,8 @@ class Decoded:
     """The detector that saw the fault at the source (e.g. the agent's `nvml`)."""
     device_healthy: bool = False
     """The agent says the DRA device `fault.dra` has stayed healthy for its hold (then `cleared` is True)."""
+    evidence: model.Evidence | None = None
+    """What the observation is evidence of (`kcover.io/evidence`)."""
     dropped: tuple[tuple[str, str], ...] = field(default=())
     """(annotation, why) for optional detail that was malformed and left out."""
 
@@ -305,6 +318,17 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
         if recommended is None:
             return Refused(REFUSED_RECOMMENDED_ACTION, RECOMMENDED_ACTION,
                            f"not one of {', '.join(a.value for a in model.Action)}: {raw_action[:64]!r}")
+
+    raw_evidence = _get(annotations, EVIDENCE)
+    evidence: model.Evidence | None = None
+    if raw_evidence is not None:
+        try:
+            evidence = model.Evidence(raw_evidence) if not oversize(raw_evidence) else None
+        except ValueError:
+            evidence = None
+        if evidence is None:
+            return Refused(REFUSED_EVIDENCE, EVIDENCE,
+                           f"not one of {', '.join(e.value for e in model.Evidence)}: {raw_evidence[:64]!r}")
 
     raw_cleared = _get(annotations, FAULT_CLEARED)
     cleared = False
@@ -374,7 +398,7 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
     return Decoded(need_recovery=need is not None and need.lower() == TRUE, recommended=recommended,
                    cleared=cleared, fault=fault, occurrences=occurrences or 1,
                    window_seconds=0.0 if window is None else window, detector=text(DETECTOR),
-                   device_healthy=healthy, dropped=tuple(dropped))
+                   device_healthy=healthy, evidence=evidence, dropped=tuple(dropped))
 
 
 # ---------------------------------------------------------------------------------------------- condition

@@ -67,6 +67,15 @@ class Action(enum.StrEnum):
     """Take the node out of scheduling and restart the opted-in workloads that have pods on it."""
 
 
+class Evidence(enum.StrEnum):
+    """What an observation that asks for no action is evidence of, for the judgement to read later."""
+
+    LINK_DOWN = "link-down"
+    """One link-down of one of the node's RDMA ports (the agent's `rdma-link` detector, below its flap
+    threshold): alone it moves nothing (a switch's reboot takes every port under it down once); a job with a
+    rank on that node whose collective fails soon after blames the node (`recovery.judgement.link_down`)."""
+
+
 class Blame(enum.StrEnum):
     """What a fault is attributed to (`recovery.judging.attribute`): the thing a fix should move."""
 
@@ -192,6 +201,9 @@ class CollectorEvent(BaseModel):
     """How often the source saw this fault, this time included, within `window_seconds`."""
     window_seconds: float = Field(0.0, ge=0)
     """The window `occurrences` were counted in; 0 = since the source started."""
+    evidence: Evidence | None = None
+    """What this observation is evidence of, when it is (recorded by the controller for the judgement; an
+    evidence event asks for no action itself)."""
     signal: str = Field("", max_length=512)
     """Identity of the outside signal this observation answers (an annotated Event's uid and count), or
     empty. Recovery records the signals it acted on in the ledger and never acts on one twice: not

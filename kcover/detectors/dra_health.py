@@ -188,7 +188,7 @@ class DraHealthDetector:
                                 node=pod.node),
             dedupe_key=f"{self.name}/{emit.value}/{pod.uid}/{container}/{res.claim}/{res.resource_id}",
             fault=model.Fault(dra=dra_device(res.resource_id), container=container),
-            cleared=emit is Emit.RECOVERED, attributes=attributes)
+            cleared=emit is Emit.RECOVERED, attributes=attributes, observed_at=self._context.clock.now())
         log.info("device_health_changed", pod=f"{pod.namespace}/{pod.name}", claim=res.claim,
                  resource_id=res.resource_id, health=res.health, emitted=emit.value)
         assert self._bus is not None

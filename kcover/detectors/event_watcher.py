@@ -25,7 +25,10 @@ another tenant's GPU on the same node. An Event
 annotated `kcover.io/device-healthy: "true"` (the agent's word that a device it reported has stayed
 healthy for its hold, `kcover.codec`) is kept and judged by the same rules and published cleared, so
 the policy removes kcover's DeviceTaintRule; one about anything but a Node, and any cleared Event
-naming a device without that annotation, is refused (`device_healthy_untrusted`). Updates are re-evaluated when the Event's count, series count
+naming a device without that annotation, is refused (`device_healthy_untrusted`). An Event carrying
+`kcover.io/evidence` (the agent's one link-down of an RDMA port, `model.Evidence`) is kept and judged by the
+same rules too and published with its `evidence`, so the controller records it for the judgement; one about
+anything but a Node, or asking for an action or a fault's end beside it, is refused (`evidence_untrusted`). Updates are re-evaluated when the Event's count, series count
 or time moved. Refusals are logged with their reason, counted in `kcover_events_rejected{reason}`
 once per Event revision, and handed to `context.refusals` (the controller answers them with a
 rate-limited warning Event in the refused Event's namespace: at most one per namespace and reason per
@@ -94,9 +97,9 @@ class EventWatcherConfig(BaseModel):
 REFUSALS = ("no_timestamp", "future_timestamp", "stale", "namespace_mismatch", "pod_not_found", "uid_mismatch",
             "namespace_not_allowed", "untrusted_reporter", "identity_mismatch", "no_agent_on_node", "node_not_found",
             "unsupported_kind", "device_not_on_node", "device_not_held", "device_holder_not_opted_in",
-            "device_healthy_untrusted",
+            "device_healthy_untrusted", "evidence_untrusted",
             codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS,
-            codec.REFUSED_DEVICE_HEALTHY)
+            codec.REFUSED_DEVICE_HEALTHY, codec.REFUSED_EVIDENCE)
 """Every reason a Verdict or the codec refuses an Event for: `kcover_events_rejected{reason}` starts at 0 for
 each, so an alert on its increase fires on the first forgery."""
 
@@ -241,6 +244,20 @@ def return_verdict(verdict: Verdict, decoded: codec.Decoded) -> Verdict:
     return Verdict(None, "device_healthy_untrusted")
 
 
+def evidence_verdict(verdict: Verdict, decoded: codec.Decoded) -> Verdict:
+    """An Event carrying evidence (`kcover.io/evidence`, an agent's one link-down of an RDMA port) stays
+    accepted only about a Node, so as the agent's word (its namespace, reporter and identity, an agent pod on
+    that node), and only as evidence: asking for no action (`report` or none) and not a fault's end. A Pod's
+    Event, which its tenant can write, never counts against a node (pure)."""
+    target = verdict.target
+    if target is None or decoded.evidence is None:
+        return verdict
+    if target.kind is model.TargetKind.NODE and not decoded.cleared and not decoded.need_recovery \
+            and decoded.recommended in (None, model.Action.REPORT):
+        return verdict
+    return Verdict(None, "evidence_untrusted")
+
+
 def agent_on_node(pods_on_node: Callable[[str], Sequence[proj.Pod]], labels: dict[str, str],
                   namespace: str, node: str) -> bool:
     """A pod carrying `labels`, in `namespace`, bound to `node` and not terminating (pure but for the lookup)."""
@@ -306,7 +323,7 @@ class EventWatcherDetector:
             log.info("recovery_event_undecodable", k8s_event=f"{new.namespace}/{new.name}",
                      annotation=decoded.annotation, detail=decoded.detail)
         if verdict.target is not None and not isinstance(decoded, codec.Refused):
-            verdict = return_verdict(verdict, decoded)
+            verdict = evidence_verdict(return_verdict(verdict, decoded), decoded)
         if verdict.target is not None and not isinstance(decoded, codec.Refused) and decoded.fault.dra is not None:
             target = verdict.target
             verdict = device_verdict(verdict, decoded.fault.dra, cache.publishes_device)
@@ -377,7 +394,8 @@ class EventWatcherDetector:
             dedupe_key=f"{self.name}/{ev.uid}/{ev.event_count}/{ev.series_count}", signal=signal_of(ev),
             fault=decoded.fault,
             recommended=decoded.recommended, cleared=decoded.cleared, occurrences=decoded.occurrences,
-            window_seconds=decoded.window_seconds, attributes=attributes)
+            window_seconds=decoded.window_seconds, evidence=decoded.evidence, attributes=attributes,
+            observed_at=self._context.clock.now())
         log.info("recovery_event_accepted", k8s_event=f"{ev.namespace}/{ev.name}", target=target.describe(),
                  reporter=reporter_of(ev), recommended=decoded.recommended, cleared=decoded.cleared,
                  fault=decoded.fault.describe())

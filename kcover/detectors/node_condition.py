@@ -252,7 +252,8 @@ class NodeConditionDetector:
             dedupe_key=f"{self.name}/{reason}/{node.name}/{cond.type}/{cond.last_transition}",
             fault=model.Fault(check=cond.type), recommended=recommended if bad else None, cleared=not bad,
             attributes={"status": cond.status, "condition_reason": cond.reason,
-                        "condition_message": cond.message, "since": cond.last_transition}))
+                        "condition_message": cond.message, "since": cond.last_transition},
+            observed_at=self._context.clock.now()))
         log.info("node_condition_changed", node=node.name, condition=cond.type, status=cond.status, emitted=reason)
 
     def _publish_cordon_cleared(self, node: proj.Node, types: list[str]) -> None:
@@ -262,7 +263,7 @@ class NodeConditionDetector:
             message=f"conditions {', '.join(types)} good for {self.config.recovered_hold_seconds:g}s or more on a "
                     "node kcover cordoned",
             dedupe_key=f"{self.name}/{RECOVERED}/{node.name}/cordon",
-            fault=model.Fault(check=",".join(types)[:128])))
+            fault=model.Fault(check=",".join(types)[:128]), observed_at=self._context.clock.now()))
         log.info("node_condition_cordon_cleared", node=node.name, conditions=types)
 
     def _send(self, node: proj.Node, event: model.CollectorEvent) -> None:

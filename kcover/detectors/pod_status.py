@@ -165,7 +165,7 @@ class PodStatusDetector:
                                 node=pod.node),
             message=f"{kind_word} {f.container} terminated: {f.reason or 'no reason'}, exit code {f.exit_code}",
             dedupe_key=f"{self.name}/{pod.uid}/{f.container}/{f.ordinal}", fault=model.Fault(container=f.container),
-            attributes=attributes)
+            attributes=attributes, observed_at=self._context.clock.now())
         log.info("container_failure_detected", pod=f"{pod.namespace}/{pod.name}", container=f.container,
                  exit_code=f.exit_code, termination_reason=f.reason, restart_count=f.restart_count, cause=event.id)
         assert self._bus is not None

@@ -12,10 +12,12 @@ each the node's (`cordon-node-and-restart`, target the Node, `fault.check` `rdma
   vanished with its device). It clears when the port is ACTIVE again.
 * **flapping**: `flaps` link-downs of one port within `flap_window_seconds` (from `link_downed`'s rise,
   or, where the counter cannot be read, each ACTIVE -> not ACTIVE seen). One link-down below that is a
-  `RdmaLinkFlapped` Warning a person can read, and nothing else: a switch's reboot takes every port
-  under it down once. The fault clears after `flap_clear_seconds` without another link-down (a day by
-  default: a flapping cable is a person's to replace, and a cordoned, idle node's quiet link proves
-  little), or when the counter goes back (cleared by `perfquery -R` after a repair).
+  `RdmaLinkFlapped` Warning a person can read, carrying `model.Evidence.LINK_DOWN` and asking for nothing:
+  a switch's reboot takes every port under it down once. The controller records it, and a job with a rank
+  on this node whose collective fails soon after blames the node (`recovery.judgement.link_down`). The
+  fault clears after `flap_clear_seconds` without another link-down (a day by default: a flapping cable
+  is a person's to replace, and a cordoned, idle node's quiet link proves little), or when the counter
+  goes back (cleared by `perfquery -R` after a repair).
 
 Which ports are watched: those matching `devices` (a full-match regex of `<device>` or
 `<device>/<port>`) and `link_layers`. With `devices` empty, a port is watched once this agent has seen
@@ -318,7 +320,8 @@ class RdmaLinkDetector:
         findings, notes = self.judge.observe(ports, self.context.clock.monotonic())
         self.context.metrics.health_checks.succeeded(self.name)
         for note in notes:
-            await self._publish(bus, note, model.Severity.WARNING, model.Action.REPORT, cleared=False)
+            await self._publish(bus, note, model.Severity.WARNING, model.Action.REPORT, cleared=False,
+                                evidence=model.Evidence.LINK_DOWN)
         now = {f.key: f for f in findings}
         for key, finding in now.items():
             if key not in self._active:
@@ -330,7 +333,7 @@ class RdmaLinkDetector:
         self._active = now
 
     async def _publish(self, bus: bus_.Bus, finding: Finding, severity: model.Severity,
-                       action: model.Action | None, *, cleared: bool) -> None:
+                       action: model.Action | None, *, cleared: bool, evidence: model.Evidence | None = None) -> None:
         node = self.context.node_name
         reason = finding.reason + ("Cleared" if cleared else "")
         message = ("cleared: " if cleared else "") + finding.message
@@ -342,4 +345,4 @@ class RdmaLinkDetector:
             message=model.fit(message, model.MESSAGE_MAX), observed_at=self.context.clock.now(),
             dedupe_key=f"{self.name}/{finding.key}/{'cleared' if cleared else 'active'}/{finding.port.link_downed}",
             fault=model.Fault(check="" if action is model.Action.REPORT else check),
-            recommended=action, cleared=cleared))
+            recommended=action, cleared=cleared, evidence=evidence))

@@ -272,12 +272,12 @@ def resource_slice(raw: Mapping[str, Any]) -> proj.ResourceSlice:
 
 
 def recovery_event(raw: Mapping[str, Any]) -> proj.KubeEvent | None:
-    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"` or
-    `kcover.io/device-healthy: "true"` (the event watcher judges both)."""
+    """Project a core/v1 Event, or None unless it carries `kcover.io/need-recovery: "true"`,
+    `kcover.io/device-healthy: "true"` or a `kcover.io/evidence` (the event watcher judges all three)."""
     meta = _d(raw.get("metadata"))
     annotations = _d(meta.get("annotations"))
     if _s(annotations.get(codec.NEED_RECOVERY)).lower() != "true" \
-            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true":
+            and _s(annotations.get(codec.DEVICE_HEALTHY)).lower() != "true" and not _s(annotations.get(codec.EVIDENCE)):
         return None
     involved = _d(raw.get("involvedObject"))
     series = _d(raw.get("series"))

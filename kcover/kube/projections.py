@@ -240,7 +240,8 @@ class InvolvedObject(NamedTuple):
 
 
 class KubeEvent(NamedTuple):
-    """A core/v1 Event carrying `kcover.io/need-recovery: "true"` or `kcover.io/device-healthy: "true"`."""
+    """A core/v1 Event carrying `kcover.io/need-recovery: "true"`, `kcover.io/device-healthy: "true"` or
+    `kcover.io/evidence`."""
 
     uid: str
     rv: str

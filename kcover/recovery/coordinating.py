@@ -167,6 +167,8 @@ class Coordinator:
             return await self.cordon(step)
         if isinstance(step, st.EnterCordon):
             return await self.enter_cordon(step)
+        if isinstance(step, st.NoteLinkDown):
+            return await self.note_link_down(step)
         if isinstance(step, st.Uncordon):
             return await self.uncordon(step)
         if isinstance(step, st.TaintDevice):
@@ -266,6 +268,20 @@ class Coordinator:
         if refusal is not None:
             return st.Done(step, detail=refusal[1], noop=True)
         log.info("node_cordoned", node=step.node, reason=step.reason, cause=step.cause.id)
+        return st.Done(step)
+
+    async def note_link_down(self, step: st.NoteLinkDown) -> st.Outcome:
+        """The link-down in the node's ledger entry (fenced, so it outlives this term for the judgement)."""
+        now = self._clock.now().timestamp()
+
+        def note(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
+            return None if entry.note_link_down(step.at) else "recorded already"
+
+        already = await self._ledger.update(f"n.{step.node}", note, now=now)
+        if already is not None:
+            return st.Done(step, detail=already, noop=True)
+        log.info("node_link_down_noted", node=step.node, at=step.at)
         return st.Done(step)
 
     async def enter_cordon(self, step: st.EnterCordon) -> st.Outcome:

@@ -275,6 +275,9 @@ class Node:
     """When that suspicion was settled; restarts before it no longer count against the node."""
     verdict: Verdict | None = None
     devices: dict[str, TaintedDevice] = field(default_factory=dict)
+    link_downs: tuple[float, ...] = ()
+    """When the node's agent saw one of its RDMA ports go down (`model.Evidence.LINK_DOWN`), the newest
+    `LINK_DOWNS_MAX`, oldest first."""
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"r": self.reason}
@@ -286,6 +289,8 @@ class Node:
             out["j"], out["v"] = round(self.judged_at, 3), self.verdict.value
         if self.devices:
             out["d"] = [t.encode() for _, t in sorted(self.devices.items())]
+        if self.link_downs:
+            out["l"] = [round(t, 3) for t in self.link_downs]
         return out
 
     @classmethod
@@ -297,20 +302,39 @@ class Node:
             verdict = None
         devices = [TaintedDevice.decode(t) for t in raw.get("d") or ()] if isinstance(raw.get("d"), list) else []
         suspect_at = float(suspect) if _number(suspect) else None
+        links = raw.get("l")
+        link_downs = sorted(float(t) for t in links if _number(t)) if isinstance(links, list) else []
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
                    suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
                    verdict=verdict if _number(judged) else None,
-                   devices={t.device.resource_id: t for t in devices if t is not None})
+                   devices={t.device.resource_id: t for t in devices if t is not None},
+                   link_downs=tuple(link_downs[-LINK_DOWNS_MAX:]))
 
     def newest(self) -> float:
         times = [t for t in (self.cordoned_at, self.suspect_at, self.judged_at) if t is not None]
         times += [t.at for t in self.devices.values()]
+        times += self.link_downs
         return max(times, default=float("-inf"))
+
+    def note_link_down(self, at: float) -> bool:
+        """Record a link-down at `at`; False when it is recorded already (the same report, replayed)."""
+        if at in self.link_downs:
+            return False
+        self.link_downs = tuple(sorted((*self.link_downs, at))[-LINK_DOWNS_MAX:])
+        return True
+
+    def link_downs_within(self, since: float, until: float) -> list[float]:
+        return [t for t in self.link_downs if since <= t <= until]
 
     def pending_suspicion(self) -> bool:
         """Suspect, and not settled since."""
         return self.suspect_at is not None and (self.judged_at is None or self.judged_at < self.suspect_at)
+
+
+LINK_DOWNS_MAX = 8
+"""Link-downs a node's entry keeps: more within the judgement's window is a flapping link, the agent's own
+fault (`rdma-link`'s `flaps`)."""
 
 
 @dataclass

@@ -372,6 +372,8 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
     p = _Planner(event, snapshot, history, rs, now.timestamp(), blame=blame, judged=judged)
     if event.cleared:
         return _returns(p)
+    if event.evidence is not None:
+        return _evidence(p)
     kind = rules.decide(event, configured, rs.node_judgement)
     mode = rs.judgement.workload_blame
     spared = judging.spared(kind, blame) if mode is not settings.JudgementMode.OFF else kind
@@ -383,13 +385,45 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
                                                  f"{spared.value} where the rules say {kind.value}", event,
                                                  about=about),
                                        "recovery.judgement.workload_blame: record"))
-    asks = judging.suspects(steps, snapshot, history.ledger, rs, p.now)
+    links = _link_cordons(p, steps)
+    blamed = {s.node for s in links if isinstance(s, st.Cordon)}
+    asks = [a for a in judging.suspects(steps, snapshot, history.ledger, rs, p.now) if _node_of(a) not in blamed]
     asked = {s.node for s in asks if isinstance(s, st.RequestValidation) and s.purpose is st.Purpose.SUSPECT}
-    steps = [_awaiting(p, s) if isinstance(s, st.Restart) and s.node in asked else s for s in steps] + asks
+    steps = links + [_awaiting(p, s) if isinstance(s, st.Restart) and s.node in asked else s for s in steps] + asks
     rule = rules.matching(event, configured)
     if rule is not None and rule.mode is rules.Mode.RECORD:
         steps = [st.RecordOnly(s, f"{rule.describe()} mode: record") if _acts(s) else s for s in steps]
     return steps
+
+
+def _evidence(p: _Planner) -> list[st.Step]:
+    """An observation that is evidence only (`model.Evidence`): recorded for the judgement, nothing moved."""
+    event, target = p.event, p.event.target
+    node = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    if event.evidence is not model.Evidence.LINK_DOWN or not node \
+            or p.rs.judgement.link_down is settings.JudgementMode.OFF:
+        return []
+    return [st.NoteLinkDown(node=node, at=event.observed_at.timestamp(), cause=event)]
+
+
+def _link_cordons(p: _Planner, steps: Sequence[st.Step]) -> list[st.Step]:
+    """The cordons, before the restarts in `steps`, of the nodes whose link-down explains the failure
+    (`judging.linked`), through the cordon's admission like any other; `RecordOnly` in `record` mode."""
+    out: list[st.Step] = []
+    record = p.rs.judgement.link_down is settings.JudgementMode.RECORD
+    for found in judging.linked(steps, p.snapshot, p.history.ledger, p.rs.judgement):
+        for step in p.cordon(found.node, reason=found.text):
+            if isinstance(step, st.Cordon):
+                step = dataclasses.replace(step, blame=model.Blame.NODE)
+                out.append(st.RecordOnly(step, "recovery.judgement.link_down: record") if record else step)
+            else:
+                out.append(step)
+    return out
+
+
+def _node_of(step: st.Step) -> str:
+    inner = step.step if isinstance(step, st.RecordOnly) else step
+    return inner.node if isinstance(inner, st.RequestValidation) else ""
 
 
 def _awaiting(p: _Planner, restart: st.Restart) -> st.Step:

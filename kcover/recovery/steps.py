@@ -189,6 +189,17 @@ class EnterCordon:
 
 
 @dataclass(frozen=True)
+class NoteLinkDown:
+    """Record in the node's ledger entry that its agent saw one of its RDMA ports go down (evidence the
+    judgement reads when a job with a rank there fails soon after: `judging.linked`). Moves nothing itself."""
+
+    node: str
+    at: float
+    """Epoch seconds the agent saw the link go down (its observation's time)."""
+    cause: model.CollectorEvent
+
+
+@dataclass(frozen=True)
 class Uncordon:
     node: str
     cause: model.CollectorEvent
@@ -372,8 +383,8 @@ class Emit:
     warning: bool = True
 
 
-Step = (Restart | Resume | Cordon | EnterCordon | Uncordon | TaintDevice | UntaintDevice | Report | Refuse | Hold | Drain
-        | RequestRemediation | CallPerson | RequestValidation | Judge | RecordOnly | LatchBreaker | ResetBreaker
+Step = (Restart | Resume | Cordon | EnterCordon | NoteLinkDown | Uncordon | TaintDevice | UntaintDevice | Report
+        | Refuse | Hold | Drain | RequestRemediation | CallPerson | RequestValidation | Judge | RecordOnly | LatchBreaker | ResetBreaker
         | Emit)
 
 
@@ -384,6 +395,7 @@ def name_of(step: Step) -> str:
 
 _NAMES: dict[type, str] = {
     Restart: "restart_workload", Resume: "restart_workload", Cordon: "cordon_node", EnterCordon: "enter_cordon",
+    NoteLinkDown: "note_link_down",
     Uncordon: "uncordon_node", TaintDevice: "taint_device",
     UntaintDevice: "untaint_device", Report: "report", Refuse: "refuse", Hold: "hold", Drain: "drain",
     RequestRemediation: "remediation", CallPerson: "call_person", RequestValidation: "request_validation",

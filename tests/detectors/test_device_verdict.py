@@ -4,7 +4,8 @@ A table over `event_watcher.device_verdict` with the cluster cache's own `publis
 ResourceSlices loaded through the cache's list path. The same check through the API server and the
 controller is tests/integration/agent/test_dra_device_mapping.py. Also the rule on an Event saying a
 device is healthy again (`return_verdict`): only the agent's `kcover.io/device-healthy` word about a
-Node counts, and the cluster cache keeps such Events.
+Node counts, and the cluster cache keeps such Events; and evidence (`evidence_verdict`, an agent's RDMA
+link-down) counts only as the agent's word about a Node that asks for nothing.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def test_a_device_returns_to_service_only_on_the_agents_word_about_a_node(
         assert verdict.reason == "device_healthy_untrusted"
 
 
-def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
+def test_the_cache_keeps_device_healthy_and_evidence_events_and_nothing_else_new() -> None:
     def raw(annotations: dict[str, str]) -> dict[str, Any]:
         return {"metadata": {"name": "e", "namespace": "kcover", "uid": "u", "annotations": annotations},
                 "involvedObject": {"kind": "Node", "name": "a"}}
@@ -100,6 +101,33 @@ def test_the_cache_keeps_device_healthy_events_and_nothing_else_new() -> None:
     assert projecting.recovery_event(raw({codec.NEED_RECOVERY: "true"})) is not None
     assert projecting.recovery_event(raw({codec.DEVICE_HEALTHY: "false"})) is None
     assert projecting.recovery_event(raw({codec.FAULT_CLEARED: "true", codec.DRA_DEVICE: "gpu-2"})) is None
+    assert projecting.recovery_event(raw({codec.EVIDENCE: "link-down"})) is not None
+    assert projecting.recovery_event(raw({codec.EVIDENCE: ""})) is None
+
+
+LINK = model.Evidence.LINK_DOWN
+REPORT = model.Action.REPORT
+EVIDENCE = [
+    ("the agent's link-down about its Node, asking for nothing", model.TargetKind.NODE, LINK, REPORT, False, True),
+    ("the same with no recommendation", model.TargetKind.NODE, LINK, None, False, True),
+    ("a link-down about a Pod (a tenant can write those)", model.TargetKind.POD, LINK, REPORT, False, False),
+    ("a link-down that also asks for a cordon", model.TargetKind.NODE, LINK, model.Action.CORDON_NODE, False, False),
+    ("a link-down that is a fault's end", model.TargetKind.NODE, LINK, REPORT, True, False),
+    ("no evidence: not this rule's", model.TargetKind.POD, None, model.Action.RESTART_WORKLOAD, False, True),
+]
+
+
+@pytest.mark.parametrize(("kind", "evidence", "recommended", "cleared", "accepted"), [c[1:] for c in EVIDENCE],
+                         ids=[c[0] for c in EVIDENCE])
+def test_evidence_counts_only_as_the_agents_word_about_a_node_asking_for_nothing(
+        kind: model.TargetKind, evidence: model.Evidence | None, recommended: model.Action | None, cleared: bool,
+        accepted: bool) -> None:
+    decoded = codec.Decoded(evidence=evidence, recommended=recommended, cleared=cleared,
+                            need_recovery=recommended not in (None, REPORT) and not cleared)
+    verdict = event_watcher.evidence_verdict(_verdict(kind, "a"), decoded)
+    assert (verdict.target is not None) is accepted
+    if not accepted:
+        assert verdict.reason == "evidence_untrusted"
 
 
 def _pod(uid: str, *, holds: str = "", opted: bool = True) -> dict[str, Any]:

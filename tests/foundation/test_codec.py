@@ -40,7 +40,8 @@ _events = st.builds(
     severity=st.sampled_from(model.Severity), reason=st.just("XID79"),
     fault=_fault, recommended=st.none() | st.sampled_from(model.Action), cleared=st.booleans(),
     occurrences=st.integers(min_value=1, max_value=codec.INT_MAX),
-    window_seconds=st.floats(min_value=0, allow_nan=False, allow_infinity=True))
+    window_seconds=st.floats(min_value=0, allow_nan=False, allow_infinity=True),
+    evidence=st.none() | st.sampled_from(model.Evidence))
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None)
@@ -61,13 +62,14 @@ def test_decode_restores_every_typed_field(event: model.CollectorEvent, device_h
     assert decoded.detector == event.detector
     assert decoded.need_recovery == codec.needs_recovery(event)
     assert decoded.device_healthy == device_healthy
+    assert decoded.evidence == event.evidence
     assert decoded.dropped == ()
 
 
 _keys = st.sampled_from([codec.NEED_RECOVERY, codec.RECOMMENDED_ACTION, codec.FAULT_CLEARED, codec.XID,
                          codec.GPU_INDEX, codec.GPU_UUID, codec.DRA_DRIVER, codec.DRA_POOL, codec.DRA_DEVICE,
                          codec.CHECK, codec.CONTAINER, codec.PODS, codec.OCCURRENCES, codec.WINDOW_SECONDS,
-                         codec.DETECTOR, codec.DEVICE_HEALTHY]) | st.text(max_size=20)
+                         codec.DETECTOR, codec.DEVICE_HEALTHY, codec.EVIDENCE]) | st.text(max_size=20)
 _values: st.SearchStrategy[Any] = (st.text() | st.sampled_from(["true", "FALSE", "-1", "1e400", "nan", "inf", "0x1f",
                                                                 "٣", "1_000", " 7", "a/b,,c/d", "cordon-node"])
                                    | st.text(string.digits, min_size=18, max_size=25) | st.integers() | st.none()
@@ -81,7 +83,7 @@ def test_decode_never_raises_on_arbitrary_annotations(annotations: dict[str, Any
     assert isinstance(decoded, codec.Decoded | codec.Refused)
     if isinstance(decoded, codec.Refused):
         assert decoded.reason in {codec.REFUSED_RECOMMENDED_ACTION, codec.REFUSED_FAULT_CLEARED, codec.REFUSED_PODS,
-                                  codec.REFUSED_DEVICE_HEALTHY}
+                                  codec.REFUSED_DEVICE_HEALTHY, codec.REFUSED_EVIDENCE}
 
 
 DEVICE = {codec.DRA_DRIVER: "gpu.nvidia.com", codec.DRA_POOL: "n1", codec.DRA_DEVICE: "gpu-2"}
@@ -101,6 +103,8 @@ DEVICE = {codec.DRA_DRIVER: "gpu.nvidia.com", codec.DRA_POOL: "n1", codec.DRA_DE
     ({codec.DEVICE_HEALTHY: "true", codec.FAULT_CLEARED: "true"}, codec.REFUSED_DEVICE_HEALTHY),  # no device
     ({codec.DEVICE_HEALTHY: "true", codec.FAULT_CLEARED: "true", **DEVICE, codec.DRA_POOL: "p" * 254},
      codec.REFUSED_DEVICE_HEALTHY),  # a device it cannot read
+    ({codec.EVIDENCE: "Link-Down"}, codec.REFUSED_EVIDENCE),
+    ({codec.EVIDENCE: "link-down" + " " * 40_000}, codec.REFUSED_EVIDENCE),
 ])
 def test_values_that_change_what_happens_are_refused(annotations: dict[str, str], reason: str) -> None:
     decoded = codec.decode_annotations({codec.NEED_RECOVERY: "true", **annotations})
@@ -219,3 +223,19 @@ def test_device_healthy_is_carried_only_by_a_cleared_event_naming_a_device() -> 
         assert codec.DEVICE_HEALTHY not in encoded.annotations
         assert [key for key, _ in encoded.dropped] == [codec.DEVICE_HEALTHY]
     assert codec.DEVICE_HEALTHY not in codec.encode_annotations(healthy).annotations
+
+
+def test_an_evidence_event_asks_for_nothing_and_an_unknown_evidence_is_refused() -> None:
+    target = model.Target(kind=model.TargetKind.NODE, name="n1", node="n1")
+    down = model.CollectorEvent(detector="rdma-link", target=target, severity=model.Severity.WARNING,
+                                reason="RdmaLinkFlapped", recommended=model.Action.REPORT,
+                                evidence=model.Evidence.LINK_DOWN)
+    encoded = codec.encode_annotations(down)
+    assert encoded.annotations[codec.EVIDENCE] == "link-down"
+    assert codec.NEED_RECOVERY not in encoded.annotations, "evidence is no request"
+    decoded = codec.decode_annotations(encoded.annotations)
+    assert isinstance(decoded, codec.Decoded)
+    assert (decoded.evidence, decoded.need_recovery) == (model.Evidence.LINK_DOWN, False)
+    refused = codec.decode_annotations({**encoded.annotations, codec.EVIDENCE: "cable-cut"})
+    assert isinstance(refused, codec.Refused)
+    assert (refused.reason, refused.annotation) == (codec.REFUSED_EVIDENCE, codec.EVIDENCE)

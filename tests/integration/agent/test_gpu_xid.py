@@ -21,7 +21,9 @@ from kcover.nvml import fake
 Cluster = Any  # tests/backends.py's Cluster
 
 
-async def _job(kube: Any, ns: str, name: str, node: str, harness: Any) -> dict[str, Any]:
+async def _job(kube: Any, ns: str, name: str, node: str | list[str], harness: Any) -> dict[str, Any]:
+    """A 2-worker PyTorchJob, both running on `node` (or worker i on `node[i]`)."""
+    nodes = node if isinstance(node, list) else [node, node]
     job: dict[str, Any] = await kube.request("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", body={
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": ns, "labels": {"kcover.io/cascading-recovery": "true"}},
@@ -37,7 +39,7 @@ async def _job(kube: Any, ns: str, name: str, node: str, harness: Any) -> dict[s
                                     "training.kubeflow.org/operator-name": "pytorchjob-controller",
                                     "training.kubeflow.org/replica-type": "worker",
                                     "training.kubeflow.org/replica-index": str(i)}},
-            "spec": {"nodeName": node, "restartPolicy": "OnFailure",
+            "spec": {"nodeName": nodes[i], "restartPolicy": "OnFailure",
                      "containers": [{"name": "pytorch", "image": "trainer"}]}})
         await harness.run_pod(ns, pod)
     return job

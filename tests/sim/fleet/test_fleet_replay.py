@@ -151,6 +151,30 @@ def test_a_gpu_failing_one_job_twice_with_xid13_is_validated_and_isolated_before
     assert sum(a.validations for a in diagnosed.policy.agents.values()) == 0  # type: ignore[attr-defined]
 
 
+def test_a_bad_cable_whose_link_went_down_is_cordoned_when_the_job_fails_not_at_its_next_flap() -> None:
+    """A network cable of a node under the 32-node job goes down once: the agent's `rdma-link` sees one
+    link-down (evidence only), and NCCL's watchdog ends every rank ten minutes later. kcover cordons that node
+    before it restarts the job, so the cable never strikes again; with `link_down` off it waits for the
+    cable's second flap (the detector's own threshold), a repeat interruption later."""
+    trace = [trace_.Onset(6 * HOUR, 12, 2, "network-cable", tax.SignalKind.LINK)]
+    world = fleet_world("kcover", trace)
+    (bad,) = world.faults
+    hits = [i for i in world.interruptions if i.fault is bad]
+    assert len(hits) == 1, [round(i.at) for i in hits]
+    assert bad.isolated_by == "policy"
+    assert bad.isolated_at is not None
+    assert hits[0].decided_at is not None
+    assert bad.isolated_at <= hits[0].decided_at, "cordoned before the job's restart"
+    assert hits[0].at + 600 <= bad.isolated_at < hits[0].at + 660, "at the watchdog's exits"
+    assert all(not c.healthy for c in world.cordons), "no healthy node cordoned"
+    waited = fleet_world("kcover", trace, {"recovery": {"judgement": {"link_down": "off"}}})
+    (later,) = waited.faults
+    again = [i for i in waited.interruptions if i.fault is later]
+    assert len(again) >= 2, "without the evidence the cable struck again before its second flap cordoned it"
+    assert later.isolated_at is not None
+    assert later.isolated_at > bad.isolated_at
+
+
 def test_the_command_line_prints_the_table_writes_json_a_plot_and_a_trace(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["sim", "fleet", "--nodes", "24", "--job-mix", "1x16,1x4", "--days", "1", "--seed", "2",
