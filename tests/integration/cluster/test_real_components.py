@@ -70,6 +70,10 @@ def ns(realcluster: RealCluster) -> Iterator[str]:
     realcluster.request("DELETE", f"/api/v1/namespaces/{name}")
     for where in (RELEASE_NS, "default"):  # the agent's node Events would act again in the next test
         realcluster.request("DELETE", f"/api/v1/namespaces/{where}/events")
+    # kcover's ledger outlives the test's controllers, as it outlives a failover: the shared kwok nodes'
+    # cooldowns and suspicions (three tests' jobs restarted for faults on one node make it suspect, and a
+    # restart there then waits for a verdict no agent of this test gives) would hold the next test back
+    realcluster.request("DELETE", f"/apis/kcover.io/v1alpha1/namespaces/{RELEASE_NS}/ledgerentries")
     for node in _nodes(realcluster):  # un-cordon what a test cordoned, as a person would
         spec, meta = node.get("spec") or {}, node["metadata"]
         # a merge patch (no resourceVersion): kwok's heartbeats must not turn this into a lost 409
