@@ -73,7 +73,8 @@ def ns(realcluster: RealCluster) -> Iterator[str]:
     # kcover's ledger outlives the test's controllers, as it outlives a failover: the shared kwok nodes'
     # cooldowns and suspicions (three tests' jobs restarted for faults on one node make it suspect, and a
     # restart there then waits for a verdict no agent of this test gives) would hold the next test back
-    realcluster.request("DELETE", f"/apis/kcover.io/v1alpha1/namespaces/{RELEASE_NS}/ledgerentries")
+    _until(lambda: realcluster.request("DELETE", f"/apis/kcover.io/v1alpha1/namespaces/{RELEASE_NS}/ledgerentries")[0]
+           < 300, "kcover's LedgerEntries deleted")  # a 429 while the server's storage (re)initializes: again
     for node in _nodes(realcluster):  # un-cordon what a test cordoned, as a person would
         spec, meta = node.get("spec") or {}, node["metadata"]
         # a merge patch (no resourceVersion): kwok's heartbeats must not turn this into a lost 409
