@@ -66,6 +66,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -300,6 +301,22 @@ def _get(annotations: Mapping[str, object], key: str) -> str | None:
     return value if isinstance(value, str) else repr(value)
 
 
+_Member = typing.TypeVar("_Member", model.Action, model.Evidence)
+
+
+def _member(raw: str | None, kind: type[_Member]) -> tuple[_Member | None, str]:
+    """The member of `kind` an annotation names (None when absent), and the refusal's detail when it names
+    none or is longer than the codec carries ("" otherwise)."""
+    if raw is None:
+        return None, ""
+    if len(raw) <= VALUE_MAX_BYTES and _utf8_len(raw) <= VALUE_MAX_BYTES:
+        try:
+            return kind(raw), ""
+        except ValueError:
+            pass
+    return None, f"not one of {', '.join(m.value for m in kind)}: {raw[:64]!r}"
+
+
 def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
     """Read the typed meaning back from an Event's annotations (pure, never raises).
     Keys outside `kcover.io/` and unknown `kcover.io/` keys are ignored."""
@@ -308,27 +325,12 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
     def oversize(value: str, limit: int = VALUE_MAX_BYTES) -> bool:
         return len(value) > limit or _utf8_len(value) > limit
 
-    raw_action = _get(annotations, RECOMMENDED_ACTION)
-    recommended: model.Action | None = None
-    if raw_action is not None:
-        try:
-            recommended = model.Action(raw_action) if not oversize(raw_action) else None
-        except ValueError:
-            recommended = None
-        if recommended is None:
-            return Refused(REFUSED_RECOMMENDED_ACTION, RECOMMENDED_ACTION,
-                           f"not one of {', '.join(a.value for a in model.Action)}: {raw_action[:64]!r}")
-
-    raw_evidence = _get(annotations, EVIDENCE)
-    evidence: model.Evidence | None = None
-    if raw_evidence is not None:
-        try:
-            evidence = model.Evidence(raw_evidence) if not oversize(raw_evidence) else None
-        except ValueError:
-            evidence = None
-        if evidence is None:
-            return Refused(REFUSED_EVIDENCE, EVIDENCE,
-                           f"not one of {', '.join(e.value for e in model.Evidence)}: {raw_evidence[:64]!r}")
+    recommended, unread = _member(_get(annotations, RECOMMENDED_ACTION), model.Action)
+    if unread:
+        return Refused(REFUSED_RECOMMENDED_ACTION, RECOMMENDED_ACTION, unread)
+    evidence, unread = _member(_get(annotations, EVIDENCE), model.Evidence)
+    if unread:
+        return Refused(REFUSED_EVIDENCE, EVIDENCE, unread)
 
     raw_cleared = _get(annotations, FAULT_CLEARED)
     cleared = False

@@ -57,7 +57,8 @@ async def _node(kube: Any, name: str) -> None:
     await kube.request("PUT", f"/api/v1/nodes/{name}/status", body=node)
 
 
-def _settings(ns: str, node: str) -> settings.Settings:
+def _settings(ns: str, node: str, **detectors: dict[str, Any]) -> settings.Settings:
+    """The test's agent and controller settings; `detectors`: more detector entries (name: entry)."""
     return layering.layer(file_data={
         "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
                      "save_logs": {"enabled": False}},
@@ -69,6 +70,7 @@ def _settings(ns: str, node: str) -> settings.Settings:
             "nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.1}},
             "dcgm": {"enabled": False},
             "node-condition": {"config": {"min_duration_seconds": 0, "tick_seconds": 0.2}},
+            **detectors,
         }},
     }).settings
 

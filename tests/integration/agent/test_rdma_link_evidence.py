@@ -16,9 +16,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from test_gpu_xid import _job, _node
+from test_gpu_xid import _job, _node, _settings
 
-from kcover import layering, metrics, serving, settings
+from kcover import metrics, serving
 from kcover.agent import running as agent_running
 from kcover.controller import running as controller_running
 from kcover.nvml import fake
@@ -34,23 +34,6 @@ def _port(root: Path, link_downed: int) -> None:
     (d / "phys_state").write_text("5: LinkUp\n")
     (d / "link_layer").write_text("InfiniBand\n")
     (d / "counters" / "link_downed").write_text(f"{link_downed}\n")
-
-
-def _settings(ns: str, node: str, sysfs: Path) -> settings.Settings:
-    return layering.layer(file_data={
-        "recovery": {"ledger_namespace": ns, "max_cordoned_fraction": 1.0, "namespaces_deny": [],
-                     "save_logs": {"enabled": False}},
-        "lease": {"namespace": ns, "identity": "controller-a", "lease_duration_seconds": 4,
-                  "renew_deadline_seconds": 3, "retry_period_seconds": 0.5},
-        "agent": {"node_name": node, "event_namespace": ns, "min_write_interval_seconds": 0},
-        "kube": {"workload_kinds": ["pytorchjobs.kubeflow.org"]},
-        "detectors": {"entries": {
-            "nvml": {"config": {"wait_timeout_ms": 50, "health_interval_seconds": 0.1}},
-            "dcgm": {"enabled": False},
-            "rdma-link": {"config": {"sysfs_path": str(sysfs), "poll_interval_seconds": 0.05}},
-            "node-condition": {"config": {"min_duration_seconds": 0, "tick_seconds": 0.2}},
-        }},
-    }).settings
 
 
 async def _link_downs(kube: Any, ns: str, node: str) -> tuple[float, ...]:
@@ -75,7 +58,8 @@ async def test_a_link_down_then_the_jobs_failure_on_another_node_cordons_the_nod
         await _node(kube, other)
         job = await _job(kube, ns, "big", [linked, other], cluster.harness)
         await cluster.harness.run_agent_pod(ns, linked)
-        cfg = _settings(ns, linked, tmp_path)
+        cfg = _settings(ns, linked, **{"rdma-link": {"config": {"sysfs_path": str(tmp_path),
+                                                                "poll_interval_seconds": 0.05}}})
         async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
                 cluster.harness.playing(interval=0.1):
             agent = agent_running.Agent(cfg, client=agent_kube, metrics=metrics.Metrics(), health=None,
