@@ -33,7 +33,8 @@ a cordon, and every typed field of the fault.
 Failures: a failed write is logged and retried on the next tick (condition). An Event that asks for
 recovery (`codec.needs_recovery`) is retried with backoff, oldest first, for `agent.event_retry_seconds`
 (at most `MAX_PENDING_EVENTS` of them), since the condition alone recommends a cordon and never the
-restarts; then it is dropped with an error log. Other Events are dropped at once. The device-healthy
+restarts; then it is dropped with an error log. So is one carrying evidence (`model.Evidence`: a
+link-down the controller's judgement reads; nothing else carries it). Other Events are dropped at once. The device-healthy
 Event is what un-isolates a device, so it is never dropped: a failed write is retried with backoff,
 and one the dedupe window or the rate limit holds back waits for them. It is void if the device faults
 again first. The reporter never stops the agent. Needs get on its Node, patch nodes/status, create Events.
@@ -312,7 +313,7 @@ class Reporter:
             log.warning("agent_event_rate_limited", node=self.node_name, reason=event.reason)
             return
         self._mark_sent(key, now)
-        if not await self._write_event(event) and codec.needs_recovery(event):
+        if not await self._write_event(event) and (codec.needs_recovery(event) or event.evidence is not None):
             if len(self.recovery_pending) >= MAX_PENDING_EVENTS:
                 _, oldest = self.recovery_pending.pop(0)
                 log.error("agent_event_given_up", node=self.node_name, reason=oldest.reason,

@@ -3,8 +3,8 @@
 The node condition alone recommends a cordon and never the restarts, so a lost `need-recovery` Event would
 leave a node's jobs unrestarted. The reporter, against the simulated API server with a manual clock: a
 refused Event asking for recovery is written once the API server takes Events again (after its backoff),
-one still refused after `agent.event_retry_seconds` is dropped, and an Event that asks for nothing is not
-retried.
+one still refused after `agent.event_retry_seconds` is dropped, one carrying evidence (an RDMA link-down)
+is retried as well, and an Event that asks for nothing is not retried.
 """
 
 from __future__ import annotations
@@ -80,6 +80,25 @@ async def test_an_event_that_asks_for_nothing_is_not_retried(world: World) -> No
     world.clock.advance(5.0)
     await reporter.retry_events()
     assert await _events(world) == []
+
+
+async def test_a_refused_link_down_is_written_later_too(world: World) -> None:  # noqa: F811
+    """The agent's one link-down asks for nothing but is the judgement's evidence: lost, a job that hangs on
+    the link would come back to it; so it waits for the API server like a request for recovery."""
+    reporter = world.reporter()
+    _refuse_events(world)
+    down = model.CollectorEvent(
+        detector="rdma-link", target=model.Target(kind=model.TargetKind.NODE, node=NODE, name=NODE),
+        severity=model.Severity.WARNING, reason="RdmaLinkFlapped", message="RDMA port mlx5_0 port 1 went down",
+        recommended=model.Action.REPORT, evidence=model.Evidence.LINK_DOWN)
+    await reporter.handle([down])
+    assert [e.reason for _, e in reporter.recovery_pending] == ["RdmaLinkFlapped"]
+    world.srv.faults.reset()
+    world.clock.advance(1.0)
+    await reporter.retry_events()
+    [event] = await _events(world)
+    assert event["metadata"]["annotations"][codec.EVIDENCE] == "link-down"
+    assert codec.NEED_RECOVERY not in event["metadata"]["annotations"]
 
 
 async def test_the_waiting_events_are_bounded_the_oldest_going_first(world: World) -> None:  # noqa: F811
