@@ -50,8 +50,8 @@ Why refuse some and drop others: the first five change what the controller does.
 cannot read might have asked for less than its rules would do; an unreadable `cleared` could turn
 the end of a fault into a cordon; unreadable `pods` would widen a restart from the pods on one GPU
 to every workload on the node; an unreadable or inconsistent `device-healthy` could un-isolate a
-device nobody said was well. The rest is identity and detail the policy does not act on, so the
-Event is still worth acting on without them. Text values are bounded by the model's limits in
+device nobody said was well; an unreadable `evidence` might be read as evidence against a node. The
+rest is identity and detail the policy does not act on, so the Event is still worth acting on without them. Text values are bounded by the model's limits in
 characters and by `VALUE_MAX_BYTES` in UTF-8 bytes; `pods` by `PODS_MAX` entries and
 `PODS_MAX_BYTES`. Empty text and absent annotations both mean "unknown".
 
