@@ -9,10 +9,8 @@ Owns both directions of the agent -> controller contract, so the two sides canno
   node-condition detector): the agent's `KcoverGPUHealthy=False` means "the node's agent judges this
   node must be cordoned" and decodes to a recommended `cordon-node`; `True` after a fault reported
   means the fault cleared.
-* `encode_validation_request`/`decode_validation_request` (controller -> agent: Node annotations asking
-  for a `dcgmi diag` before a node returns to service) and `encode_validation_answer`/
-  `decode_validation_answer` (agent -> controller: the Node condition `KcoverGPUValidated`); the table
-  is with them below.
+The validation request and answer (controller -> agent Node annotations, agent -> controller Node
+condition) are `kcover.validationcodec`'s.
 
 | annotation | field | value | malformed |
 |---|---|---|---|
@@ -63,7 +61,6 @@ and imports only `kcover.model` and the standard library.
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 import typing
@@ -292,7 +289,7 @@ class Refused:
     detail: str
 
 
-def _get(annotations: Mapping[str, object], key: str) -> str | None:
+def annotation_text(annotations: Mapping[str, object], key: str) -> str | None:
     """The value of `key`, None when absent or empty; a value that is not text reads as its repr, so
     it fails to parse like any other malformed value."""
     value = annotations.get(key)
@@ -325,21 +322,21 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
     def oversize(value: str, limit: int = VALUE_MAX_BYTES) -> bool:
         return len(value) > limit or _utf8_len(value) > limit
 
-    recommended, unread = _member(_get(annotations, RECOMMENDED_ACTION), model.Action)
+    recommended, unread = _member(annotation_text(annotations, RECOMMENDED_ACTION), model.Action)
     if unread:
         return Refused(REFUSED_RECOMMENDED_ACTION, RECOMMENDED_ACTION, unread)
-    evidence, unread = _member(_get(annotations, EVIDENCE), model.Evidence)
+    evidence, unread = _member(annotation_text(annotations, EVIDENCE), model.Evidence)
     if unread:
         return Refused(REFUSED_EVIDENCE, EVIDENCE, unread)
 
-    raw_cleared = _get(annotations, FAULT_CLEARED)
+    raw_cleared = annotation_text(annotations, FAULT_CLEARED)
     cleared = False
     if raw_cleared is not None:
         if raw_cleared.lower() not in (TRUE, FALSE):
             return Refused(REFUSED_FAULT_CLEARED, FAULT_CLEARED, f"not true or false: {raw_cleared[:64]!r}")
         cleared = raw_cleared.lower() == TRUE
 
-    raw_pods = _get(annotations, PODS)
+    raw_pods = annotation_text(annotations, PODS)
     pods: tuple[str, ...] = ()
     if raw_pods is not None:
         if oversize(raw_pods, PODS_MAX_BYTES):
@@ -353,7 +350,7 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
         pods = tuple(keys)
 
     def text(key: str) -> str:
-        value = _get(annotations, key)
+        value = annotation_text(annotations, key)
         if value is None:
             return ""
         if len(value) > TEXT_MAX_CHARS[key] or oversize(value):
@@ -362,7 +359,7 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
         return value
 
     def integer(key: str, minimum: int) -> int | None:
-        value = _get(annotations, key)
+        value = annotation_text(annotations, key)
         if value is None:
             return None
         number = _parse_int(value, minimum)
@@ -380,14 +377,14 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
         dropped.append((DRA_DRIVER, "driver, pool and device must come together"))
     occurrences = integer(OCCURRENCES, 1)
     window: float | None = None
-    raw_window = _get(annotations, WINDOW_SECONDS)
+    raw_window = annotation_text(annotations, WINDOW_SECONDS)
     if raw_window is not None:
         window = _parse_window(raw_window)
         if window is None:
             dropped.append((WINDOW_SECONDS, "not a number >= 0"))
     fault = model.Fault(xid=xid, gpu_index=gpu_index, gpu_uuid=text(GPU_UUID), dra=dra, check=text(CHECK),
                         container=text(CONTAINER), pods=pods)
-    raw_healthy = _get(annotations, DEVICE_HEALTHY)
+    raw_healthy = annotation_text(annotations, DEVICE_HEALTHY)
     healthy = False
     if raw_healthy is not None:
         if raw_healthy.lower() not in (TRUE, FALSE):
@@ -396,7 +393,7 @@ def decode_annotations(annotations: Mapping[str, object]) -> Decoded | Refused:
         if healthy and not (cleared and dra is not None):
             return Refused(REFUSED_DEVICE_HEALTHY, DEVICE_HEALTHY,
                            f"needs {FAULT_CLEARED}: true and a readable DRA driver, pool and device")
-    need = _get(annotations, NEED_RECOVERY)
+    need = annotation_text(annotations, NEED_RECOVERY)
     return Decoded(need_recovery=need is not None and need.lower() == TRUE, recommended=recommended,
                    cleared=cleared, fault=fault, occurrences=occurrences or 1,
                    window_seconds=0.0 if window is None else window, detector=text(DETECTOR),
@@ -418,84 +415,3 @@ def condition_recommendation(condition_type: str, status: str, *,
     if condition_type == agent_condition_type and status == CONDITION_FAULTY:
         return model.Action.CORDON_NODE
     return None
-
-
-# ---------------------------------------------------------------------------------------------- validation
-#
-# Before it returns a node to service (`recovery.return_validation`) the controller asks the node's agent
-# for a health check with two Node annotations, and the agent answers with a Node condition:
-#
-# | where | key | value | malformed |
-# |---|---|---|---|
-# | annotation (controller) | `kcover.io/validate-request` | the request's id, `[a-z0-9]{1,32}` | no request |
-# | annotation (controller) | `kcover.io/validate-level` | the `dcgmi diag -r` level, 1..4 | no request |
-# | condition (agent) | `KcoverGPUValidated` | status True (passed), False (failed), Unknown (not run); reason `Passed`, `Failed`, `DiagError`; message `request <id>: <what dcgmi said>` | no answer |
-#
-# An answer counts only for the request whose id its message names, so a stale condition from an
-# earlier validation never un-cordons a node.
-
-VALIDATE_REQUEST = "kcover.io/validate-request"
-VALIDATE_LEVEL = "kcover.io/validate-level"
-VALIDATION_CONDITION = "KcoverGPUValidated"
-_REQUEST_ID = re.compile(r"[a-z0-9]{1,32}")
-_ANSWER = re.compile(r"request (?P<id>[a-z0-9]{1,32}): (?P<text>.*)", re.DOTALL)
-
-
-class ValidationOutcome(enum.StrEnum):
-    PASSED = "Passed"
-    FAILED = "Failed"
-    ERROR = "DiagError"
-    """dcgmi did not run or said nothing readable (missing, timed out, unparsable output)."""
-
-
-_STATUS_OF = {ValidationOutcome.PASSED: "True", ValidationOutcome.FAILED: "False", ValidationOutcome.ERROR: "Unknown"}
-
-
-@dataclass(frozen=True)
-class ValidationRequest:
-    id: str
-    level: int
-
-
-@dataclass(frozen=True)
-class ValidationAnswer:
-    request: str
-    """The id of the request answered."""
-    outcome: ValidationOutcome
-    message: str
-
-
-def encode_validation_request(request: ValidationRequest | None) -> dict[str, str | None]:
-    """The Node annotations asking for `request` (a merge patch; None removes both)."""
-    if request is None:
-        return {VALIDATE_REQUEST: None, VALIDATE_LEVEL: None}
-    return {VALIDATE_REQUEST: request.id, VALIDATE_LEVEL: str(request.level)}
-
-
-def decode_validation_request(annotations: Mapping[str, object]) -> ValidationRequest | None:
-    """The request the annotations hold, or None (absent or malformed)."""
-    rid, level = _get(annotations, VALIDATE_REQUEST), _get(annotations, VALIDATE_LEVEL)
-    if rid is None or level is None or not _REQUEST_ID.fullmatch(rid) or level not in ("1", "2", "3", "4"):
-        return None
-    return ValidationRequest(rid, int(level))
-
-
-def encode_validation_answer(answer: ValidationAnswer, now_text: str) -> dict[str, str]:
-    """The agent's Node condition for `answer` (for a strategic-merge patch of the Node's status)."""
-    message = model.fit(f"request {answer.request}: {answer.message}", model.MESSAGE_MAX)
-    return {"type": VALIDATION_CONDITION, "status": _STATUS_OF[answer.outcome], "reason": answer.outcome.value,
-            "message": message, "lastTransitionTime": now_text, "lastHeartbeatTime": now_text}
-
-
-def decode_validation_answer(condition_type: str, status: str, reason: str, message: str) -> ValidationAnswer | None:
-    """The answer a Node condition holds, or None (another condition, or not one the agent could write)."""
-    if condition_type != VALIDATION_CONDITION:
-        return None
-    try:
-        outcome = ValidationOutcome(reason)
-    except ValueError:
-        return None
-    found = _ANSWER.fullmatch(message)
-    if found is None or _STATUS_OF[outcome] != status:
-        return None
-    return ValidationAnswer(found["id"], outcome, found["text"])

@@ -159,6 +159,11 @@ class Target(BaseModel):
     workload_kind: str = ""
     """For kind Workload: the workload's kind, e.g. `PyTorchJob`."""
 
+    @property
+    def node_name(self) -> str:
+        """The node the target is on (`node`), or is (a Node target's `name`); "" for neither."""
+        return self.node or (self.name if self.kind is TargetKind.NODE else "")
+
     def describe(self) -> str:
         if self.kind is TargetKind.POD or self.kind is TargetKind.WORKLOAD:
             return f"{self.kind.value} {self.namespace}/{self.name}"

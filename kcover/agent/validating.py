@@ -2,10 +2,10 @@
 
 Owns one loop per agent (`agent.validation.enabled`): a reflector watches the agent's own Node (field
 selector `metadata.name`, so one object), and each new request the codec reads from its annotations
-(`codec.decode_validation_request`: an id and a `dcgmi diag -r` level) is run once through a command
+(`validationcodec.decode_validation_request`: an id and a `dcgmi diag -r` level) is run once through a command
 runner (`kcover.aio.commands`) and read with the dcgmi parsers (`kcover.nvml.dcgmi.parse_diag`), the ones
 the DCGM detector reads its scheduled diagnostics with. The verdict is written
-as the Node condition `KcoverGPUValidated` (`codec.encode_validation_answer`, a strategic-merge patch
+as the Node condition `KcoverGPUValidated` (`validationcodec.encode_validation_answer`, a strategic-merge patch
 of nodes/status, the one write the agent already makes):
 
 * `Passed`: dcgmi printed a diagnostic in which every test passed;
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from kcover import codec, errors, settings
+from kcover import errors, settings, validationcodec
 from kcover.aio import clock as clock_
 from kcover.aio import commands, waiting
 from kcover.kube import client as client_
@@ -39,22 +39,22 @@ log = structlog.get_logger()
 _PASS = re.compile(r"\bpass\b", re.IGNORECASE)
 
 
-def verdict(returncode: int, out: str, level: int) -> tuple[codec.ValidationOutcome, str]:
+def verdict(returncode: int, out: str, level: int) -> tuple[validationcodec.ValidationOutcome, str]:
     """Judge one `dcgmi diag -r level` run from its exit code and output."""
     if not out.strip():
-        return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} printed nothing (exit code {returncode})"
+        return validationcodec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} printed nothing (exit code {returncode})"
     try:
         findings = dcgmi.parse_diag(out)
     except ValueError as exc:
-        return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level}: unreadable output ({exc})"
+        return validationcodec.ValidationOutcome.ERROR, f"dcgmi diag -r {level}: unreadable output ({exc})"
     if findings:
         named = "; ".join(f.message for f in findings[:3]) + (f" (and {len(findings) - 3} more)"
                                                               if len(findings) > 3 else "")
-        return codec.ValidationOutcome.FAILED, f"dcgmi diag -r {level} failed: {named}"
+        return validationcodec.ValidationOutcome.FAILED, f"dcgmi diag -r {level} failed: {named}"
     if returncode == 0 and _PASS.search(out):
-        return codec.ValidationOutcome.PASSED, f"dcgmi diag -r {level}: every test passed"
+        return validationcodec.ValidationOutcome.PASSED, f"dcgmi diag -r {level}: every test passed"
     tail = " ".join(out.split())[-200:]
-    return codec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} gave no result (exit code {returncode}): {tail}"
+    return validationcodec.ValidationOutcome.ERROR, f"dcgmi diag -r {level} gave no result (exit code {returncode}): {tail}"
 
 
 class Validator:
@@ -69,7 +69,7 @@ class Validator:
         self._clock = clock or clock_.SystemClock()
         self._wake = asyncio.Event()
         self._latest: proj.Node | None = None
-        self.answered: dict[str, codec.ValidationOutcome] = {}
+        self.answered: dict[str, validationcodec.ValidationOutcome] = {}
         """Request id -> the outcome this agent reported (this process's memory; the condition is the record)."""
         self.reflector: watching.Reflector[proj.Node] = watching.Reflector(
             kube, "/api/v1/nodes", projecting.node, sink=self._changed, name=f"validation:{node}",
@@ -79,16 +79,16 @@ class Validator:
         self._latest = new
         self._wake.set()
 
-    def pending(self) -> codec.ValidationRequest | None:
+    def pending(self) -> validationcodec.ValidationRequest | None:
         """The request on the Node not answered yet (by this process or, per its condition, an earlier one)."""
         node = self._latest
         if node is None:
             return None
-        request = codec.decode_validation_request(dict(node.annotations))
+        request = validationcodec.decode_validation_request(dict(node.annotations))
         if request is None or request.id in self.answered:
             return None
         for cond in node.conditions:
-            answer = codec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
+            answer = validationcodec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
             if answer is not None and answer.request == request.id:
                 return None
         return request
@@ -105,25 +105,25 @@ class Validator:
                 self._wake.clear()
                 await waiting.first_of(stop, self._wake)
 
-    async def validate(self, request: codec.ValidationRequest) -> codec.ValidationOutcome:
+    async def validate(self, request: validationcodec.ValidationRequest) -> validationcodec.ValidationOutcome:
         """Run the diagnostic `request` asks for and write the answer; returns the outcome."""
         argv: Sequence[str] = [self.config.dcgmi_path, "diag", "-r", str(request.level), "-j"]
         log.info("validation_started", node=self.node, request=request.id, level=request.level)
         try:
             result = await self._runner.run(argv, timeout_seconds=self.config.timeout_seconds)
         except commands.CommandNotFoundError as exc:
-            outcome, text = codec.ValidationOutcome.ERROR, f"{self.config.dcgmi_path} not found: {exc}"
+            outcome, text = validationcodec.ValidationOutcome.ERROR, f"{self.config.dcgmi_path} not found: {exc}"
         except commands.CommandTimeoutError:
-            outcome, text = (codec.ValidationOutcome.ERROR,
+            outcome, text = (validationcodec.ValidationOutcome.ERROR,
                              f"dcgmi diag -r {request.level} ran past {self.config.timeout_seconds:g}s and was killed")
         except commands.CommandError as exc:
-            outcome, text = codec.ValidationOutcome.ERROR, f"dcgmi diag -r {request.level} could not run: {exc}"
+            outcome, text = validationcodec.ValidationOutcome.ERROR, f"dcgmi diag -r {request.level} could not run: {exc}"
         else:
             outcome, text = verdict(result.returncode, result.stdout, request.level)
         self.answered[request.id] = outcome
         log.info("validation_finished", node=self.node, request=request.id, outcome=outcome.value, text=text)
-        answer = codec.ValidationAnswer(request.id, outcome, text)
-        condition = codec.encode_validation_answer(answer, clock_.rfc3339(self._clock.now()))
+        answer = validationcodec.ValidationAnswer(request.id, outcome, text)
+        condition = validationcodec.encode_validation_answer(answer, clock_.rfc3339(self._clock.now()))
         try:
             await self._kube.request("PATCH", f"/api/v1/nodes/{self.node}/status",
                                      body={"status": {"conditions": [condition]}},

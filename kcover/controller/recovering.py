@@ -35,6 +35,7 @@ from kcover.recovery import (
     engine,
     escalating,
     holding,
+    hooks,
     ledger,
     ledgerentries,
     logsaving,
@@ -180,11 +181,11 @@ def build(deps: EngineDeps) -> LeaderEngine:
         validations=returning.Validations(gw, deps.cache, recovery=recovery, clock=deps.clock),
         drainer=escalating.Drainer(gw), recovery=recovery, clock=deps.clock, identity=deps.identity)
     coordinator.hooks = [
-        coordinating.Counting(deps.metrics, deps.clock, escalation=verify_metrics.steps),
+        hooks.Counting(deps.metrics, deps.clock, escalation=verify_metrics.steps),
         recording.Records(recorder, verifying=lambda: live.recovery.verify.enabled),
         verifying.Verify(verifier, recovery=recovery, now=lambda: deps.clock.now().timestamp()),
         escalating.Ladder(deps.cache, recovery=recovery),
-        coordinating.Breaker(recovery=recovery, latched=lambda: ledger_.breaker().latched),
+        hooks.Breaker(recovery=recovery, latched=lambda: ledger_.breaker().latched),
         auditing.Audit(recovery=recovery),
     ]
     inner = engine.RecoveryEngine(deps.cache, ledger_, coordinator, recovery=recovery, clock=deps.clock,

@@ -4,7 +4,7 @@ Owns the one place steps are carried out. `Coordinator.run(steps)` takes the ste
 out with its executor (a restart by `restarting.Restarter`, a cordon here, ...), hands the typed outcome
 (`Done`, `Refused`, `Failed`, `Held`) to every hook, and runs the steps the hooks return after the current
 ones: the audit's Events, the node ladder after a cordon, the breaker's latch after a breaker refusal,
-the records and verification. Nothing re-enters `run`; no outcome is parsed from a string.
+the records and verification (the counting and the breaker's latch are `hooks`'). Nothing re-enters `run`; no outcome is parsed from a string.
 
 A step whose class `recovery.record_only` names (`RECORD_CLASSES`), or that the plan made `RecordOnly`,
 is not carried out: its outcome is `Done` of the `RecordOnly` step, which the audit writes as a
@@ -24,9 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
-from prometheus_client import Counter
 
-from kcover import errors, metrics, model, settings
+from kcover import errors, model, settings
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
 from kcover.recovery import (
@@ -66,48 +65,6 @@ class Hook(Protocol):
     """Observes one outcome; returns the steps that follow from it (run after the current ones)."""
 
     def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]: ...
-
-
-class Counting:
-    """The hook counting every outcome (`kcover_actions_total{action,result}`), the node ladder's steps
-    (`kcover_escalation_steps_total`), and timing fault to action."""
-
-    def __init__(self, metrics_: metrics.Metrics, clock: clock_.Clock, *, escalation: Counter | None = None) -> None:
-        self._metrics = metrics_
-        self._clock = clock
-        self._escalation = escalation
-
-    def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]:
-        if isinstance(step, st.Emit):
-            return ()
-        self._metrics.actions.labels(action=st.name_of(step), result=st.result_of(outcome)).inc()
-        cause = st.cause_of(step)
-        if isinstance(outcome, st.Done) and not outcome.noop and cause is not None \
-                and isinstance(step, st.Restart | st.Cordon | st.TaintDevice):
-            self._metrics.fault_to_action.observe(max((self._clock.now() - cause.observed_at).total_seconds(), 0.0))
-        if self._escalation is not None and isinstance(outcome, st.Done) and not outcome.noop:
-            rung = {st.Cordon: "cordon", st.Drain: "drain", st.CallPerson: "person"}.get(type(step))
-            if isinstance(step, st.RequestRemediation) and step.requested:
-                rung = "remediation"
-            if rung is not None:
-                self._escalation.labels(ladder="node", step=rung).inc()
-        return ()
-
-
-class Breaker:
-    """The hook that latches the breaker once it refused (`recovery.breaker_latch`), saying what tripped it."""
-
-    def __init__(self, *, recovery: Callable[[], settings.RecoverySettings], latched: Callable[[], bool]) -> None:
-        self._recovery = recovery
-        self._latched = latched
-
-    def after(self, step: st.Step, outcome: st.Outcome) -> Sequence[st.Step]:
-        if not isinstance(outcome, st.Refused | st.Held) or outcome.code is not Code.BREAKER_OPEN:
-            return ()
-        cause = st.cause_of(step)
-        if not self._recovery().breaker_latch or self._latched() or cause is None:
-            return ()
-        return (st.LatchBreaker(reason=outcome.text, cause=cause),)
 
 
 class Coordinator:

@@ -202,46 +202,6 @@ def _only_here(unit: ledgerentries.Unit | None, node: str, since: float, *, devi
     return all(p.partition("/")[0] == node for p in places)
 
 
-@dataclass(frozen=True)
-class LinkBlame:
-    """A node whose link-down explains a restarted job's failure (`linked`)."""
-
-    node: str
-    text: str
-
-
-def linked(steps: Sequence[st.Step], view: View, evidence: Evidence, js: settings.JudgementSettings
-           ) -> list[LinkBlame]:
-    """The nodes to cordon before the restarts in `steps`: for a restart for a fault of the workload's own (a
-    container exit, not an XID), the nodes of the workload whose agent saw an RDMA port go down within
-    `link_seconds` before the fault (`ledgerentries.Node.link_downs`), when there are at most `link_nodes` of
-    them (more is a switch's or the fabric's). Empty with `link_down` off."""
-    if js.link_down is settings.JudgementMode.OFF:
-        return []
-    out: list[LinkBlame] = []
-    blamed: set[str] = set()
-    for step in steps:
-        if not isinstance(step, st.Restart) or step.blame is not B.WORKLOAD or step.cause.fault.xid is not None:
-            continue
-        failed_at = step.cause.observed_at.timestamp()
-        downs: dict[str, float] = {}
-        for pod in view.pods_of_workload(step.workload.uid):
-            if not pod.node or pod.node in downs:
-                continue
-            entry = evidence.node(pod.node)
-            seen = entry.link_downs_within(failed_at - js.link_seconds, failed_at) if entry is not None else []
-            if seen:
-                downs[pod.node] = max(seen)
-        if not downs or len(downs) > js.link_nodes:
-            continue
-        for node, at in sorted(downs.items()):
-            if node not in blamed:
-                blamed.add(node)
-                out.append(LinkBlame(node, f"an RDMA port of Node {node} went down {failed_at - at:.0f}s before "
-                                           f"{step.what} failed (recovery.judgement.link_seconds {js.link_seconds:g})"))
-    return out
-
-
 def hardware_signal(conditions: Sequence[tuple[str, str]], js: settings.JudgementSettings) -> str:
     """The first of `judgement.hardware_conditions` a node shows `False` (type, status pairs), or ""."""
     for kind, status in conditions:

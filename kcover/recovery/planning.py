@@ -11,8 +11,9 @@ server serves DeviceTaintRules, at node level otherwise; a cleared fault returns
 own device taint; its own cordon, through validation when `recovery.return_validation` asks).
 
 It sees the cluster only through `planinputs.Snapshot` (the cache), the ledger only through
-`planinputs.History`, and does no I/O. Does not own what it reads (`planinputs`) or which pods a restart
-takes away and the key it counts under (`restartunits`). It never raises on odd events: unknown targets
+`planinputs.History`, and does no I/O. Does not own what it reads (`planinputs`), which pods a restart
+takes away and the key it counts under (`restartunits`), the evidence against a node or GPU (`judging`),
+or a link-down's (`linking`). It never raises on odd events: unknown targets
 become `Refuse` steps.
 """
 
@@ -23,7 +24,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kcover import codec, kinds, model, settings
+from kcover import kinds, model, settings, validationcodec
 from kcover.aio import clock as clock_
 from kcover.kube import ownership
 from kcover.kube import projections as proj
@@ -33,6 +34,7 @@ from kcover.recovery import (
     cordoning,
     judging,
     ledgerentries,
+    linking,
     planinputs,
     restartunits,
     rules,
@@ -373,7 +375,7 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
     if event.cleared:
         return _returns(p)
     if event.evidence is not None:
-        return _evidence(p)
+        return linking.note(event, rs.judgement)
     kind = rules.decide(event, configured, rs.node_judgement)
     mode = rs.judgement.workload_blame
     spared = judging.spared(kind, blame) if mode is not settings.JudgementMode.OFF else kind
@@ -385,7 +387,7 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
                                                  f"{spared.value} where the rules say {kind.value}", event,
                                                  about=about),
                                        "recovery.judgement.workload_blame: record"))
-    links = _link_cordons(p, steps)
+    links = linking.cordons(steps, snapshot, history.ledger, rs.judgement, p.cordon)
     blamed = {s.node for s in links if isinstance(s, st.Cordon)}
     asks = [a for a in judging.suspects(steps, snapshot, history.ledger, rs, p.now) if _node_of(a) not in blamed]
     asked = {s.node for s in asks if isinstance(s, st.RequestValidation) and s.purpose is st.Purpose.SUSPECT}
@@ -394,31 +396,6 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
     if rule is not None and rule.mode is rules.Mode.RECORD:
         steps = [st.RecordOnly(s, f"{rule.describe()} mode: record") if _acts(s) else s for s in steps]
     return steps
-
-
-def _evidence(p: _Planner) -> list[st.Step]:
-    """An observation that is evidence only (`model.Evidence`): recorded for the judgement, nothing moved."""
-    event, target = p.event, p.event.target
-    node = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
-    if event.evidence is not model.Evidence.LINK_DOWN or not node \
-            or p.rs.judgement.link_down is settings.JudgementMode.OFF:
-        return []
-    return [st.NoteLinkDown(node=node, at=event.observed_at.timestamp(), cause=event)]
-
-
-def _link_cordons(p: _Planner, steps: Sequence[st.Step]) -> list[st.Step]:
-    """The cordons, before the restarts in `steps`, of the nodes whose link-down explains the failure
-    (`judging.linked`), through the cordon's admission like any other; `RecordOnly` in `record` mode."""
-    out: list[st.Step] = []
-    record = p.rs.judgement.link_down is settings.JudgementMode.RECORD
-    for found in judging.linked(steps, p.snapshot, p.history.ledger, p.rs.judgement):
-        for step in p.cordon(found.node, reason=found.text):
-            if isinstance(step, st.Cordon):
-                step = dataclasses.replace(step, blame=model.Blame.NODE)
-                out.append(st.RecordOnly(step, "recovery.judgement.link_down: record") if record else step)
-            else:
-                out.append(step)
-    return out
 
 
 def _node_of(step: st.Step) -> str:
@@ -441,7 +418,7 @@ def _returns(p: _Planner) -> list[st.Step]:
     says nothing of its node, so a node kcover cordoned stays cordoned; a node's fault cleared returns the
     node (`recovery.uncordon_enabled`)."""
     event, rs, target = p.event, p.rs, p.event.target
-    node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    node_name = target.node_name
     if event.fault.dra is not None:
         dra = event.fault.dra if rs.device_taints.enabled else None
         return [st.UntaintDevice(device=dra, node=node_name, cause=event)] if dra is not None else []
@@ -453,7 +430,7 @@ def _returns(p: _Planner) -> list[st.Step]:
 def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
     """The steps of `kind` for the planner's event."""
     event, snapshot, rs, target = p.event, p.snapshot, p.rs, p.event.target
-    node_name = target.node or (target.name if target.kind is model.TargetKind.NODE else "")
+    node_name = target.node_name
     dra = event.fault.dra if rs.device_taints.enabled else None
     if kind is AK.IGNORE:
         return []
@@ -491,16 +468,16 @@ def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
     return out
 
 
-def verdict(node: str, outcome: codec.ValidationOutcome | None, text: str, cause: model.CollectorEvent,
+def verdict(node: str, outcome: validationcodec.ValidationOutcome | None, text: str, cause: model.CollectorEvent,
             snapshot: planinputs.Snapshot, history: planinputs.History, rs: settings.RecoverySettings,
             now: dt.datetime) -> list[st.Step]:
     """What follows a suspect node's validation: passed, it stays schedulable (the evidence before it no longer
     counts); failed, it is cordoned through the breaker; not run or not answered, it is cordoned only while
     it shows a hardware signal (`recovery.judgement.hardware_conditions`), else left schedulable."""
     p = _Planner(cause, snapshot, history, rs, now.timestamp(), blame=model.Blame.NODE)
-    if outcome is codec.ValidationOutcome.PASSED:
+    if outcome is validationcodec.ValidationOutcome.PASSED:
         return [st.Judge(node, ledgerentries.Verdict.HEALTHY, text, cause)]
-    if outcome is codec.ValidationOutcome.FAILED:
+    if outcome is validationcodec.ValidationOutcome.FAILED:
         return [st.Judge(node, ledgerentries.Verdict.FAULTY, text, cause),
                 *p.cordon(node, reason=f"suspect, and failed validation: {text}")]
     found = snapshot.node(node)

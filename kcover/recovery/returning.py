@@ -2,10 +2,10 @@
 and of a suspect node (`recovery.judgement`).
 
 Owns the requests the leader has open. `ask()` carries out a `RequestValidation` step: it writes the
-request on the Node (`codec.encode_validation_request`: `kcover.io/validate-request` and
+request on the Node (`validationcodec.encode_validation_request`: `kcover.io/validate-request` and
 `kcover.io/validate-level`, a merge patch). The node's agent runs `dcgmi diag -r <level>` and answers with
 the Node condition `KcoverGPUValidated`, which the cache brings back; `tick()` (the leader's periodic
-pass) reads it with `codec.decode_validation_answer`, counting only an answer naming this request's id,
+pass) reads it with `validationcodec.decode_validation_answer`, counting only an answer naming this request's id,
 takes the request back, and returns the validations that ended (`Ended`). For a return, `after_return`
 gives the steps that follow:
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from kcover import codec, model, settings
+from kcover import model, settings, validationcodec
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
 from kcover.recovery import planinputs
@@ -44,7 +44,7 @@ class Open:
     """A validation asked of a node's agent and not answered yet."""
 
     node: str
-    request: codec.ValidationRequest
+    request: validationcodec.ValidationRequest
     asked_at: float
     deadline: float
     cause: model.CollectorEvent
@@ -57,7 +57,7 @@ class Ended:
     """A validation answered (`answer`) or past its deadline (`answer` None)."""
 
     open: Open
-    answer: codec.ValidationAnswer | None
+    answer: validationcodec.ValidationAnswer | None
 
     def describe(self) -> str:
         rid = self.open.request.id
@@ -87,8 +87,8 @@ class Validations:
         level, timeout = ((rs.judgement.validation_level, rs.judgement.validation_timeout_seconds)
                           if step.purpose is st.Purpose.SUSPECT
                           else (rs.return_validation.diag_level, rs.return_validation.timeout_seconds))
-        request = codec.ValidationRequest(uuid.uuid4().hex[:12], level)
-        await self._gw.patch_node_annotations(step.node, codec.encode_validation_request(request))
+        request = validationcodec.ValidationRequest(uuid.uuid4().hex[:12], level)
+        await self._gw.patch_node_annotations(step.node, validationcodec.encode_validation_request(request))
         now = self._clock.now().timestamp()
         self.open[step.node] = Open(step.node, request, now, now + timeout, step.cause, step.purpose, step.evidence)
         log.info("validation_requested", node=step.node, request=request.id, level=request.level,
@@ -96,10 +96,10 @@ class Validations:
         return st.Done(step, detail=f"dcgmi diag -r {request.level} (request {request.id}, answer awaited "
                                     f"{timeout:g}s)")
 
-    def _answer(self, pending: Open) -> codec.ValidationAnswer | None:
+    def _answer(self, pending: Open) -> validationcodec.ValidationAnswer | None:
         node = self._snapshot.node(pending.node)
         for cond in node.conditions if node is not None else ():
-            answer = codec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
+            answer = validationcodec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
             if answer is not None and answer.request == pending.request.id:
                 return answer
         return None
@@ -112,7 +112,7 @@ class Validations:
             if answer is None and now < pending.deadline:
                 continue
             del self.open[name]
-            await self._gw.patch_node_annotations(name, codec.encode_validation_request(None))
+            await self._gw.patch_node_annotations(name, validationcodec.encode_validation_request(None))
             out.append(Ended(pending, answer))
         return out
 
@@ -128,11 +128,11 @@ class Validations:
                             "(is agent.validation.enabled on, with dcgmi in the agent's image?); kcover leaves the "
                             "node cordoned")]
         log.info("validation_answered", node=name, request=rid, outcome=answer.outcome.value)
-        if answer.outcome is codec.ValidationOutcome.PASSED:
+        if answer.outcome is validationcodec.ValidationOutcome.PASSED:
             return [st.Emit(about, VALIDATION, "ValidationPassed", f"Node {name} passed validation {rid}: "
                             f"{answer.message}", warning=False),
                     st.Uncordon(node=name, cause=pending.cause)]
-        if answer.outcome is codec.ValidationOutcome.FAILED:
+        if answer.outcome is validationcodec.ValidationOutcome.FAILED:
             out: list[st.Step] = [st.Emit(about, VALIDATION, "ValidationFailed",
                                           f"Node {name} failed validation {rid}: {answer.message}; kcover keeps it "
                                           "cordoned and escalates")]

@@ -191,7 +191,7 @@ class EnterCordon:
 @dataclass(frozen=True)
 class NoteLinkDown:
     """Record in the node's ledger entry that its agent saw one of its RDMA ports go down (evidence the
-    judgement reads when a job with a rank there fails soon after: `judging.linked`). Moves nothing itself."""
+    judgement reads when a job with a rank there fails soon after: `linking.linked`). Moves nothing itself."""
 
     node: str
     at: float

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from kcover import codec
+from kcover import validationcodec
 from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 from kcover.kube import gateway
@@ -165,13 +165,13 @@ def _validated_before_return(run: playing.Run, node: str, obj: dict[str, Any], b
               len(calls) == 1 and calls[0].argv[1:4] == ("diag", "-r", str(level)) and calls[0].returncode == 0,
               "; ".join(ran))
     answer: dict[str, Any] = next((cond for cond in obj.get("status", {}).get("conditions") or []
-                                   if cond.get("type") == codec.VALIDATION_CONDITION), {})
-    run.check(f"the agent's answer: {codec.VALIDATION_CONDITION}=True (Passed)",
+                                   if cond.get("type") == validationcodec.VALIDATION_CONDITION), {})
+    run.check(f"the agent's answer: {validationcodec.VALIDATION_CONDITION}=True (Passed)",
               (answer.get("status"), answer.get("reason")) == ("True", "Passed"),
               playing.clip(str(answer.get("message", "")), 160))
     annotations = obj["metadata"].get("annotations") or {}
     run.check("the validation request annotations are gone",
-              codec.VALIDATE_REQUEST not in annotations and codec.VALIDATE_LEVEL not in annotations)
+              validationcodec.VALIDATE_REQUEST not in annotations and validationcodec.VALIDATE_LEVEL not in annotations)
 
 
 # ---------------------------------------------------------------------------------------------- pause

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kcover import codec, layering, metrics
+from kcover import layering, metrics, validationcodec
 from kcover.agent import running, validating
 from kcover.kube import client
 from kcover.nvml import fake
@@ -46,13 +46,13 @@ def runs(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("fixture", "exit_code", "outcome", "text"), [
-    (PASS, 0, codec.ValidationOutcome.PASSED, "every test passed"),
-    (FAIL, 226, codec.ValidationOutcome.FAILED, "GPU Memory"),
+    (PASS, 0, validationcodec.ValidationOutcome.PASSED, "every test passed"),
+    (FAIL, 226, validationcodec.ValidationOutcome.FAILED, "GPU Memory"),
     (FIXTURES / "dcgm-253-r2-pcie-fail-internal-error-dcgm4.2.3-l40sx4-table.txt", 226,
-     codec.ValidationOutcome.FAILED, "failed"),
-    (None, 1, codec.ValidationOutcome.ERROR, "printed nothing"),
+     validationcodec.ValidationOutcome.FAILED, "failed"),
+    (None, 1, validationcodec.ValidationOutcome.ERROR, "printed nothing"),
 ])
-def test_verdict_on_real_dcgmi_output(fixture: Path | None, exit_code: int, outcome: codec.ValidationOutcome,
+def test_verdict_on_real_dcgmi_output(fixture: Path | None, exit_code: int, outcome: validationcodec.ValidationOutcome,
                                       text: str) -> None:
     out = fixture.read_text() if fixture is not None else ""
     got, message = validating.verdict(exit_code, out, 3)
@@ -62,7 +62,7 @@ def test_verdict_on_real_dcgmi_output(fixture: Path | None, exit_code: int, outc
 
 def test_an_answer_that_is_no_diagnostic_is_an_error() -> None:
     out = "Error: unable to establish a connection to the specified host: localhost\n"
-    assert validating.verdict(255, out, 1)[0] is codec.ValidationOutcome.ERROR
+    assert validating.verdict(255, out, 1)[0] is validationcodec.ValidationOutcome.ERROR
 
 
 async def _node(srv: Any) -> None:
@@ -75,13 +75,13 @@ async def _answer(kube: client.KubeClient, request: str, within: float = 10.0) -
         while True:
             node = await kube.request("GET", f"/api/v1/nodes/{NODE}")
             for cond in node["status"].get("conditions") or []:
-                if cond["type"] == codec.VALIDATION_CONDITION and f"request {request}:" in cond["message"]:
+                if cond["type"] == validationcodec.VALIDATION_CONDITION and f"request {request}:" in cond["message"]:
                     return dict(cond)
             await asyncio.sleep(0.05)
 
 
 async def _ask(kube: client.KubeClient, request: str, level: int) -> None:
-    body = {"metadata": {"annotations": codec.encode_validation_request(codec.ValidationRequest(request, level))}}
+    body = {"metadata": {"annotations": validationcodec.encode_validation_request(validationcodec.ValidationRequest(request, level))}}
     await kube.request("PATCH", f"/api/v1/nodes/{NODE}", body=body, content_type="application/merge-patch+json")
 
 
@@ -137,7 +137,7 @@ async def test_a_request_answered_before_the_agent_restarted_is_not_run_again(
         kube: tuple[Any, client.KubeClient], tmp_path: Path) -> None:
     _, api = kube
     await _ask(api, "r1", 2)
-    answered = codec.encode_validation_answer(codec.ValidationAnswer("r1", codec.ValidationOutcome.PASSED, "ok"),
+    answered = validationcodec.encode_validation_answer(validationcodec.ValidationAnswer("r1", validationcodec.ValidationOutcome.PASSED, "ok"),
                                               "2026-01-01T00:00:00Z")
     await api.request("PATCH", f"/api/v1/nodes/{NODE}/status", body={"status": {"conditions": [answered]}},
                       content_type="application/strategic-merge-patch+json")

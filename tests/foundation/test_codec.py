@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcover import codec, model
+from kcover import codec, model, validationcodec
 
 EXAMPLES = 300
 """Fixed budget, derandomized: CI runs the same examples every time."""
@@ -175,13 +175,13 @@ def test_the_agent_condition_false_recommends_a_cordon(ctype: str, status: str,
 
 @settings(max_examples=200, derandomize=True, database=None)
 @given(rid=st.from_regex(r"[a-z0-9]{1,32}", fullmatch=True), level=st.integers(1, 4),
-       outcome=st.sampled_from(list(codec.ValidationOutcome)), text=st.text(max_size=300))
-def test_validation_request_and_answer_round_trip(rid: str, level: int, outcome: codec.ValidationOutcome,
+       outcome=st.sampled_from(list(validationcodec.ValidationOutcome)), text=st.text(max_size=300))
+def test_validation_request_and_answer_round_trip(rid: str, level: int, outcome: validationcodec.ValidationOutcome,
                                                   text: str) -> None:
-    request = codec.ValidationRequest(rid, level)
-    assert codec.decode_validation_request(codec.encode_validation_request(request)) == request
-    cond = codec.encode_validation_answer(codec.ValidationAnswer(rid, outcome, text), "2026-01-01T00:00:00Z")
-    answer = codec.decode_validation_answer(cond["type"], cond["status"], cond["reason"], cond["message"])
+    request = validationcodec.ValidationRequest(rid, level)
+    assert validationcodec.decode_validation_request(validationcodec.encode_validation_request(request)) == request
+    cond = validationcodec.encode_validation_answer(validationcodec.ValidationAnswer(rid, outcome, text), "2026-01-01T00:00:00Z")
+    answer = validationcodec.decode_validation_answer(cond["type"], cond["status"], cond["reason"], cond["message"])
     assert answer is not None
     assert (answer.request, answer.outcome) == (rid, outcome)
     assert cond["message"].startswith(f"request {rid}: ")
@@ -193,7 +193,7 @@ def test_validation_request_and_answer_round_trip(rid: str, level: int, outcome:
     {"kcover.io/validate-request": "abc", "kcover.io/validate-level": "x"},
 ])
 def test_a_malformed_validation_request_is_no_request(annotations: dict[str, str]) -> None:
-    assert codec.decode_validation_request(annotations) is None
+    assert validationcodec.decode_validation_request(annotations) is None
 
 
 @pytest.mark.parametrize(("ctype", "status", "reason", "message"), [
@@ -204,7 +204,7 @@ def test_a_malformed_validation_request_is_no_request(annotations: dict[str, str
 ])
 def test_an_answer_the_agent_could_not_have_written_is_no_answer(ctype: str, status: str, reason: str,
                                                                  message: str) -> None:
-    assert codec.decode_validation_answer(ctype, status, reason, message) is None
+    assert validationcodec.decode_validation_answer(ctype, status, reason, message) is None
 
 
 def test_device_healthy_is_carried_only_by_a_cleared_event_naming_a_device() -> None:

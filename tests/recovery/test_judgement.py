@@ -15,7 +15,7 @@ import pytest
 from harness import engines
 from harness import objects as o
 
-from kcover import codec, kinds, model
+from kcover import kinds, model, validationcodec
 from kcover.kube import projections as proj
 from kcover.recovery import steps as st
 
@@ -82,14 +82,14 @@ def cordoned(r: engines.Rig) -> list[str]:
 
 
 def validation_request(r: engines.Rig, node: str) -> str:
-    return (r.store.get("nodes", "", node)["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST, "")
+    return (r.store.get("nodes", "", node)["metadata"].get("annotations") or {}).get(validationcodec.VALIDATE_REQUEST, "")
 
 
-async def answer(r: engines.Rig, node: str, outcome: codec.ValidationOutcome, text: str) -> None:
+async def answer(r: engines.Rig, node: str, outcome: validationcodec.ValidationOutcome, text: str) -> None:
     """The node's agent answers the open request (the Node condition the agent writes)."""
     request = validation_request(r, node)
     assert request, f"no validation asked of {node}"
-    condition = codec.encode_validation_answer(codec.ValidationAnswer(request, outcome, text), "2025-06-01T12:30:00Z")
+    condition = validationcodec.encode_validation_answer(validationcodec.ValidationAnswer(request, outcome, text), "2025-06-01T12:30:00Z")
     r.store.mutate("nodes", "", node, lambda n: n["status"].setdefault("conditions", []).append(condition))
     await r.settle()
     await r.tick()
@@ -128,7 +128,7 @@ async def test_three_different_jobs_failing_on_one_node_make_it_suspect_and_a_fa
         assert "3 different workloads restarted for faults on Node n1" in suspect["message"]
         assert validation_request(r, "n1")
         assert cordoned(r) == [], "suspect is not cordoned"
-        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2")
+        await answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2")
         assert cordoned(r) == ["n1"]
         assert len(r.events("KcoverSuspectFailed")) == 1
         (cordon,) = r.events("KcoverCordonedNode")
@@ -145,7 +145,7 @@ async def test_a_suspect_that_passes_validation_stays_schedulable_and_its_recove
     async with engines.rig(objs) as r:
         for name in ("a", "b", "c"):
             await r.handle(pod_fault(f"{name}-0-g0"))
-        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await answer(r, "n1", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
         assert cordoned(r) == []
         (passed,) = r.events("KcoverSuspectValidated")
         assert "stays schedulable" in passed["message"]
@@ -177,7 +177,7 @@ async def test_a_suspect_whose_validation_cannot_run_is_cordoned_with_a_hardware
         await three_jobs_fail_on(r, "n1")
         r.store.mutate("nodes", "", "n1", lambda n: n["status"].setdefault("conditions", []).append(
             {"type": "KcoverGPUHealthy", "status": "False", "reason": "XID48", "message": "double-bit ECC"}))
-        await answer(r, "n1", codec.ValidationOutcome.ERROR, "dcgmi not found")
+        await answer(r, "n1", validationcodec.ValidationOutcome.ERROR, "dcgmi not found")
         assert cordoned(r) == ["n1"]
         assert "KcoverGPUHealthy is False" in r.events("KcoverSuspectFailed")[0]["message"]
 
@@ -214,7 +214,7 @@ async def test_xid13_twice_by_one_job_on_one_gpu_asks_one_validation_and_a_pass_
         assert "Node n1 is suspect" in held["message"]
         await r.tick()
         assert len(r.events("KcoverRestartedWorkload")) == 1, "held while the validation runs"
-        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await answer(r, "n1", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
         await r.tick()
         assert len(r.events("KcoverRestartedWorkload")) == 2, "restarted in place after the pass"
         assert cordoned(r) == []
@@ -239,7 +239,7 @@ async def test_xid13_twice_on_one_gpu_whose_validation_fails_cordons_the_node_be
         await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
         await r.tick()
         assert pods_deleted(r) == before, "held for the verdict"
-        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
         assert cordoned(r) == ["n1"]
         assert pods_deleted(r) == before, "the cordon comes first"
         await r.tick()
@@ -258,7 +258,7 @@ async def test_the_ranks_exit_beside_the_xid_in_one_batch_waits_for_the_same_ver
         await r.tick()
         assert pods_deleted(r) == before, "neither restart ran before the verdict"
         assert len(r.events("KcoverNodeSuspect")) == 1
-        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
         await r.tick()
         assert cordoned(r) == ["n1"]
         assert pods_deleted(r) == before + 1, "one restart, after the cordon"
@@ -272,7 +272,7 @@ async def test_a_restart_held_for_a_passed_verdict_runs_once_and_asks_nothing_ag
         await r.handle(xid("n1", 13, 3, ["a-worker-0-g0"], signal="a-e0"))
         assert len(r.events("KcoverNodeSuspect")) == 1
         assert not r.events("KcoverRestartedWorkload")
-        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await answer(r, "n1", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
         for _ in range(5):
             await r.tick()
             await asyncio.sleep(5)
@@ -333,7 +333,7 @@ async def test_xid94_once_asks_a_validation_before_its_restart_and_a_pass_cordon
         assert ("one workload restarted once within 21600s for a hardware XID on GPU gpu3 of Node n1 "
                 "(recovery.judgement.hardware_xid_restarts 1)") in suspect["message"]
         assert cordoned(r) == []
-        await answer(r, "n1", codec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await answer(r, "n1", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
         await r.tick()
         assert len(r.events("KcoverRestartedWorkload")) == 1, "restarted in place after the pass"
         assert cordoned(r) == []
@@ -344,7 +344,7 @@ async def test_xid94_once_whose_validation_fails_cordons_the_node_before_the_res
     async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
         await r.handle(xid("n1", 94, 3, ["a-worker-0-g0"], signal="e0"))
         assert not r.events("KcoverRestartedWorkload")
-        await answer(r, "n1", codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
         await r.tick()
         assert cordoned(r) == ["n1"]
         assert len(r.events("KcoverRestartedWorkload")) == 1, "restarted once, off the cordoned node"

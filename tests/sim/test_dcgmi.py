@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kcover import codec
+from kcover import validationcodec
 from kcover.agent import validating
 from kcover.nvml import fake
 from kcover.sim import dcgmi
@@ -29,7 +29,7 @@ async def test_a_healthy_node_passes_its_diagnostic() -> None:
     diag = dcgmi.FakeDcgmi(_nvml())
     result = await diag.run(["dcgmi", "diag", "-r", "3", "-j"], timeout_seconds=10.0)
     outcome, text = validating.verdict(result.returncode, result.stdout, 3)
-    assert (outcome, result.returncode) == (codec.ValidationOutcome.PASSED, 0)
+    assert (outcome, result.returncode) == (validationcodec.ValidationOutcome.PASSED, 0)
     assert "every test passed" in text
     assert [(c.argv, c.recording) for c in diag.calls] == [(("dcgmi", "diag", "-r", "3", "-j"), dcgmi.PASSED)]
 
@@ -40,17 +40,17 @@ async def test_a_lost_gpu_fails_it_with_the_recorded_failure() -> None:
     diag = dcgmi.FakeDcgmi(nvml)
     result = await diag.run(["dcgmi", "diag", "-r", "1"], timeout_seconds=10.0)
     outcome, text = validating.verdict(result.returncode, result.stdout, 1)
-    assert outcome is codec.ValidationOutcome.FAILED
+    assert outcome is validationcodec.ValidationOutcome.FAILED
     assert "GPU Memory" in text
     assert result.returncode != 0
     nvml.clear(5)  # repaired: the next run passes
     again = await diag.run(["dcgmi", "diag", "-r", "1"], timeout_seconds=10.0)
-    assert validating.verdict(again.returncode, again.stdout, 1)[0] is codec.ValidationOutcome.PASSED
+    assert validating.verdict(again.returncode, again.stdout, 1)[0] is validationcodec.ValidationOutcome.PASSED
 
 
 async def test_nvml_down_fails_the_diagnostic() -> None:
     result = await dcgmi.FakeDcgmi(fake.FakeNvml(2)).run(["dcgmi", "diag", "-r", "1"], timeout_seconds=1.0)
-    assert validating.verdict(result.returncode, result.stdout, 1)[0] is codec.ValidationOutcome.FAILED
+    assert validating.verdict(result.returncode, result.stdout, 1)[0] is validationcodec.ValidationOutcome.FAILED
 
 
 @pytest.mark.parametrize("argv", [["dcgmi"], ["dcgmi", "health", "-c"], ["dcgmi", "diag", "-r"],
@@ -59,7 +59,7 @@ async def test_anything_but_a_diag_at_a_level_is_a_usage_error(argv: list[str]) 
     result = await dcgmi.FakeDcgmi(_nvml()).run(argv, timeout_seconds=1.0)
     assert (result.returncode, result.stdout) == (2, "")
     assert "usage: dcgmi diag -r <level>" in result.stderr
-    assert validating.verdict(result.returncode, result.stdout, 1)[0] is codec.ValidationOutcome.ERROR
+    assert validating.verdict(result.returncode, result.stdout, 1)[0] is validationcodec.ValidationOutcome.ERROR
 
 
 @pytest.mark.parametrize("name", [dcgmi.PASSED, dcgmi.FAILED])

@@ -29,8 +29,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from kcover import bus as bus_
-from kcover import codec, settings
 from kcover import metrics as metrics_
+from kcover import settings, validationcodec
 from kcover.agent import reporting, validating
 from kcover.aio import clock as clock_
 from kcover.aio import commands
@@ -158,14 +158,14 @@ class Agent:
         await self.dcgm_detector._diag(self.bus)
         await self._report()
 
-    def validate(self, request: codec.ValidationRequest) -> None:
+    def validate(self, request: validationcodec.ValidationRequest) -> None:
         """The controller asked this node to validate itself: the agent's validator runs it (one at a time)."""
         if request.id in self.validator.answered or (self._validating is not None and not self._validating.done()):
             return
         self._validating = asyncio.get_running_loop().create_task(self._validate(request),
                                                                   name=f"agent:{self.node}:validate")
 
-    async def _validate(self, request: codec.ValidationRequest) -> None:
+    async def _validate(self, request: validationcodec.ValidationRequest) -> None:
         self.validations += 1
         self.healthy_validations += not self._diag_runner.failed()
         await self.validator.validate(request)

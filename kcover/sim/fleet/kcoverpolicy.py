@@ -39,8 +39,8 @@ from typing import Any
 import orjson
 import structlog
 
-from kcover import codec, serving, settings
 from kcover import metrics as metrics_
+from kcover import serving, settings, validationcodec
 from kcover.agent import reporting
 from kcover.aio import clock as clock_
 from kcover.controller import recovering
@@ -339,8 +339,8 @@ class KcoverPolicy:
                 continue
             new, old = projecting.node(change.new.obj()), projecting.node(change.old.obj())
             index = int(new.name.rsplit("-", 1)[1])
-            request = codec.decode_validation_request(dict(new.annotations))
-            if request is not None and request != codec.decode_validation_request(dict(old.annotations)):
+            request = validationcodec.decode_validation_request(dict(new.annotations))
+            if request is not None and request != validationcodec.decode_validation_request(dict(old.annotations)):
                 self._agent(index).validate(request)
             if new.unschedulable and new.cordoned_by_kcover and not old.cordoned_by_kcover:
                 self._act("cordon", index, proj.get(new.annotations, proj.CORDON_REASON) or "")

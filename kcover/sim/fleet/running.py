@@ -199,11 +199,8 @@ def main(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def job_sizes(params: st.Params) -> dict[str, int]:
-    """Job name -> nodes, as the world names them."""
-    world = world_.World(params, tax.Taxonomy(observed=tax.Observed(gpus=1, days=1), classes=(tax.FaultClass(
-        name="none", count=0, blame=tax.Blame.UNKNOWN, physics=tax.Physics.TRANSIENT,
-        signals=(tax.Signal(signal=tax.SignalKind.EXIT),)),)), [], baselines.KubernetesAlone())
-    return {name: job.size for name, job in world.jobs.items()}
+    """Job name -> nodes, as the world names them (`state.initial_jobs`)."""
+    return {name: job.size for name, job in st.initial_jobs(params).items()}
 
 
 def meta_of(params: st.Params, args: argparse.Namespace, onsets: int, timing: Mapping[str, Any]) -> dict[str, Any]:

@@ -159,6 +159,19 @@ class Job:
     """(time, productive seconds so far) at each change, for the plot."""
 
 
+def initial_jobs(params: Params) -> dict[str, Job]:
+    """The fleet's jobs at the replay's start, by name, in `params.jobs`' order: each of its ranks on the next
+    node (indices from 0); the nodes after the last job's are spare."""
+    jobs: dict[str, Job] = {}
+    index = 0
+    for count, size in params.jobs:
+        for k in range(count):
+            name = f"train-{size}n-{k:02d}" if count > 1 else f"train-{size}n"
+            jobs[name] = Job(name, size, list(range(index, index + size)), progress=[(0.0, 0.0)])
+            index += size
+    return jobs
+
+
 @dataclass
 class CordonRecord:
     node: int

@@ -130,18 +130,11 @@ class World:
     # ------------------------------------------------------------------------------------------ placement
 
     def _place_initial(self) -> None:
-        index = 0
-        for count, size in self.params.jobs:
-            for k in range(count):
-                name = f"train-{size}n-{k:02d}" if count > 1 else f"train-{size}n"
-                job = st.Job(name, size, [])
-                for _ in range(size):
-                    job.ranks.append(index)
-                    self.nodes[index].job = name
-                    self._free.discard(index)
-                    index += 1
-                job.progress.append((0.0, 0.0))
-                self.jobs[name] = job
+        self.jobs = st.initial_jobs(self.params)
+        for job in self.jobs.values():
+            for node in (n for n in job.ranks if n is not None):
+                self.nodes[node].job = job.name
+                self._free.discard(node)
 
     def _release(self, job: st.Job, rank: int) -> None:
         node = job.ranks[rank]

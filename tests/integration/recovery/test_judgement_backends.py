@@ -17,7 +17,7 @@ from typing import Any
 
 from enginekit import KF, Clock, Cluster, Rig, create, events, get, make_pod, pod_fault
 
-from kcover import codec, kinds, model
+from kcover import codec, kinds, model, validationcodec
 from kcover.kube import projections as proj
 from kcover.recovery import steps as st
 
@@ -126,18 +126,18 @@ async def test_three_jobs_failing_on_one_node_make_it_suspect_and_a_failed_valid
     await rig.handle(await pod_fault(cluster, pods[0], clock))
     await rig.handle(await pod_fault(cluster, pods[1], clock))
     annotations = (await _node(cluster, node))["metadata"].get("annotations") or {}
-    assert codec.VALIDATE_REQUEST not in annotations, "two jobs are not yet evidence"
+    assert validationcodec.VALIDATE_REQUEST not in annotations, "two jobs are not yet evidence"
     await rig.handle(await pod_fault(cluster, pods[2], clock))
     (suspect,) = await _reasons(cluster, "KcoverNodeSuspect", node)
     assert f"3 different workloads restarted for faults on Node {node}" in suspect["message"]
     held = await _node(cluster, node)
-    request = (held["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST, "")
+    request = (held["metadata"].get("annotations") or {}).get(validationcodec.VALIDATE_REQUEST, "")
     assert request, "a validation was asked of the node's agent"
     assert not held["spec"].get("unschedulable"), "suspect is not cordoned"
 
     # the node's agent answers: its condition, written through the Node's status as the agent writes it
-    condition = codec.encode_validation_answer(
-        codec.ValidationAnswer(request, codec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2"),
+    condition = validationcodec.encode_validation_answer(
+        validationcodec.ValidationAnswer(request, validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2"),
         clock.now().strftime("%Y-%m-%dT%H:%M:%SZ"))
     await cluster.harness.kube.request("PATCH", f"/api/v1/nodes/{node}/status",
                                        body={"status": {"conditions": [condition]}},
@@ -149,7 +149,7 @@ async def test_three_jobs_failing_on_one_node_make_it_suspect_and_a_failed_valid
     (cordon,) = await _reasons(cluster, "KcoverCordonedNode", node)
     assert "suspect, and failed validation" in cordon["message"]
     annotations = (await _node(cluster, node))["metadata"].get("annotations") or {}
-    assert codec.VALIDATE_REQUEST not in annotations, "the request is taken back"
+    assert validationcodec.VALIDATE_REQUEST not in annotations, "the request is taken back"
     await rig.refresh()
     await rig.handle(await pod_fault(cluster, pods[3], clock))
     await rig.leader.resume()
@@ -168,7 +168,7 @@ async def test_xid13_twice_by_one_job_on_one_gpu_asks_a_validation_and_cordons_n
     pod = await _member(cluster, a, node, 1)
     await rig.refresh()
     held = await _node(cluster, node)
-    assert codec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {}), "one restart is no evidence"
+    assert validationcodec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {}), "one restart is no evidence"
     await rig.handle(_xid(cluster, node, 13, 3, pod, clock, signal="e1"))  # again on GPU 3, after its restart
     assert len(await _reasons(cluster, "KcoverRestartedWorkload", "a")) == 1, "the second waits for the verdict"
     (waiting,) = await _reasons(cluster, "KcoverRecoveryHeld", "a")
@@ -177,7 +177,7 @@ async def test_xid13_twice_by_one_job_on_one_gpu_asks_a_validation_and_cordons_n
     assert f"one workload restarted 2 times within 21600s for faults only on GPU gpu3 of Node {node}" \
         in suspect["message"]
     held = await _node(cluster, node)
-    assert (held["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST), "validation asked"
+    assert (held["metadata"].get("annotations") or {}).get(validationcodec.VALIDATE_REQUEST), "validation asked"
     assert not held["spec"].get("unschedulable"), "suspect, not cordoned"
     assert _node_writes(rig).keys() <= {"PATCH nodes"}, "only the request's annotations were written"
 
@@ -198,12 +198,12 @@ async def test_xid13_repeated_by_one_job_cordons_nothing_and_across_two_jobs_mak
     assert len(await _reasons(cluster, "KcoverRestartedWorkload", "a")) == 3
     held = await _node(cluster, node)
     assert not held["spec"].get("unschedulable")
-    assert codec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {})
+    assert validationcodec.VALIDATE_REQUEST not in (held["metadata"].get("annotations") or {})
     assert _node_writes(rig) == {}, "one job's XID 13: an application error, no node write"
 
     await rig.handle(_xid(cluster, node, 13, 3, other, clock, signal="e-b"))  # the same GPU, another job
     (suspect,) = await _reasons(cluster, "KcoverNodeSuspect", node)
     assert f"2 different workloads restarted for faults on GPU gpu3 of Node {node}" in suspect["message"]
     held = await _node(cluster, node)
-    assert (held["metadata"].get("annotations") or {}).get(codec.VALIDATE_REQUEST), "validation asked"
+    assert (held["metadata"].get("annotations") or {}).get(validationcodec.VALIDATE_REQUEST), "validation asked"
     assert not held["spec"].get("unschedulable"), "suspect, not cordoned"
