@@ -22,7 +22,7 @@ from types import ModuleType
 import pytest
 from pydantic import BaseModel
 
-from kcover import settings, wiring
+from kcover import codec, settings, wiring
 from kcover.cli import parsing
 from kcover.detectors import registry
 
@@ -519,3 +519,47 @@ def test_every_md_file_a_settings_description_names_exists() -> None:
 def test_the_md_name_scan_catches_a_missing_doc_or_heading(text: str, wrong: list[str]) -> None:
     """missing_md_names finds a named doc, anchor or quoted heading that is not there, and passes those that are."""
     assert [w.split(": ", 1)[1] for w in missing_md_names([("x", text)])] == wrong
+
+
+def test_the_codec_table_names_every_annotation_and_refusal() -> None:
+    """docs/detectors.md's codec table lists every `kcover.io/` annotation the codec reads and every reason it
+    refuses an Event for: an annotation added to the codec and not to the table fails here."""
+    text = (ROOT / "docs" / "detectors.md").read_text()
+    table = text[text.index("| annotation on the Event"):text.index("The refusals are")]
+    annotations = {v for k, v in vars(codec).items() if k.isupper() and isinstance(v, str)
+                   and v.startswith(codec.PREFIX) and v != codec.PREFIX}
+    missing = sorted(a for a in annotations if f"`{a.removeprefix(codec.PREFIX)}" not in table)
+    assert not missing, f"docs/detectors.md's codec table lacks {missing}"
+    reasons = {v for k, v in vars(codec).items() if k.startswith("REFUSED_") and isinstance(v, str)}
+    assert reasons, "the codec names its refusals REFUSED_*"
+    assert sorted(r for r in reasons if f"`{r}`" not in table) == []
+
+
+JUDGEMENT_DEFAULT = re.compile(r"`(?:recovery\.)?(?:judgement\.)?([a-z_]+)` \(([0-9][0-9,.]*)( s)?\)")
+
+
+def judgement_defaults_said(text: str) -> list[tuple[str, str, float]]:
+    """(field, as written, the default) for every "`field` (N)" or "`field` (N s)" naming a
+    `recovery.judgement` setting whose default is not N."""
+    fields = settings.JudgementSettings.model_fields
+    wrong = []
+    for found in JUDGEMENT_DEFAULT.finditer(text):
+        name, said = found[1], found[2]
+        if name not in fields:
+            continue
+        default = fields[name].default
+        if isinstance(default, int | float) and float(said.replace(",", "")) != float(default):
+            wrong.append((name, said, float(default)))
+    return wrong
+
+
+def test_the_runbook_says_the_judgements_defaults() -> None:
+    text = (ROOT / "docs" / "runbook.md").read_text()
+    assert JUDGEMENT_DEFAULT.search(text), "the runbook names the judgement's settings with their defaults"
+    assert judgement_defaults_said(text) == []
+
+
+def test_the_defaults_scan_catches_a_wrong_default() -> None:
+    assert judgement_defaults_said("within `recovery.judgement.link_seconds` (600 s) after it") == [
+        ("link_seconds", "600", 900.0)]
+    assert judgement_defaults_said("`device_restarts` (2) times, `node_workloads` (3)") == []

@@ -10,7 +10,9 @@ pods ran there, leaving another node's job alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kcover import layering, metrics, serving, settings
@@ -75,13 +77,33 @@ def _settings(ns: str, node: str, **detectors: dict[str, Any]) -> settings.Setti
     }).settings
 
 
+@contextlib.asynccontextmanager
+async def _roles(cluster: Cluster, cfg: settings.Settings, node: str,
+                 nvml: fake.FakeNvml) -> AsyncIterator[tuple[agent_running.Agent, controller_running.Controller]]:
+    """The real agent on `node` (over `nvml`) and the real controller, running against the backend, each with
+    its own client, while the harness plays kubelet and operator; both stopped when the block ends."""
+    stop = asyncio.Event()
+    async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
+            cluster.harness.playing(interval=0.1):
+        agent = agent_running.Agent(cfg, client=agent_kube, metrics=metrics.Metrics(), health=None,
+                                    node=node, nvml=nvml, reporter_tick_seconds=0.1)
+        controller = controller_running.Controller(cfg, client=controller_kube, metrics=metrics.Metrics(),
+                                                   health=serving.Health())
+        async with asyncio.TaskGroup() as group:
+            group.create_task(agent.run(stop), name="agent")
+            group.create_task(controller.run(stop), name="controller")
+            try:
+                yield agent, controller
+            finally:
+                stop.set()
+
+
 async def test_xid79_cordons_the_node_and_restarts_the_job_that_ran_there(cluster: Cluster) -> None:
     ns = cluster.namespace
     suffix = secrets.token_hex(3)
     sick, healthy = f"xid-sick-{suffix}", f"xid-healthy-{suffix}"
     kube = cluster.client
     nvml = fake.FakeNvml(8)
-    stop = asyncio.Event()
     try:
         await _node(kube, sick)
         await _node(kube, healthy)
@@ -89,37 +111,26 @@ async def test_xid79_cordons_the_node_and_restarts_the_job_that_ran_there(cluste
         spared = await _job(kube, ns, "spared", healthy, cluster.harness)
         await cluster.harness.run_agent_pod(ns, sick)
         cfg = _settings(ns, sick)
-        async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
-                cluster.harness.playing(interval=0.1):
-            agent = agent_running.Agent(cfg, client=agent_kube, metrics=metrics.Metrics(), health=None,
-                                        node=sick, nvml=nvml, reporter_tick_seconds=0.1)
-            controller = controller_running.Controller(cfg, client=controller_kube, metrics=metrics.Metrics(),
-                                                       health=serving.Health())
-            async with asyncio.TaskGroup() as group:
-                group.create_task(agent.run(stop), name="agent")
-                group.create_task(controller.run(stop), name="controller")
-                try:
-                    async with asyncio.timeout(20):
-                        while not (controller.is_leader() and controller.cache.synced and nvml.registered):  # noqa: ASYNC110  (polling plain state)
-                            await asyncio.sleep(0.05)
-                        nvml.xid(79, gpu_index=3)
-                        while True:
-                            node = await kube.request("GET", f"/api/v1/nodes/{sick}")
-                            spec = node.get("spec") or {}
-                            taints = {(t["key"], t["effect"]) for t in spec.get("taints") or []}
-                            if spec.get("unschedulable") and ("kcover.io/unhealthy", "NoSchedule") in taints:
-                                break
-                            await asyncio.sleep(0.1)
-                        while True:  # the job that ran there comes back with new pods
-                            pods = (await kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                                                       query={"labelSelector": "training.kubeflow.org/job-name=hit"}))["items"]
-                            events = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
-                            if any(e.get("reason") == "KcoverRestartedWorkload" for e in events) and len(pods) == 2 \
-                                    and all(p["metadata"]["creationTimestamp"] for p in pods):
-                                break
-                            await asyncio.sleep(0.1)
-                finally:
-                    stop.set()
+        async with _roles(cluster, cfg, sick, nvml) as (_, controller):
+            async with asyncio.timeout(20):
+                while not (controller.is_leader() and controller.cache.synced and nvml.registered):  # noqa: ASYNC110  (polling plain state)
+                    await asyncio.sleep(0.05)
+                nvml.xid(79, gpu_index=3)
+                while True:
+                    node = await kube.request("GET", f"/api/v1/nodes/{sick}")
+                    spec = node.get("spec") or {}
+                    taints = {(t["key"], t["effect"]) for t in spec.get("taints") or []}
+                    if spec.get("unschedulable") and ("kcover.io/unhealthy", "NoSchedule") in taints:
+                        break
+                    await asyncio.sleep(0.1)
+                while True:  # the job that ran there comes back with new pods
+                    pods = (await kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                               query={"labelSelector": "training.kubeflow.org/job-name=hit"}))["items"]
+                    events = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
+                    if any(e.get("reason") == "KcoverRestartedWorkload" for e in events) and len(pods) == 2 \
+                            and all(p["metadata"]["creationTimestamp"] for p in pods):
+                        break
+                    await asyncio.sleep(0.1)
         conditions = {c["type"]: c for c in node["status"].get("conditions") or []}
         assert conditions["KcoverGPUHealthy"]["status"] == "False"
         assert "79" in conditions["KcoverGPUHealthy"]["message"]

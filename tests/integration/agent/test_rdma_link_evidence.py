@@ -16,11 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from test_gpu_xid import _job, _node, _settings
+from test_gpu_xid import _job, _node, _roles, _settings
 
-from kcover import metrics, serving
-from kcover.agent import running as agent_running
-from kcover.controller import running as controller_running
 from kcover.nvml import fake
 from kcover.recovery import ledgerentries
 
@@ -51,7 +48,6 @@ async def test_a_link_down_then_the_jobs_failure_on_another_node_cordons_the_nod
     suffix = secrets.token_hex(3)
     linked, other = f"link-{suffix}", f"link-other-{suffix}"
     kube = cluster.client
-    stop = asyncio.Event()
     _port(tmp_path, 0)
     try:
         await _node(kube, linked)
@@ -60,35 +56,24 @@ async def test_a_link_down_then_the_jobs_failure_on_another_node_cordons_the_nod
         await cluster.harness.run_agent_pod(ns, linked)
         cfg = _settings(ns, linked, **{"rdma-link": {"config": {"sysfs_path": str(tmp_path),
                                                                 "poll_interval_seconds": 0.05}}})
-        async with cluster.new_client() as agent_kube, cluster.new_client() as controller_kube, \
-                cluster.harness.playing(interval=0.1):
-            agent = agent_running.Agent(cfg, client=agent_kube, metrics=metrics.Metrics(), health=None,
-                                        node=linked, nvml=fake.FakeNvml(8), reporter_tick_seconds=0.1)
-            controller = controller_running.Controller(cfg, client=controller_kube, metrics=metrics.Metrics(),
-                                                       health=serving.Health())
-            async with asyncio.TaskGroup() as group:
-                group.create_task(agent.run(stop), name="agent")
-                group.create_task(controller.run(stop), name="controller")
-                try:
-                    async with asyncio.timeout(30):
-                        while not (controller.is_leader() and controller.cache.synced):  # noqa: ASYNC110  (polling plain state)
-                            await asyncio.sleep(0.05)
-                        await asyncio.sleep(0.5)  # the agent's first reads of the port: its baseline
-                        _port(tmp_path, 1)  # one link-down: the port went down and came back
-                        while not await _link_downs(kube, ns, linked):  # noqa: ASYNC110  (polling the server)
-                            await asyncio.sleep(0.1)
-                        node = await kube.request("GET", f"/api/v1/nodes/{linked}")
-                        assert not (node.get("spec") or {}).get("unschedulable"), "a link-down alone moves nothing"
-                        await cluster.harness.fail_container(ns, "big-worker-1", "pytorch", exit_code=134)
-                        while True:  # the cordon's and the restart's Events (each written after its step)
-                            events = (await kube.request("GET", "/api/v1/events"))["items"]  # a Node's: any namespace
-                            if {"KcoverCordonedNode", "KcoverRestartedWorkload"} <= {
-                                    e.get("reason") for e in events if e["involvedObject"].get("name") in (
-                                        linked, "big")}:
-                                break
-                            await asyncio.sleep(0.1)
-                finally:
-                    stop.set()
+        async with _roles(cluster, cfg, linked, fake.FakeNvml(8)) as (_, controller):
+            async with asyncio.timeout(30):
+                while not (controller.is_leader() and controller.cache.synced):  # noqa: ASYNC110  (polling plain state)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # the agent's first reads of the port: its baseline
+                _port(tmp_path, 1)  # one link-down: the port went down and came back
+                while not await _link_downs(kube, ns, linked):  # noqa: ASYNC110  (polling the server)
+                    await asyncio.sleep(0.1)
+                node = await kube.request("GET", f"/api/v1/nodes/{linked}")
+                assert not (node.get("spec") or {}).get("unschedulable"), "a link-down alone moves nothing"
+                await cluster.harness.fail_container(ns, "big-worker-1", "pytorch", exit_code=134)
+                while True:  # the cordon's and the restart's Events (each written after its step)
+                    events = (await kube.request("GET", "/api/v1/events"))["items"]  # a Node's: any namespace
+                    if {"KcoverCordonedNode", "KcoverRestartedWorkload"} <= {
+                            e.get("reason") for e in events if e["involvedObject"].get("name") in (
+                                linked, "big")}:
+                        break
+                    await asyncio.sleep(0.1)
         agent_events = [e for e in events if e.get("reason") == "RdmaLinkFlapped"
                         and e["involvedObject"].get("name") == linked]
         assert agent_events, "the agent's Warning, as a person reads it"
