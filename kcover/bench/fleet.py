@@ -15,7 +15,8 @@ tests' cluster does not run, so nothing but the stated churn changes them), then
    agent XIDs, the watch floor, the cost of one fault in a 4-pod job) while `churning.Churn` flips the
    readiness of background pods at `churn_rate` writes a second in a process of its own;
 4. **restarts**: one restart of a `restart_pods`-pod job per `restart_kinds`, through `restarts.measure`
-   (with `operator`, the pods are the workload's real controllers', who recreate them);
+   (with `operator`, the pods are the workload's real controllers', who recreate them; without, first the
+   server's own floor at this size: one DeleteCollection of as many bound pods);
 5. **failover**: `failover.measure` (two `kcover controller` processes, the leader killed);
 6. **ledger**: `ledgering.measure` at `ledger_sizes` units.
 
@@ -224,12 +225,14 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
             if options.restart_pods and options.restart_kinds:
                 env["load_before_restarts"] = _load()
                 async with _section(report, "restarts"):
+                    floors: dict[int, float] = {}
                     async with await client_.connect(controller_kubeconfig) as kube:
                         rows = await restarts.measure(kube, [options.restart_pods], run_id=run_id,
                                                       kinds_=options.restart_kinds, concurrency=options.concurrency,
                                                       operator=options.operator if options.restart_operator is None
-                                                      else options.restart_operator, pod_labels=options.pod_labels)
-                    report["restarts"] = restarts.section(rows)
+                                                      else options.restart_operator, pod_labels=options.pod_labels,
+                                                      floors=floors)
+                    report["restarts"] = restarts.section(rows, floors)
             done("restarts")
             if options.failover:
                 env["load_before_failover"] = _load()
@@ -321,13 +324,16 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
         if floor_target:
             out.append(_figure(f"{kind}: p99 / (2 x floor p99 + write p99 = {floor_target} ms)",
                                reporting.ratio(act["p99"], floor_target), FLOOR_TARGET_RATIO))
-    cost = (report.get("api_requests_per_recovery") or {}).get(latency.COST_SCENARIO)
-    if cost:
+    for scenario, shape in ((latency.COST_SCENARIO, "restartPolicy OnFailure"),
+                            (latency.COST_SCENARIO_NEVER, "restartPolicy Never")):
+        cost = (report.get("api_requests_per_recovery") or {}).get(scenario)
+        if not cost:
+            continue
         logs = sum(v for c in cost["requests"].values() for k, v in c.items() if k == "GET pods/log")
-        out.append(_figure("requests per fault, 4-pod job (log saving included)", cost["total"],
+        out.append(_figure(f"requests per fault, 4-pod job, {shape} (log saving included)", cost["total"],
                            reporting.FAULT_REQUESTS))
-        out.append(_figure("requests per fault, 4-pod job, without the log saving's reads", cost["total"] - logs,
-                           reporting.FAULT_REQUESTS))
+        out.append(_figure(f"requests per fault, 4-pod job, {shape}, without the log saving's reads",
+                           cost["total"] - logs, reporting.FAULT_REQUESTS))
     for r in (report.get("restarts") or {}).get("rows") or []:
         if r["removed"] < r["pods"]:  # the restart found fewer pods than the bench made: its time is no figure
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: only {r['removed']} removed (the rest were gone "
@@ -335,6 +341,9 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: fault to every pod removed", r["seconds"],
                                restarts.REMOVED_TARGET_SECONDS, "s"))
+            if "floor_seconds" in r:
+                out.append(_figure(f"{r['kind']} of {r['pods']} pods: / the server's own DeleteCollection of as many "
+                                   f"pods ({r['floor_seconds']} s)", r["vs_floor"], None))
         if "recreated" in r:
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: pods recreated by its controller", r["recreated"],
                                None))

@@ -83,11 +83,13 @@ class TimedClient(client_.KubeClient):
                 await self.changed.wait()
 
 
-def restarted(job: seeding.Job) -> Callable[[list[tuple[float, str, str, str]]], float | None]:
+def restarted(job: seeding.Job, *, spared: Sequence[str] = ()) -> Callable[[list[tuple[float, str, str, str]]], float | None]:
     """When the restart of `job` was answered: its DeleteCollection (a selector naming the job), or the
-    last of one DELETE per pod (the executor deletes the recorded pods one by one, uid preconditions)."""
+    last of one DELETE per pod (the executor deletes the recorded pods one by one, uid preconditions) but
+    the `spared` ones (a pod that failed under `restartPolicy: Never` is left to its controller)."""
     base = seeding.pods_path(job.namespace)
     label = f"{objects.JOB_NAME}={job.name}"
+    taken = [p for p in job.pods if p not in spared]
 
     def answered(writes: list[tuple[float, str, str, str]]) -> float | None:
         per_pod: dict[str, float] = {}
@@ -97,9 +99,9 @@ def restarted(job: seeding.Job) -> Callable[[list[tuple[float, str, str, str]]],
             if path == base and label in selector.split(","):
                 return at
             name = path.removeprefix(base + "/")
-            if name in job.pods and name != path:
+            if name in taken and name != path:
                 per_pod.setdefault(name, at)
-        return max(per_pod.values()) if len(per_pod) == len(job.pods) else None
+        return max(per_pod.values()) if len(per_pod) == len(taken) else None
     return answered
 
 
@@ -200,8 +202,13 @@ class Floor:
 
 
 COST_SCENARIO = "pod_error_restart_4_pods"
-"""The API cost of one fault, as issue 30 counts it: a pod error in a 4-pod job, every request until the
-controller has been quiet for `SETTLED_SECONDS` (the Recovery record written off the critical path included)."""
+"""The API cost of one fault, as issue 30 counts it: a pod error in a 4-pod job whose pods restart in place
+(`restartPolicy: OnFailure`), every request until the controller has been quiet for `SETTLED_SECONDS` (the
+Recovery record written off the critical path included)."""
+COST_SCENARIO_NEVER = "pod_error_restart_4_pods_never"
+"""The same in a 4-pod job whose pods run under `restartPolicy: Never` (a PyTorchJob replica with
+`ExitCode`; a JobSet's or a batch Job's pods are so too): the failed pod is terminal, left to its
+controller, and its log read once."""
 SETTLED_SECONDS = 1.0
 
 
@@ -247,10 +254,12 @@ async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples
     floor_pod = jobs[-1].pods[0]
     # on nodes of its own: the samples' restarts on the shared nodes make them suspect (three different
     # workloads), and a suspect node's validation request is not the cost of one fault
-    cost_nodes = [f"bench-cost-{i}{suffix}" for i in range(cost_pods)]
+    cost_nodes = [f"bench-cost-{i}{suffix}" for i in range(2 * cost_pods)]
     await seeding.nodes(api, cost_nodes)
-    cost = ((await seeding.jobs(api, [(ns, "cost", cost_pods)], node_names=cost_nodes, kind=job_kind))[0]
+    cost = ((await seeding.jobs(api, [(ns, "cost", cost_pods)], node_names=cost_nodes[:cost_pods], kind=job_kind))[0]
             if cost_pods else None)
+    cost_never = ((await seeding.jobs(api, [(ns, "cost-never", cost_pods)], node_names=cost_nodes[cost_pods:],
+                                      kind=job_kind, restart_policy="ExitCode"))[0] if cost_pods else None)
     log.info("bench_latency_seeded", seconds=round(time.perf_counter() - started, 1))
 
     config = bench_settings(log_dir, namespace=ns, workload_kinds=workload_kinds)
@@ -275,9 +284,11 @@ async def _measure(api: rawapi.RawApi, kubeconfig: str, log_dir: str, *, samples
                 await asyncio.sleep(0.5)  # detectors subscribe right after the sync
                 await _pod_faults(api, kube, controller, recorder, floor, jobs, result, samples=samples,
                                   timeout=sample_timeout)
-                if cost is not None:
+                if cost is not None and cost_never is not None:
                     result.api_requests[COST_SCENARIO] = {"controller": await _cost(api, kube, cost,
                                                                                     timeout=sample_timeout)}
+                    result.api_requests[COST_SCENARIO_NEVER] = {"controller": await _cost(
+                        api, kube, cost_never, timeout=sample_timeout, never=True)}
                 await _xid_faults(kubeconfig, log_dir, kube, controller, recorder, xid_nodes, result,
                                   timeout=sample_timeout)
             finally:
@@ -314,12 +325,15 @@ async def _pod_faults(api: rawapi.RawApi, kube: TimedClient, controller: control
         await asyncio.sleep(0.05)
 
 
-async def _cost(api: rawapi.RawApi, kube: TimedClient, job: seeding.Job, *, timeout: float) -> dict[str, int]:
-    """Every request one pod error in `job` costs, until the controller was quiet for `SETTLED_SECONDS`."""
+async def _cost(api: rawapi.RawApi, kube: TimedClient, job: seeding.Job, *, timeout: float,
+                never: bool = False) -> dict[str, int]:
+    """Every request one pod error in `job` costs, until the controller was quiet for `SETTLED_SECONDS`
+    (`never`: the job's pods are under `restartPolicy: Never`)."""
     before = dict(kube.request_counts)
     t0 = time.perf_counter()
-    await seeding.write_pod_status(api, job.namespace, job.pods[1], objects.failed_status(1))
-    await kube.when(restarted(job), since=t0, timeout=timeout)
+    failed = objects.failed_never_status(1) if never else objects.failed_status(1)
+    await seeding.write_pod_status(api, job.namespace, job.pods[1], failed)
+    await kube.when(restarted(job, spared=[job.pods[1]] if never else []), since=t0, timeout=timeout)
     async with asyncio.timeout(timeout):
         while True:
             seen = sum(kube.request_counts.values())

@@ -48,8 +48,11 @@ def node(name: str, *, gpus: int = 8, kwok: bool = False) -> Obj:
                                        "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
 
 
-def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = True, kind: str = "PyTorchJob") -> Obj:
-    """A Kubeflow v1 job (`kind`: PyTorchJob, or XGBoostJob, ... of the same shape) whose pods the bench creates."""
+def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = True, kind: str = "PyTorchJob",
+               restart_policy: str = "OnFailure") -> Obj:
+    """A Kubeflow v1 job (`kind`: PyTorchJob, or XGBoostJob, ... of the same shape) whose pods the bench creates;
+    `restart_policy` its workers' replica policy (`ExitCode`: the operator gives their pods `Never`, and
+    recreates a pod that failed with a retryable exit code)."""
     labels = {BENCH_LABEL: "true"}
     if opted_in:
         labels[OPT_IN] = "true"
@@ -57,7 +60,7 @@ def pytorchjob(namespace_: str, name: str, *, workers: int, opted_in: bool = Tru
     template = {"spec": {"containers": [{"name": container, "image": "registry.example.com/ml/trainer:2026.01"}]}}
     return {"apiVersion": KF, "kind": kind,
             "metadata": {"name": name, "namespace": namespace_, "labels": labels},
-            "spec": {replicas: {"Worker": {"replicas": workers, "restartPolicy": "OnFailure", "template": template}}}}
+            "spec": {replicas: {"Worker": {"replicas": workers, "restartPolicy": restart_policy, "template": template}}}}
 
 
 KUBEFLOW_SHAPES = {"PyTorchJob": ("pytorchReplicaSpecs", "pytorch"), "XGBoostJob": ("xgbReplicaSpecs", "xgboost"),
@@ -76,7 +79,13 @@ def owner_ref(job: Obj) -> Obj:
             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
-def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | None, dra: bool = False) -> Obj:
+def pod_restart_policy(replica_policy: str) -> str:
+    """The pod `restartPolicy` the training operator writes for a replica's `restartPolicy`."""
+    return "Never" if replica_policy == "ExitCode" else replica_policy
+
+
+def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | None, dra: bool = False,
+        restart_policy: str = "OnFailure") -> Obj:
     """A worker pod as the training operator writes it: labels, owner, one 8-GPU trainer container."""
     operator = f"{str((owner or {}).get('kind') or 'PyTorchJob').lower()}-controller"
     meta: Obj = {"name": f"{job}-worker-{index}", "namespace": namespace_,
@@ -86,7 +95,7 @@ def pod(namespace_: str, job: str, index: int, *, node_name: str, owner: Obj | N
                  "annotations": {"kubectl.kubernetes.io/default-container": CONTAINER}}
     if owner is not None:
         meta["ownerReferences"] = [owner]
-    spec: Obj = {"nodeName": node_name, "restartPolicy": "OnFailure", "schedulerName": "default-scheduler",
+    spec: Obj = {"nodeName": node_name, "restartPolicy": restart_policy, "schedulerName": "default-scheduler",
                  "containers": [{"name": CONTAINER, "image": "registry.example.com/ml/trainer:2026.01",
                                  "command": ["torchrun", "--nproc-per-node=8", "train.py"],
                                  "resources": {"limits": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"},
@@ -129,6 +138,17 @@ def failed_status(index: int, *, exit_code: int = 1) -> Obj:
     status = running_status(index)
     cs = status["containerStatuses"][0]
     cs.update(ready=False, restartCount=1, state={"terminated": {
+        "exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}})
+    return status
+
+
+def failed_never_status(index: int, *, exit_code: int = 1) -> Obj:
+    """The container exited with reason Error under `restartPolicy: Never`: stopped for good, the pod Failed."""
+    now = clock.rfc3339(clock.utcnow())
+    status = running_status(index)
+    status["phase"] = "Failed"
+    cs = status["containerStatuses"][0]
+    cs.update(ready=False, started=False, state={"terminated": {
         "exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}})
     return status
 

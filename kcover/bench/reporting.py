@@ -166,11 +166,12 @@ PURPOSES = {
                             "replay memory and the intent a successor finishes",
     "UPDATE ledgerentries": "the restart's fenced ledger write (resourceVersion precondition), later restarts",
     "CREATE events": "the audit Event on the object acted on",
-    "CREATE recoveries": "the Recovery record (kubectl get recoveries), written off the critical path",
-    "PATCH recoveries/status": "the Recovery's phase and times (status subresource)",
-    "PATCH recoveries": "the Recovery's phase and times",
-    "GET pods/log": "recovery.save_logs: one container's log (and its previous one after a restart) before its "
-                    "pod goes",
+    "CREATE recoveries": "the Recovery record (kubectl get recoveries) with its status, written off the critical "
+                         "path",
+    "PATCH recoveries/status": "the Recovery's phase and times (a CRD installed with a status subresource)",
+    "PATCH recoveries": "the Recovery's later phase and times",
+    "GET pods/log": "recovery.save_logs: one container's log before its pod goes (and its previous one where its "
+                    "kubelet may have restarted it)",
     "GET nodes": "a cordon's read of the Node (read-modify-write: spec.taints has no merge strategy)",
     "UPDATE nodes": "the cordon (resourceVersion precondition)",
     "PATCH nodes/status": "the agent's Node condition",
@@ -182,7 +183,7 @@ def api_section(counts: Mapping[str, Mapping[str, Mapping[str, int]]]) -> dict[s
     for scenario, by_proc in counts.items():
         entry: dict[str, Any] = {"requests": {proc: dict(c) for proc, c in by_proc.items()},
                                  "total": sum(sum(c.values()) for c in by_proc.values())}
-        if scenario.endswith("_4_pods"):
+        if "_4_pods" in scenario:
             entry["purposes"] = {k: PURPOSES.get(k, "?") for c in by_proc.values() for k in c}
             entry["target"] = FAULT_REQUESTS
             entry["ratio_to_target"] = ratio(entry["total"], FAULT_REQUESTS)

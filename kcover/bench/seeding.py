@@ -97,14 +97,15 @@ ADDRESSES = ("hostIP", "hostIPs", "podIP", "podIPs")
 
 async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_names: list[str],
                dra: bool = False, concurrency: int = 32, first_index: int = 0, kind: str = "PyTorchJob",
-               write_status: bool = True, addresses: bool = True) -> list[Job]:
+               write_status: bool = True, addresses: bool = True, restart_policy: str = "OnFailure") -> list[Job]:
     """Create (namespace, job name, workers) Kubeflow jobs of `kind` and their running pods, spread over
     `node_names`. `write_status` False leaves the status to the nodes' kubelet (kwok), which would otherwise
     race the bench's write; `addresses` False writes the status without `ADDRESSES` (kwok's, where it came
     first)."""
     def make(spec: tuple[str, str, int]) -> Callable[[], Awaitable[Any]]:
         return lambda: create(api, jobs_path(spec[0], kind), objects.pytorchjob(spec[0], spec[1], workers=spec[2],
-                                                                                kind=kind))
+                                                                                kind=kind,
+                                                                                restart_policy=restart_policy))
 
     made = await bounded([make(s) for s in specs], concurrency=concurrency)
     out = [Job(s[0], s[1], m["metadata"]["uid"]) for s, m in zip(specs, made, strict=True)]
@@ -114,7 +115,7 @@ async def jobs(api: rawapi.RawApi, specs: list[tuple[str, str, int]], *, node_na
         owner = objects.owner_ref(obj)
         for index in range(workers):
             body = objects.pod(job.namespace, job.name, index, node_name=node_names[slot % len(node_names)],
-                               owner=owner, dra=dra)
+                               owner=owner, dra=dra, restart_policy=objects.pod_restart_policy(restart_policy))
             job.pods.append(body["metadata"]["name"])
             slot += 1
 

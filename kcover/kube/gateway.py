@@ -166,9 +166,20 @@ class Gateway(Protocol):
 
     async def delete_device_taint_rule(self, api_version: str, name: str, uid: str) -> None: ...
 
-    async def create_recovery(self, body: SpecBody) -> None: ...
+    async def recovery_status_subresource(self) -> bool:
+        """Whether the served Recovery kind has a `/status` subresource (its CRD says so; the chart's has
+        none); `errors.NotFoundError` when the kind is not served."""
+        ...
 
-    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    async def create_recovery(self, body: SpecBody) -> None:
+        """Create a Recovery; a `status` in `body` is kept only where the kind has no status subresource."""
+        ...
+
+    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any], *,
+                                    subresource: bool) -> None:
+        """Merge `status` into a Recovery: through its `/status` subresource, or the object itself where the
+        kind has none (with one, the server would ignore a status written to the object)."""
+        ...
 
     async def list_recoveries(self, *, limit: int, continue_token: str = "") -> tuple[list[SpecBody], str]:
         """One page of every Recovery (all namespaces) and the next page's token ("" at the end)."""
@@ -322,12 +333,20 @@ class Http:
         except errors.NotFoundError:
             pass
 
+    async def recovery_status_subresource(self) -> bool:
+        found = await self.client.request("GET", f"/apis/{RECOVERY_GROUP_VERSION}")
+        names = {r.get("name") for r in (found or {}).get("resources") or [] if isinstance(r, dict)}
+        if RECOVERY_PLURAL not in names:
+            raise errors.NotFoundError(f"/apis/{RECOVERY_GROUP_VERSION} does not serve {RECOVERY_PLURAL}")
+        return f"{RECOVERY_PLURAL}/status" in names
+
     async def create_recovery(self, body: SpecBody) -> None:
         await self._write("POST", _recovery_base(body["metadata"]["namespace"]), body)
 
-    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        await self._write("PATCH", f"{_recovery_base(namespace)}/{name}/status", {"status": dict(status)},
-                          content_type=MERGE_PATCH)
+    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any], *,
+                                    subresource: bool) -> None:
+        path = f"{_recovery_base(namespace)}/{name}" + ("/status" if subresource else "")
+        await self._write("PATCH", path, {"status": dict(status)}, content_type=MERGE_PATCH)
 
     async def list_recoveries(self, *, limit: int, continue_token: str = "") -> tuple[list[SpecBody], str]:
         query: dict[str, str | int] = {"limit": limit}

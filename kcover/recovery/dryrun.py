@@ -142,22 +142,38 @@ class DryRun:
         out["message"] = model.fit(EVENT_PREFIX + body.get("message", ""), model.MESSAGE_MAX)
         await self._real.post_event(out)
 
+    async def recovery_status_subresource(self) -> bool:
+        return await self._real.recovery_status_subresource()
+
     async def create_recovery(self, body: gateway.SpecBody) -> None:
         if self.dry:  # the record says what kcover would have done: marked so nobody reads it as done
             body = copy.deepcopy(body)
             body.setdefault("spec", {}).setdefault("decision", {})["dryRun"] = True
+            meta = body.get("metadata") or {}
+            status = self._dry((str(meta.get("namespace", "")), str(meta.get("name", ""))), body.get("status") or {})
+            if status is None:
+                body.pop("status", None)
+            elif status:
+                body["status"] = dict(status)
         await self._real.create_recovery(body)
 
-    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        if self.dry and status.get("phase") in ACTED_PHASES:
-            key = (namespace, name)
-            if key in self._records:  # already says what was not done: the verifier's Recovered would read as done
-                return
-            self._records[key] = None
-            while len(self._records) > RECORDS_KEPT:
-                del self._records[next(iter(self._records))]
-            status = dry_status(status)
-        await self._real.patch_recovery_status(namespace, name, status)
+    async def patch_recovery_status(self, namespace: str, name: str, status: Mapping[str, Any], *,
+                                    subresource: bool) -> None:
+        dry = self._dry((namespace, name), status)
+        if dry is not None:
+            await self._real.patch_recovery_status(namespace, name, dry, subresource=subresource)
+
+    def _dry(self, key: tuple[str, str], status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The status a Recovery gets: as given, or while dry an acted phase as `dry_status`; None when this
+        dry run already wrote that Recovery's (the verifier's Recovered would read as done)."""
+        if not (self.dry and status.get("phase") in ACTED_PHASES):
+            return status
+        if key in self._records:
+            return None
+        self._records[key] = None
+        while len(self._records) > RECORDS_KEPT:
+            del self._records[next(iter(self._records))]
+        return dry_status(status)
 
     async def list_recoveries(self, *, limit: int, continue_token: str = "") -> tuple[list[gateway.SpecBody], str]:
         return await self._real.list_recoveries(limit=limit, continue_token=continue_token)

@@ -13,7 +13,7 @@ It does not decide whether to restart: it returns a `SaveResult` and the caller 
 How it fails: never by raising a Kubernetes or file-system error. The whole save is time-boxed by
 `timeout_seconds` (80% for the logs, 10% for the index, 10% for pruning), so a slow API server or a stuck volume never holds a recovery hostage; what was
 saved before the deadline stays on disk. A previous log is asked for only of a container whose status
-says it restarted, and a 400 for one (no terminated instance) is normal and skipped; other per-container errors are listed in the index. A save that timed out or could not
+says it restarted or that its kubelet may restart before the read (`has_previous`), and a 400 for one (no terminated instance) is normal and skipped; other per-container errors are listed in the index. A save that timed out or could not
 write its folder is a failure: logged (`log_save_failed`), counted in `kcover_log_save_failures_total`
 and returned in `SaveResult.error`.
 """
@@ -160,24 +160,41 @@ def from_cache(pod: proj.Pod) -> dict[str, Any]:
                  "lastState": {"terminated": {}} if c.last_terminated is not None else {}}
                 for c in pod.containers if c.init is init]
     return {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
-            "spec": {"nodeName": pod.node,
+            "spec": {"nodeName": pod.node, "restartPolicy": pod.restart_policy,
                      "initContainers": [{"name": c.name} for c in pod.containers if c.init],
                      "containers": [{"name": c.name} for c in pod.containers if not c.init]},
             "status": {"initContainerStatuses": statuses(True), "containerStatuses": statuses(False)}}
 
 
 def has_previous(pod: Mapping[str, Any], container: str) -> bool:
-    """Whether the container may have a previous (terminated) instance to read: False only when its status
-    says it never restarted and is not stopped now (`restartCount` 0, no `lastState.terminated`, no
-    `state.terminated`), where the kubelet answers 400. A container stopped now may be restarted by its
-    kubelet before its log is read (a fraction of a second under `OnFailure`): the instance that failed is
-    then the previous one, so both are read (a 400 for the previous is skipped)."""
+    """Whether the container may have a previous (terminated) instance to read: False when its status says
+    it never restarted (`restartCount` 0, no `lastState.terminated`) and it cannot be restarted before its
+    log is read, where the kubelet answers 400. A container stopped now (`state.terminated`) may be
+    restarted by its kubelet before its log is read (a fraction of a second under `OnFailure`): the instance
+    that failed is then the previous one, so both are read (a 400 for the previous is skipped). Not under
+    the pod's `restartPolicy: Never`: the kubelet starts none of its regular containers again, so the
+    current log is the failed instance and one read is enough; an init container (a sidecar restarts
+    whatever the pod's policy) and a container whose own spec names a `restartPolicy` keep both reads.
+    A regular container's own policy (alpha container restart rules) is not in the cache's projection:
+    a pod given as the cache's projection is read by its pod's policy alone."""
     status = pod.get("status") or {}
-    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-        if cs.get("name") == container:
-            return (bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None
-                    or (cs.get("state") or {}).get("terminated") is not None)
+    for init, statuses in ((True, status.get("initContainerStatuses")), (False, status.get("containerStatuses"))):
+        for cs in statuses or []:
+            if cs.get("name") != container:
+                continue
+            if bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None:
+                return True
+            return (cs.get("state") or {}).get("terminated") is not None and (
+                init or _restarts_in_place(pod, container))
     return True
+
+
+def _restarts_in_place(pod: Mapping[str, Any], container: str) -> bool:
+    """Whether the kubelet may start regular container `container` again after it stops."""
+    spec = pod.get("spec") or {}
+    if (spec.get("restartPolicy") or "Always") != "Never":
+        return True
+    return any(c.get("name") == container and c.get("restartPolicy") for c in (spec.get("containers") or []))
 
 
 def containers_of(pod: Mapping[str, Any]) -> list[str]:

@@ -17,8 +17,12 @@ decision and identity (`recoveries`).
 `Records` is the coordinator hook that notes each outcome (a held restart is `Held`: pending, with what
 it waits for). A dry run writes its Recoveries too, their decision marked `dryRun: true`. It decides
 nothing. `Recorder.note()` is synchronous and never waits: it merges the change into a
-bounded queue, keyed by object, that `Recorder.run()` drains in its own task (create, then merge-patch
-`/status`, the custom-resource way). A write that keeps failing is retried `WRITE_ATTEMPTS` times and
+bounded queue, keyed by object, that `Recorder.run()` drains in its own task: a new Recovery is created
+with its status in the same write, and later phases merge-patch the object (the chart's CRD has no status
+subresource: a Recovery is a record only kcover writes, so an action costs one write, not a create and a
+`/status` patch). Where the served kind has the subresource (a CRD installed another way; asked of API
+discovery once per retention pass), the create drops a status, so it is a create, then a merge-patch of
+`/status`, as before. A write that keeps failing is retried `WRITE_ATTEMPTS` times and
 then dropped; every drop (queue full, API errors, lost leadership) is logged and counted in
 `kcover_recovery_records_failed_total{reason}`, so nothing is lost silently. Retention: every
 `records.prune_interval_seconds` the leader lists its recoveries and deletes those older than
@@ -97,6 +101,9 @@ class Recorder:
         self._by_key: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         """Restart unit's ledger key -> its latest restart's Recovery (namespace, name), for the verifier."""
         self._last_prune = float("-inf")
+        self._subresource: bool | None = None
+        """Whether the served Recovery kind has a status subresource (None: ask before the next write). Without
+        one (the chart's CRD), a Recovery's first status goes in its create: one write per recovery, not two."""
         self.unserved = ""
         """Why Recovery resources cannot be written now (their kind is not served: the CRD is missing), or ""
         once one was written again. Recovery goes on meanwhile: the ledger, not the records, is its memory."""
@@ -246,34 +253,48 @@ class Recorder:
     async def _write(self, write: _Write) -> None:
         if not self._is_leader():
             raise errors.NotLeaderError("not leading: Recovery not written")
+        if self._subresource is None:
+            try:
+                self._subresource = await self._gw.recovery_status_subresource()
+            except errors.NotFoundError as exc:
+                self._unserved(write, exc)
+                return
+        with_status = not write.created and not self._subresource and bool(write.status)
         if not write.created:
             try:
-                await self._gw.create_recovery(write.body)  # type: ignore[arg-type]
+                body = {**write.body, "status": dict(write.status)} if with_status else write.body
+                await self._gw.create_recovery(body)  # type: ignore[arg-type]
                 self.metrics.written.inc()
                 if self.unserved:
                     log.info("recovery_records_available")
                     self.unserved = ""
             except errors.ConflictError:
-                pass  # AlreadyExists: an earlier write (or a resumed restart's) made it
+                with_status = False  # AlreadyExists: an earlier write (or a resumed restart's) made it
             except errors.NotFoundError as exc:
                 if not _kind_unserved(exc):
                     raise
-                if not self.unserved:
-                    log.error("recovery_records_unavailable", error=str(exc)[:300])
-                self.unserved = (f"Recovery resources (kcover.io/v1alpha1) are not served: is the Recovery CRD "
-                                 f"installed? ({str(exc)[:200]})")
-                self._drop("not_served", write.namespace, write.name, str(exc))
+                self._unserved(write, exc)
                 return  # not retried: the next change tries again, and says when it is served again
             write.created = True
-        if write.status:
+        if write.status and not with_status:
             try:
-                await self._gw.patch_recovery_status(write.namespace, write.name, write.status)
+                await self._gw.patch_recovery_status(write.namespace, write.name, write.status,
+                                                     subresource=bool(self._subresource))
             except errors.NotFoundError:
+                self._subresource = None  # or the kind changed under it (a CRD replaced): asked again
                 if not write.body:
                     return  # pruned meanwhile, and this leader never had its spec: nothing to keep
                 write.created = False
                 raise
             self.metrics.written.inc()
+
+    def _unserved(self, write: _Write, exc: errors.NotFoundError) -> None:
+        self._subresource = None
+        if not self.unserved:
+            log.error("recovery_records_unavailable", error=str(exc)[:300])
+        self.unserved = (f"Recovery resources (kcover.io/v1alpha1) are not served: is the Recovery CRD "
+                         f"installed? ({str(exc)[:200]})")
+        self._drop("not_served", write.namespace, write.name, str(exc))
 
     # ------------------------------------------------------------------------------------------ retention
 
@@ -283,6 +304,7 @@ class Recorder:
         if now - self._last_prune < rs.records.prune_interval_seconds or not self._is_leader():
             return
         self._last_prune = now
+        self._subresource = None  # a CRD replaced meanwhile (helm upgrade) is seen within a pass
         try:
             await self.prune()
         except errors.NotLeaderError as exc:

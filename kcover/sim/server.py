@@ -13,7 +13,8 @@ the API server, and its two fronts: loopback HTTP on aiohttp (`url`, `kubeconfig
 subprocesses) and an in-process transport with no socket (`client()`, `kcover.sim.inprocess`), which
 answer from the same `apiserver.ApiServer`. `SimServer(listen=False)` serves in-process only (no
 port is bound), which is what virtual-time tests use. `SimServer(crds=[...])` serves more custom resources
-(CustomResourceDefinition documents, as `registry.from_crd` reads them) besides the built-in table. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
+(CustomResourceDefinition documents, as `registry.from_crd` reads them) besides the built-in table; one of
+the same group, version and plural as a built-in (kcover's own kinds) replaces it. Store resource keys are listed in `kcover.sim.store`. `python -m kcover.sim.server
 --port 8001 --kubeconfig-out /tmp/kc` serves until interrupted.
 """
 
@@ -51,7 +52,10 @@ class SimServer:
         """Serve loopback HTTP too; False: in-process clients only (`client()`)."""
         self.port = port
         rng = random.Random(seed)
-        reg = registry.Registry(registry.RESOURCES + tuple(registry.from_crd(crd) for crd in crds))
+        given = tuple(registry.from_crd(crd) for crd in crds)
+        urls = {(r.group, r.version, r.plural) for r in given}
+        reg = registry.Registry(tuple(r for r in registry.RESOURCES if (r.group, r.version, r.plural) not in urls)
+                                + given)
         self.store = stores.Store(reg=reg, clock=clock, history=history, rng=rng)
         self.logs = podlogs.LogBuffers(clock)
         self.faults = faults.Faults(self.store, rng=random.Random(seed))

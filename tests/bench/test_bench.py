@@ -98,9 +98,9 @@ def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.C
         assert {"ratio_to_target", "ratio_to_floor_target"} <= set(kind)
     assert report["floor_ms"]["n"] == 2
     (row,) = report["scale"]
-    # plus the other scenarios' own: latency's 16 + 1 nodes, 9 pods, the 4-pod job of the cost of one fault (on 4 nodes)
-    # and an agent pod; the footprint's node, its agent pod and two 2-pod jobs
-    assert (row["nodes"], row["pods"]) == (20 + 16 + 1 + 4 + 1, 96 + 9 + 4 + 1 + 5)
+    # plus the other scenarios' own: latency's 16 + 1 nodes, 9 pods, the two 4-pod jobs of the cost of one fault
+    # (on 8 nodes) and an agent pod; the footprint's node, its agent pod and two 2-pod jobs
+    assert (row["nodes"], row["pods"]) == (20 + 16 + 1 + 8 + 1, 96 + 9 + 8 + 1 + 5)
     assert {"sync_seconds", "bytes_per_pod", "ratio_bytes_per_pod", "ratio_sync"} <= set(row)
     assert report["throughput"]["delivered"] == report["throughput"]["updates"]
     assert {"ratio_to_target", "ratio_lag_p99"} <= set(report["throughput"])
@@ -114,6 +114,14 @@ def test_bench_command_prints_a_json_report_of_positive_numbers(capsys: pytest.C
     assert cost["total"] == sum(sum(c.values()) for c in cost["requests"].values()) > 0
     assert set(cost["purposes"]) == set(cost["requests"]["controller"])
     assert "?" not in cost["purposes"].values()  # every request named with its purpose
+    # under restartPolicy Never: the failed pod is terminal, its controller's, and not taken away (so its log
+    # stays with it and none is read); the Recovery is created with its status: 3 uid-preconditioned deletes,
+    # the ledger write, the Event, the Recovery
+    never = report["api_requests_per_recovery"]["pod_error_restart_4_pods_never"]["requests"]["controller"]
+    assert never == {"DELETE pods": 3, "CREATE ledgerentries": 1, "CREATE events": 1, "CREATE recoveries": 1}, never
+    onfailure = cost["requests"]["controller"]
+    assert (onfailure.get("DELETE pods"), onfailure.get("CREATE recoveries")) == (4, 1), onfailure
+    assert "PATCH recoveries/status" not in onfailure
     cordon = report["api_requests_per_recovery"]["xid_cordon"]
     assert set(cordon["requests"]) == {"agent", "controller"}
     assert _positive_numbers({k: v for k, v in report.items() if k != "environment"}) == []

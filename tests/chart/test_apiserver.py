@@ -262,6 +262,7 @@ CONTROLLER_REQUESTS = [
     ("delete", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
     ("create", "recoveries", "kcover.io", "team-a", "", ""),  # Recovery resources and their retention
     ("patch", "recoveries", "kcover.io", "team-a", "r", "status"),
+    ("patch", "recoveries", "kcover.io", "team-a", "r", ""),
     ("list", "recoveries", "kcover.io", "", "", ""), ("delete", "recoveries", "kcover.io", "team-a", "r", ""),
 ] + [(verb, plural, group, "", "", "")
      for kind in settings.KubeSettings().workload_kinds
@@ -302,6 +303,7 @@ AGENT_DENIED = [
     ("get", "configmaps", "", NAMESPACE, LEDGER, ""),
     ("update", "leases", "coordination.k8s.io", NAMESPACE, LEASE, ""),
     ("create", "recoveries", "kcover.io", "team-a", "", ""), ("patch", "recoveries", "kcover.io", "team-a", "r", "status"),
+    ("patch", "recoveries", "kcover.io", "team-a", "r", ""),
     ("update", "ledgerentries", "kcover.io", NAMESPACE, f"{LEDGER}.w.u1", ""),
     ("create", "resourceslices", "resource.k8s.io", "", "", ""),  # reads its devices, never publishes any
     ("update", "resourceslices", "resource.k8s.io", "", "s", ""),

@@ -117,6 +117,26 @@ def test_a_previous_log_is_asked_for_only_of_a_container_that_may_have_one(statu
     assert logsaving.has_previous({"status": status}, "c") is expected
 
 
+STOPPED = {"restartCount": 0, "state": {"terminated": {"exitCode": 1}}}
+
+
+@pytest.mark.parametrize(("spec", "init", "expected"), [
+    ({"restartPolicy": "Never", "containers": [{"name": "c"}]}, False, False),
+    ({"restartPolicy": "OnFailure", "containers": [{"name": "c"}]}, False, True),
+    ({"containers": [{"name": "c"}]}, False, True),  # Always when unsaid
+    # its own restartPolicy (container restart rules): the kubelet may start it again under the pod's Never
+    ({"restartPolicy": "Never", "containers": [{"name": "c", "restartPolicy": "OnFailure"}]}, False, True),
+    # an init container: a sidecar restarts whatever the pod's policy
+    ({"restartPolicy": "Never", "initContainers": [{"name": "c", "restartPolicy": "Always"}]}, True, True),
+])
+def test_a_stopped_container_is_read_once_where_its_kubelet_never_starts_it_again(
+        spec: dict[str, object], init: bool, expected: bool) -> None:
+    """Under `restartPolicy: Never` the stopped container's current log is the instance that failed, and
+    no previous one can appear before the read: one request, not two."""
+    status = {"initContainerStatuses" if init else "containerStatuses": [{"name": "c", **STOPPED}]}
+    assert logsaving.has_previous({"spec": spec, "status": status}, "c") is expected
+
+
 def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
     def container(name: str, *, init: bool, restarts: int, last: bool, now: bool = False) -> proj.ContainerState:
         return proj.ContainerState(name=name, init=init, restart_count=restarts,
@@ -134,6 +154,9 @@ def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
     assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
         [False, True, False, True]
     assert (body["metadata"], body["spec"]["nodeName"]) == ({"namespace": "ml", "name": "w-0", "uid": "u1"}, "n1")
+    never = logsaving.from_cache(pod._replace(restart_policy="Never"))
+    assert [logsaving.has_previous(never, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
+        [False, True, False, False]
 
 
 def test_the_scope_chooses_the_pods_the_fault_is_about_or_all() -> None:

@@ -96,8 +96,9 @@ async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> No
         assert "CREATE recoveries.kcover.io" not in srv.request_counts  # noting never waits on the API
         assert rec.phase("w.uid-1", recoveries.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
         await rec.flush()
-        assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
-        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
+        # one write: the chart's CRD has no status subresource, so the status goes in the create
+        writes = {k: v for k, v in srv.request_counts.items() if not k.startswith(("GET", "LIST", "WATCH"))}
+        assert writes == {"CREATE recoveries.kcover.io": 1}
         obj = srv.store.get("recoveries.kcover.io", "ml", ref[1])
         assert obj["spec"]["fault"]["identity"] == {"xid": 79, "gpu_index": 3}
         assert obj["spec"]["fault"]["recommendedAction"] == "cordon-node"
@@ -106,7 +107,45 @@ async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> No
         assert obj["status"]["phase"] == "Recovered"
         assert obj["status"]["mttrSeconds"] == 2.0
         assert obj["status"]["detectedAt"] == "2026-05-01T11:59:58Z"
-        assert mets.registry.get_sample_value("kcover_recovery_records_written_total") == 2.0
+        assert mets.registry.get_sample_value("kcover_recovery_records_written_total") == 1.0
+        # a later phase is one merge patch of the object
+        assert rec.phase("w.uid-1", recoveries.Phase.STALLED, at=NOW.timestamp(), cause="NotRunning")
+        await rec.flush()
+        assert srv.request_counts["PATCH recoveries.kcover.io"] == 1
+        assert "PATCH recoveries.kcover.io/status" not in srv.request_counts
+        obj = srv.store.get("recoveries.kcover.io", "ml", ref[1])
+        assert (obj["status"]["phase"], obj["status"]["cause"], obj["status"]["detectedAt"]) == \
+            ("Stalled", "NotRunning", "2026-05-01T11:59:58Z")
+
+
+def _crd_with_status_subresource() -> dict[str, Any]:
+    import importlib.resources
+
+    import yaml
+    crd = yaml.safe_load(importlib.resources.files("kcover.sim").joinpath("crds/recovery-crd.yaml").read_text())
+    crd["spec"]["versions"][0]["subresources"] = {"status": {}}
+    return crd
+
+
+@pytest.mark.looptime
+async def test_a_crd_installed_with_a_status_subresource_gets_a_create_then_a_status_patch() -> None:
+    """A Recovery CRD installed another way, with a status subresource: the server drops a status on create
+    and ignores one written to the object, so the status goes through `/status` (asked of discovery)."""
+    srv = simserver.SimServer(listen=False, crds=[_crd_with_status_subresource()])
+    srv.store.create("namespaces", {"metadata": {"name": "ml"}})
+    async with srv:
+        rec, _ = _recorder(srv)
+        ref = rec.note(_restart(), recoveries.Phase.VERIFYING, message="deleted 2 pods")
+        assert ref is not None
+        await rec.flush()
+        assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
+        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
+        assert srv.store.get("recoveries.kcover.io", "ml", ref[1])["status"]["phase"] == "Verifying"
+        assert rec.phase("w.uid-1", recoveries.Phase.RECOVERED, at=NOW.timestamp(), mttr_seconds=2.0)
+        await rec.flush()
+        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 2
+        assert "PATCH recoveries.kcover.io" not in srv.request_counts
+        assert srv.store.get("recoveries.kcover.io", "ml", ref[1])["status"]["phase"] == "Recovered"
 
 
 @pytest.mark.looptime
@@ -162,7 +201,9 @@ async def test_run_writes_in_its_own_task_and_ends_on_stop() -> None:
         stop.set()
         await asyncio.wait_for(task, 2.0)
         assert srv.request_counts["CREATE recoveries.kcover.io"] == 1
-        assert srv.request_counts["PATCH recoveries.kcover.io/status"] == 1
+        assert "PATCH recoveries.kcover.io/status" not in srv.request_counts
+        (entry,) = srv.store.list("recoveries.kcover.io").entries
+        assert entry.obj()["status"]["phase"] == "Verifying"
 
 
 @pytest.mark.looptime

@@ -30,7 +30,7 @@ def test_kcovers_kinds_are_read_from_their_crds() -> None:
     version = crd["spec"]["versions"][0]
     assert [(c.name, c.json_path, c.priority) for c in res.columns] == [
         (c["name"], c["jsonPath"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
-    assert (res.short_names, res.subresources, res.namespaced) == (("krec",), ("status",), True)
+    assert (res.short_names, res.subresources, res.namespaced) == (("krec",), (), True)  # created with its status
     assert res.schema is not None
     assert "Held" in (res.schema.properties["status"].properties["phase"].enum or ())
     ledger = registry.Registry().by_key("ledgerentries.kcover.io")
