@@ -207,8 +207,8 @@ COST_SCENARIO = "pod_error_restart_4_pods"
 Recovery record written off the critical path included)."""
 COST_SCENARIO_NEVER = "pod_error_restart_4_pods_never"
 """The same in a 4-pod job whose pods run under `restartPolicy: Never` (a PyTorchJob replica with
-`ExitCode`; a JobSet's or a batch Job's pods are so too): the failed pod is terminal, left to its
-controller, and its log read once."""
+`ExitCode`; a JobSet's or a batch Job's pods are so too): the failed pod is terminal and left to its
+controller, its log with it, so the restart takes the other three and reads no log."""
 SETTLED_SECONDS = 1.0
 
 
