@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from kcover import codec, settings, wiring
@@ -563,3 +564,28 @@ def test_the_defaults_scan_catches_a_wrong_default() -> None:
     assert judgement_defaults_said("within `recovery.judgement.link_seconds` (600 s) after it") == [
         ("link_seconds", "600", 900.0)]
     assert judgement_defaults_said("`device_restarts` (2) times, `node_workloads` (3)") == []
+
+
+NO_SUBRESOURCE = ("the CRD has no status subresource", "the chart's has none")
+"""How the docs say the chart's Recovery CRD has no status subresource (a Recovery is created with its status)."""
+
+
+def recovery_subresource_said_wrong(text: str, *, has_subresource: bool) -> list[str]:
+    """The claims of `NO_SUBRESOURCE` in `text` (whitespace folded) that the CRD makes false."""
+    folded = " ".join(text.split())
+    return [claim for claim in NO_SUBRESOURCE if claim in folded] if has_subresource else []
+
+
+def test_the_docs_say_what_the_recovery_crd_has() -> None:
+    crd = yaml.safe_load((ROOT / "helm" / "kcover" / "files" / "recovery-crd.yaml").read_text())
+    has_subresource = "status" in (crd["spec"]["versions"][0].get("subresources") or {})
+    texts = {name: (ROOT / "docs" / name).read_text() for name in ("architecture.md", "security.md")}
+    for name, text in texts.items():
+        assert any(c in " ".join(text.split()) for c in NO_SUBRESOURCE), f"{name} says how a Recovery is written"
+        assert recovery_subresource_said_wrong(text, has_subresource=has_subresource) == [], name
+
+
+def test_the_subresource_scan_catches_a_crd_that_has_one() -> None:
+    text = "its own writes them (one create with the status; the CRD has no status\n  subresource)"
+    assert recovery_subresource_said_wrong(text, has_subresource=True) == ["the CRD has no status subresource"]
+    assert recovery_subresource_said_wrong(text, has_subresource=False) == []

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib.resources
 import re
 from typing import Any
 
 import pytest
+import yaml
 
 from kcover import kinds, metrics, model, settings
 from kcover.aio import clock as clock_
@@ -119,9 +121,6 @@ async def test_a_restart_is_created_then_its_status_follows_the_verifier() -> No
 
 
 def _crd_with_status_subresource() -> dict[str, Any]:
-    import importlib.resources
-
-    import yaml
     crd = yaml.safe_load(importlib.resources.files("kcover.sim").joinpath("crds/recovery-crd.yaml").read_text())
     crd["spec"]["versions"][0]["subresources"] = {"status": {}}
     return crd
