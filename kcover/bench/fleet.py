@@ -91,8 +91,8 @@ class Options:
     kubelet runs, which times the removal and its requests but no recreation."""
     pod_labels: dict[str, str] = field(default_factory=dict)
     """Labels on the pods the operators create (the tests' kwok completes a Job's pods without one)."""
-    concurrency: int | None = None
-    """`recovery.delete_concurrency` for the restarts (None: the product's default)."""
+    concurrencies: tuple[int | None, ...] = (None,)
+    """`recovery.delete_concurrency` for the restarts, each measured in turn (None: the product's default)."""
     failover: bool = True
     failover_units: int = 10_000
     """Restart units in the failover's ledger (a new leader lists them all before it acts)."""
@@ -228,7 +228,7 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                     floors: dict[int, float] = {}
                     async with await client_.connect(controller_kubeconfig) as kube:
                         rows = await restarts.measure(kube, [options.restart_pods], run_id=run_id,
-                                                      kinds_=options.restart_kinds, concurrency=options.concurrency,
+                                                      kinds_=options.restart_kinds, concurrencies=options.concurrencies,
                                                       operator=options.operator if options.restart_operator is None
                                                       else options.restart_operator, pod_labels=options.pod_labels,
                                                       floors=floors)
@@ -339,11 +339,15 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: only {r['removed']} removed (the rest were gone "
                                "before the restart), not timed", None, restarts.REMOVED_TARGET_SECONDS, "s"))
         else:
-            out.append(_figure(f"{r['kind']} of {r['pods']} pods: fault to every pod removed", r["seconds"],
+            at = f" ({r['concurrency']} in flight)" if r.get("concurrency") else ""
+            out.append(_figure(f"{r['kind']} of {r['pods']} pods{at}: fault to every pod removed", r["seconds"],
                                restarts.REMOVED_TARGET_SECONDS, "s"))
+            if "bare_seconds" in r:
+                out.append(_figure(f"{r['kind']} of {r['pods']} pods{at}: / the same removals from a bare client "
+                                   f"({r['bare_seconds']} s)", r["vs_bare"], None))
             if "floor_seconds" in r:
-                out.append(_figure(f"{r['kind']} of {r['pods']} pods: / the server's own DeleteCollection of as many "
-                                   f"pods ({r['floor_seconds']} s)", r["vs_floor"], None))
+                out.append(_figure(f"{r['kind']} of {r['pods']} pods{at}: / the server's own DeleteCollection of as "
+                                   f"many pods ({r['floor_seconds']} s)", r["vs_floor"], None))
         if "recreated" in r:
             out.append(_figure(f"{r['kind']} of {r['pods']} pods: pods recreated by its controller", r["recreated"],
                                None))

@@ -170,6 +170,8 @@ PURPOSES = {
                          "path",
     "PATCH recoveries/status": "the Recovery's phase and times (a CRD installed with a status subresource)",
     "PATCH recoveries": "the Recovery's later phase and times",
+    "GET discovery": "API discovery of kcover.io/v1alpha1: whether the Recovery kind has a status subresource (once "
+                     "per retention pass, the first at leadership; a write before that pass asks it)",
     "GET pods/log": "recovery.save_logs: one container's log before its pod goes (and its previous one where its "
                     "kubelet may have restarted it)",
     "GET nodes": "a cordon's read of the Node (read-modify-write: spec.taints has no merge strategy)",

@@ -6,13 +6,18 @@ batch/v1 Job or PyTorchJob of N pods (the pods created through the API, bound to
 controller builds it (`controller.recovering.build`) over a watching cache, and one container fault on
 one pod. It measures the time from handing the fault to the engine to the restart's outcome (every pod
 taken away: each eviction or delete answered by the API server), the requests made meanwhile, by
-verb and resource, and the 429s retried, then deletes what it created. No kubelet runs: a pod taken
-away stays Terminating until the namespace goes.
+verb and resource, and the 429s retried, then deletes what it created. No kubelet runs, so a pod taken
+away would stay Terminating: each scenario's pods are removed at once (grace 0) before its namespace.
 
 Per size it also measures the server's own floor: the same number of bound pods, in a namespace of their
 own, taken away by one DeleteCollection (what the Go controller sends), timed to its answer. The API
-server removes a collection's pods one by one itself, so the floor grows with the pods as kcover's time
-does; kcover's time over the floor at the same size says what kcover adds to the server's own work.
+server removes a collection's pods one by one itself (`--delete-collection-workers`, 1 by default), so the
+floor grows with the pods as kcover's time does. Per kind, size and concurrency it also measures a bare
+client (`measure_bare`): the same workload and pods, set up the same way, taken away by the same
+uid-preconditioned requests at the same concurrency, from plain HTTP with no cache, engine, ledger or
+client layers. The server's work is then the same as for kcover's restart, so kcover's time over the
+bare client's is what kcover itself adds; over the DeleteCollection it also counts the server working on
+several pods at once.
 
 With `operator=True` (a cluster with real controllers and kwok nodes: the fleet bench) the pods are the
 workload's controller's: a PyTorchJob with a pod template for the training operator, a batch Job for
@@ -30,11 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 
 from kcover import errors, kinds, metrics, model, settings
@@ -70,6 +78,8 @@ class Row:
     throttled: int = 0
     """429 answers the client retried during the restart (priority and fairness, or max-inflight)."""
     concurrency: int = 0
+    bare_seconds: float | None = None
+    """The same removals from a bare client (`measure_bare`), measured just before, at the same concurrency."""
     cpu_seconds: float | None = None
     """CPU the process running kcover's engine and cache spent from the fault to the outcome (user + system):
     on cores shared with the API server and etcd, what kcover takes from them."""
@@ -271,13 +281,28 @@ async def _nodes(kube: client_.KubeClient) -> None:
                 "status": {"capacity": {"nvidia.com/gpu": "8", "pods": "1100"}}})
 
 
+_scenarios = itertools.count(1)
+"""Numbers each scenario's namespace: the same kind and size may be measured more than once in a run."""
+
+
+async def _drop(kube: client_.KubeClient, ns: str) -> None:
+    """Remove a scenario's namespace and, first, its pods at once (grace 0): no kubelet finishes the
+    bench's Terminating pods, and the namespace controller retrying them would load the server during the
+    next measurement (which a measurement taken after another's would pay for, and not the one before)."""
+    with contextlib.suppress(errors.KubeError):
+        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                           body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    with contextlib.suppress(errors.KubeError):
+        await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
 FLOOR_LABEL = "kcover.io/bench-floor"
 
 
 async def measure_floor(kube: client_.KubeClient, *, pods: int, run_id: str) -> float:
     """Seconds the API server takes to answer one DeleteCollection of `pods` bound pods (see the module
     docstring)."""
-    ns = f"kcover-bench-restart-{run_id}-floor-{pods}"
+    ns = f"kcover-bench-restart-{run_id}-floor-{pods}-{next(_scenarios)}"
     await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
                                                            "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
     try:
@@ -299,8 +324,65 @@ async def measure_floor(kube: client_.KubeClient, *, pods: int, run_id: str) -> 
         await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"{FLOOR_LABEL}=true"})
         return time.perf_counter() - started
     finally:
-        with contextlib.suppress(errors.KubeError):
-            await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+        await _drop(kube, ns)
+
+
+def _removal(kind: str) -> kinds.Removal:
+    table = kinds.by_key(_KIND_KEYS[kind])
+    assert table is not None, kind
+    return table.removal
+
+
+_KIND_KEYS = {"jobset": "jobsets.jobset.x-k8s.io", "job": "jobs.batch", "pytorchjob": "pytorchjobs.kubeflow.org"}
+
+
+async def measure_bare(kube: client_.KubeClient, *, kind: str, pods: int, run_id: str, concurrency: int) -> float:
+    """Seconds a bare client takes to take away every pod of one `kind` workload of `pods` pods, set up as
+    `measure_one` sets it up (without an operator): each pod evicted or deleted as kcover's restart would
+    (`kinds.Removal`), its uid as precondition, `concurrency` in flight, over plain HTTP on the same
+    connection pool, answers read but not decoded. Every answer must be a success."""
+    ns = f"kcover-bench-restart-{run_id}-bare-{kind}-{pods}-{next(_scenarios)}"
+    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                           "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
+    try:
+        await _nodes(kube)
+        workload, owner = await _workload(kube, ns, kind, "big", pods)
+        await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
+        listed = await kube.request("GET", f"/api/v1/namespaces/{ns}/pods")
+        todo = [(p["metadata"]["name"], p["metadata"]["uid"]) for p in listed.get("items") or []
+                if not p["metadata"].get("deletionTimestamp")]
+        evict = _removal(kind) is kinds.Removal.EVICT
+        failures: list[str] = []
+        send = kube.sender.send
+        headers = {"Accept": client_.JSON, "Content-Type": client_.JSON}
+
+        async def worker() -> None:
+            while todo:
+                name, uid = todo.pop()
+                if evict:
+                    method, path = "POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction"
+                    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                            "metadata": {"name": name, "namespace": ns},
+                                            "deleteOptions": {"preconditions": {"uid": uid}}}
+                else:
+                    method, path = "DELETE", f"/api/v1/namespaces/{ns}/pods/{name}"
+                    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+                response = await send(method, path, query=[], headers=headers, body=orjson.dumps(body), timeout=None)
+                async with response:
+                    await response.read()
+                    if response.status >= 300:
+                        failures.append(f"{name}: HTTP {response.status}")
+
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(max(1, concurrency)):
+                tg.create_task(worker())
+        seconds = time.perf_counter() - started
+        if failures:
+            raise errors.KcoverError(f"bench bare removal: {len(failures)} failed, first {failures[0]}")
+        return seconds
+    finally:
+        await _drop(kube, ns)
 
 
 def _running(cache: caching.ClusterCache, ns: str) -> list[proj.Pod]:
@@ -311,7 +393,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
                       concurrency: int | None = None, operator: bool = False, pod_labels: dict[str, str] | None = None,
                       setup_timeout: float = 900.0, recreate_timeout: float = 900.0) -> Row:
     """One restart of one `kind` workload of `pods` pods; see the module docstring."""
-    ns = f"kcover-bench-restart-{run_id}-{kind}-{pods}"
+    ns = f"kcover-bench-restart-{run_id}-{kind}-{pods}-{next(_scenarios)}"
     await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
                                                            "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
     try:
@@ -362,8 +444,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             spent = Counter(kube.request_counts)
             spent.subtract(before)
             requests = {k: v for k, v in spent.items() if v > 0 and not k.startswith(("WATCH", "LIST"))}
-            table = kinds.by_key({"jobset": "jobsets.jobset.x-k8s.io", "job": "jobs.batch",
-                                  "pytorchjob": "pytorchjobs.kubeflow.org"}[kind])
+            table = kinds.by_key(_KIND_KEYS[kind])
             row = Row(kind, pods, seconds, watch.removed, requests,
                       throttled=kube.retry_stats.retries["throttled"] - throttled,
                       concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency, cpu_seconds=cpu)
@@ -382,30 +463,41 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             stop.set()
             await asyncio.wait_for(task, 30)
     finally:
-        with contextlib.suppress(errors.KubeError):
-            await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
+        await _drop(kube, ns)
 
 
 async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
-                  kinds_: tuple[str, ...] = KINDS, concurrency: int | None = None, operator: bool = False,
-                  pod_labels: dict[str, str] | None = None, floors: dict[int, float] | None = None) -> list[Row]:
-    """One restart per kind and size; with `floors` (a dict to fill) and not `operator`, the server's
-    DeleteCollection floor per size too."""
+                  kinds_: tuple[str, ...] = KINDS, concurrencies: Sequence[int | None] = (None,),
+                  operator: bool = False, pod_labels: dict[str, str] | None = None,
+                  floors: dict[int, float] | None = None) -> list[Row]:
+    """One restart per kind, size and concurrency (`recovery.delete_concurrency`; None: the product's default),
+    in that order; with `floors` (a dict to fill) and not `operator`, the server's DeleteCollection floor per
+    size too, and before each restart the same removals from a bare client (`measure_bare`)."""
     rows = []
-    if floors is not None and not operator:
+    default = settings.RecoverySettings().delete_concurrency
+    bare = floors is not None and not operator
+    if bare:
+        assert floors is not None
         for pods in sizes:
             floors[pods] = await measure_floor(kube, pods=pods, run_id=run_id)
             log.info("bench_restart_floor", pods=pods, seconds=round(floors[pods], 3))
     for kind in kinds_:
         for pods in sizes:
-            row = await measure_one(kube, kind=kind, pods=pods, run_id=run_id, concurrency=concurrency,
-                                    operator=operator, pod_labels=pod_labels)
-            log.info("bench_restart", kind=kind, pods=pods, seconds=round(row.seconds, 3), removed=row.removed,
-                     requests=row.total_requests, recreated=row.recreated_seconds, throttled=row.throttled)
-            if row.removed < pods:
-                log.error("bench_restart_incomplete", kind=kind, pods=pods, removed=row.removed,
-                          why="the restart found fewer of the bench's pods than it created")
-            rows.append(row)
+            for concurrency in concurrencies:
+                bare_seconds = None
+                if bare:
+                    bare_seconds = await measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
+                                                      concurrency=concurrency or default)
+                row = await measure_one(kube, kind=kind, pods=pods, run_id=run_id, concurrency=concurrency,
+                                        operator=operator, pod_labels=pod_labels)
+                row.bare_seconds = bare_seconds
+                log.info("bench_restart", kind=kind, pods=pods, concurrency=row.concurrency,
+                         seconds=round(row.seconds, 3), bare=_secs(bare_seconds), removed=row.removed,
+                         requests=row.total_requests, recreated=row.recreated_seconds, throttled=row.throttled)
+                if row.removed < pods:
+                    log.error("bench_restart_incomplete", kind=kind, pods=pods, removed=row.removed,
+                              why="the restart found fewer of the bench's pods than it created")
+                rows.append(row)
     return rows
 
 
@@ -440,13 +532,16 @@ def section(rows: list[Row], floors: dict[int, float] | None = None) -> dict[str
         if r.pods in floors:
             row["floor_seconds"] = round(floors[r.pods], 4)
             row["vs_floor"] = reporting.ratio(r.seconds, floors[r.pods])
+        if r.bare_seconds is not None:
+            row["bare_seconds"] = round(r.bare_seconds, 4)
+            row["vs_bare"] = reporting.ratio(r.seconds, r.bare_seconds)
         out_rows.append(row)
     out: dict[str, Any] = {"rows": out_rows}
     if floors:
         out["floors"] = {str(k): round(v, 4) for k, v in sorted(floors.items())}
     ratios = {}
     for kind in {r.kind for r in rows}:
-        mine = {r.pods: r.seconds for r in rows if r.kind == kind}
+        mine = {r.pods: r.seconds for r in rows if r.kind == kind and r.concurrency == rows[0].concurrency}
         if 128 in mine and max(mine) > 128 and mine[128] > 0:
             ratios[kind] = {"pods": max(mine), "vs_128": round(mine[max(mine)] / mine[128], 2), "target": 3.0}
             if floors.get(128) and max(mine) in floors:
@@ -458,15 +553,16 @@ def section(rows: list[Row], floors: dict[int, float] | None = None) -> dict[str
 def markdown(sec: dict[str, Any]) -> str:
     lines = ["## One restart of a large job", "",
              "| kind | pods | all removed (s) | / 5 s | removed | concurrency | 429s | recreated | last recreated (s) "
-             "| last Running (s) | DeleteCollection floor (s) | / floor | requests | by request |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| last Running (s) | DeleteCollection floor (s) | / floor | bare client (s) | / bare | requests "
+             "| by request |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sec["rows"]:
         by = ", ".join(f"{k} {v}" for k, v in r["by_request"].items())
         lines.append(f"| {r['kind']} | {r['pods']} | {r['seconds']:.3f} | {r.get('ratio_to_target', '')} | "
                      f"{r['removed']} | {r['concurrency']} | {r['throttled']} | {r.get('recreated', '')} | "
                      f"{r.get('recreated_seconds', '')} | "
                      f"{r.get('running_seconds', '')} | {r.get('floor_seconds', '')} | {r.get('vs_floor', '')} | "
-                     f"{r['requests']} | {by} |")
+                     f"{r.get('bare_seconds', '')} | {r.get('vs_bare', '')} | {r['requests']} | {by} |")
     for kind, ratio in sorted(sec["ratios"].items()):
         floor = (f"; the server's own DeleteCollection of as many pods takes {ratio['floor_vs_128']}x its 128-pod "
                  "time" if "floor_vs_128" in ratio else "")

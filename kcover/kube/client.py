@@ -120,6 +120,12 @@ class KubeClient:
     def host(self) -> str:
         return self._api.host
 
+    @property
+    def sender(self) -> transport.Sender:
+        """The connections and credentials under this client: plain HTTP with none of its retries or counting
+        (the bench's bare-client floor)."""
+        return self._api
+
     async def close(self) -> None:
         await self._api.close()
 

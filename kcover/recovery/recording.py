@@ -304,7 +304,13 @@ class Recorder:
         if now - self._last_prune < rs.records.prune_interval_seconds or not self._is_leader():
             return
         self._last_prune = now
-        self._subresource = None  # a CRD replaced meanwhile (helm upgrade) is seen within a pass
+        try:
+            # asked in each pass, so a CRD replaced meanwhile (helm upgrade) is seen within one, and here, on
+            # the leader's first pass, so its first fault's write does not cost the question
+            self._subresource = await self._gw.recovery_status_subresource()
+        except errors.KubeError as exc:
+            self._subresource = None  # the next write asks again
+            log.info("recovery_records_discovery_failed", error=str(exc)[:300])
         try:
             await self.prune()
         except errors.NotLeaderError as exc:

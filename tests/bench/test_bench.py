@@ -139,6 +139,23 @@ def test_restart_section_sets_each_size_against_the_servers_deletecollection_flo
     assert "DeleteCollection of as many" not in restarts.markdown(restarts.section(rows))
 
 
+def test_restart_section_sets_each_row_against_the_same_removals_from_a_bare_client() -> None:
+    from kcover.bench import restarts
+    rows = [restarts.Row("pytorchjob", 2048, 6.0, 2048, {"DELETE pods": 2048}, concurrency=16, bare_seconds=4.0),
+            restarts.Row("pytorchjob", 2048, 4.5, 2048, {"DELETE pods": 2048}, concurrency=64, bare_seconds=3.0),
+            restarts.Row("job", 2048, 5.0, 2048, {"CREATE pods/eviction": 2048}, concurrency=16)]
+    sec = restarts.section(rows, {2048: 5.0})
+    assert [(r["concurrency"], r.get("bare_seconds"), r.get("vs_bare")) for r in sec["rows"]] == [
+        (16, 4.0, 1.5), (64, 3.0, 1.5), (16, None, None)]
+    text = restarts.markdown(sec)
+    assert "| bare client (s) | / bare |" in text
+    assert "| 5.0 | 1.2 | 4.0 | 1.5 | 2048 |" in text  # floor, / floor, bare, / bare, requests
+    from kcover.bench import fleet
+    names = [f["figure"] for f in fleet.figures({"restarts": sec})]
+    assert "pytorchjob of 2048 pods (64 in flight): / the same removals from a bare client (3.0 s)" in names
+    assert not [n for n in names if n.startswith("job of 2048 pods") and "bare client" in n]
+
+
 def test_restart_bench_on_the_simulated_cluster_times_kcover_and_the_floor(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "--restarts", "2,4", "--report", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -150,6 +167,9 @@ def test_restart_bench_on_the_simulated_cluster_times_kcover_and_the_floor(capsy
     for (kind, pods), row in rows.items():
         assert row["removed"] == pods
         assert row["vs_floor"] > 0
+        assert row["bare_seconds"] > 0  # the same removals, all answered 2xx
+        assert row["vs_bare"] > 0
+        assert row["concurrency"] == 16
         removal = "DELETE pods" if kind == "pytorchjob" else "CREATE pods/eviction"
         assert row["by_request"][removal] == pods
 
