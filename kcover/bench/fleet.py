@@ -58,7 +58,8 @@ from kcover.kube import client as client_
 log = structlog.get_logger()
 
 Expire = Callable[[], Awaitable[float]]
-"""Expires every watch of the API server (compaction, then a restart of the server); returns when
+"""Expires every watch of the API server (a restart of the server, compacted past every resourceVersion
+while it is down); returns when
 (`time.time()`) it answers again."""
 
 SYNC_TARGET_SECONDS = 30.0

@@ -33,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -303,8 +304,8 @@ class ControlPlane:
             # (the controller detectors' test makes the pod reflector re-list this way). Trade-off: pod
             # watches here get no BOOKMARKs (the cache makes those) and no streaming lists
             # (sendInitialEvents), and pod reads always go to etcd; a production server caches pods, and so
-            # does this one with `watch_cache=True` (the fleet bench: `compact()` then `restart_apiserver()`
-            # expires every watch there).
+            # does this one with `watch_cache=True` (the fleet bench: `restart_apiserver(while_down=
+            # expire_history)` expires every watch there).
             if not self.watch_cache:
                 argv.append("--watch-cache-sizes=configmaps#0,pods#0")
             argv = _overridden(argv, self.extra_apiserver_args)
@@ -385,12 +386,15 @@ class ControlPlane:
         except ValueError:
             return status, payload
 
-    def restart_apiserver(self, down_seconds: float = 1.0) -> float:
-        """Stop kube-apiserver (SIGTERM, as a rollout does), leave it down `down_seconds`, and start it again
-        with the same arguments and port (etcd keeps running). Returns the seconds until it was ready again."""
+    def restart_apiserver(self, down_seconds: float = 1.0, *, while_down: Callable[[], object] | None = None) -> float:
+        """Stop kube-apiserver (SIGTERM, as a rollout does), call `while_down` (e.g. `expire_history`), leave it
+        down `down_seconds`, and start it again with the same arguments and port (etcd keeps running).
+        Returns the seconds until it was ready again."""
         assert self._apiserver is not None
         assert self.tmpdir is not None
         self._apiserver.stop()
+        if while_down is not None:
+            while_down()
         time.sleep(down_seconds)
         t0 = time.monotonic()
         self._restarts = getattr(self, "_restarts", 0) + 1
@@ -410,6 +414,23 @@ class ControlPlane:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return json.loads(r.read())
         revision = int(post("/v3/kv/range", {"key": "AA==", "limit": 1})["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
+
+    def expire_history(self) -> int:
+        """With kube-apiserver stopped: write one key to etcd (outside the API server's prefix), then compact
+        to that write's revision. Every resourceVersion a client holds is then older than the compaction,
+        the newest it could have been told included (a graceful shutdown sends watchers a last BOOKMARK,
+        which `compact()` before a restart can fall behind, letting a watch resume without a re-list), so
+        each watch resumed against the restarted server gets 410 and lists again. Returns the revision."""
+        def post(path: str, body: dict) -> dict:
+            req = urllib.request.Request(self.etcd_url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        key = base64.b64encode(b"/kcover-tests/expire-history").decode()
+        value = base64.b64encode(str(time.time()).encode()).decode()
+        revision = int(post("/v3/kv/put", {"key": key, "value": value})["header"]["revision"])
         post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
         return revision
 
