@@ -16,7 +16,9 @@ tests' cluster does not run, so nothing but the stated churn changes them), then
    readiness of background pods at `churn_rate` writes a second in a process of its own;
 4. **restarts**: one restart of a `restart_pods`-pod job per `restart_kinds`, through `restarts.measure`
    (with `operator`, the pods are the workload's real controllers', who recreate them; without, first the
-   server's own floor at this size: one DeleteCollection of as many bound pods);
+   server's own floor at this size: one DeleteCollection of as many bound pods, and each restart followed by
+   the same removals from a bare client; `before_restarts` may first change the cluster, as the fleet
+   script stops the training operator, which would otherwise reconcile the bench's PyTorchJob meanwhile);
 5. **failover**: `failover.measure` (two `kcover controller` processes, the leader killed);
 6. **ledger**: `ledgering.measure` at `ledger_sizes` units.
 
@@ -184,8 +186,11 @@ at a time limit keeps what it measured."""
 
 
 async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None,
-              progress: Progress | None = None) -> dict[str, Any]:
-    """The whole fleet scenario (see the module docstring); the report (JSON-able)."""
+              progress: Progress | None = None,
+              before_restarts: Callable[[], Awaitable[str]] | None = None) -> dict[str, Any]:
+    """The whole fleet scenario (see the module docstring); the report (JSON-able). `before_restarts`, when
+    given, is awaited before the restarts section and what it returns (what it changed in the cluster) is
+    the environment's `before_restarts`."""
     run_id = uuid.uuid4().hex[:6]
     controller_kubeconfig = options.controller_kubeconfig or kubeconfig
     kinds_ = ("pytorchjobs.kubeflow.org", f"{objects.plural(options.background_kind)}.kubeflow.org",
@@ -224,6 +229,8 @@ async def run(kubeconfig: str, options: Options, *, expire: Expire | None = None
                 report["api_requests_per_recovery"] = reporting.api_section(lat.api_requests)
             done("latency")
             if options.restart_pods and options.restart_kinds:
+                if before_restarts is not None:
+                    env["before_restarts"] = await before_restarts()
                 env["load_before_restarts"] = _load()
                 async with _section(report, "restarts"):
                     floors: dict[int, float] = {}

@@ -175,6 +175,8 @@ PURPOSES = {
     "GET pods/log": "recovery.save_logs: one container's log before its pod goes (and its previous one where its "
                     "kubelet may have restarted it)",
     "GET nodes": "a cordon's read of the Node (read-modify-write: spec.taints has no merge strategy)",
+    "LIST ledgerentries": "a cordon's check that its ledger is served (one item at most), sent beside its read "
+                          "of the Node: the Node is written before its ledger entry, never without a ledger",
     "UPDATE nodes": "the cordon (resourceVersion precondition)",
     "PATCH nodes/status": "the agent's Node condition",
 }

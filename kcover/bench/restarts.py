@@ -12,12 +12,13 @@ away would stay Terminating: each scenario's pods are removed at once (grace 0) 
 Per size it also measures the server's own floor: the same number of bound pods, in a namespace of their
 own, taken away by one DeleteCollection (what the Go controller sends), timed to its answer. The API
 server removes a collection's pods one by one itself (`--delete-collection-workers`, 1 by default), so the
-floor grows with the pods as kcover's time does. Per kind, size and concurrency it also measures a bare
-client (`measure_bare`): the same workload and pods, set up the same way, taken away by the same
-uid-preconditioned requests at the same concurrency, from plain HTTP with no cache, engine, ledger or
-client layers. The server's work is then the same as for kcover's restart, so kcover's time over the
-bare client's is what kcover itself adds; over the DeleteCollection it also counts the server working on
-several pods at once.
+floor grows with the pods as kcover's time does. Per kind, size and concurrency, after kcover's restart,
+it also measures a bare client (`measure_bare`): the same workload and pods, set up the same way, left
+as long after their creation as kcover's scenario left its pods before the fault (its cache's sync), then
+taken away by the same uid-preconditioned requests at the same concurrency, from plain HTTP with no cache,
+engine, ledger or client layers. The server's work is then the same as for kcover's restart, so kcover's
+time over the bare client's is what kcover itself adds; over the DeleteCollection it also counts the
+server working on several pods at once.
 
 With `operator=True` (a cluster with real controllers and kwok nodes: the fleet bench) the pods are the
 workload's controller's: a PyTorchJob with a pod template for the training operator, a batch Job for
@@ -79,7 +80,10 @@ class Row:
     """429 answers the client retried during the restart (priority and fairness, or max-inflight)."""
     concurrency: int = 0
     bare_seconds: float | None = None
-    """The same removals from a bare client (`measure_bare`), measured just before, at the same concurrency."""
+    """The same removals from a bare client (`measure_bare`), measured just after, at the same concurrency."""
+    settled_seconds: float = 0.0
+    """From the last of the bench's pods created to the fault (the cache's sync, mostly): the server's
+    controllers settle meanwhile, and the bare client waits as long."""
     cpu_seconds: float | None = None
     """CPU the process running kcover's engine and cache spent from the fault to the outcome (user + system):
     on cores shared with the API server and etcd, what kcover takes from them."""
@@ -121,7 +125,9 @@ async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str,
     """The workload object and the controller ownerReference its pods carry. A JobSet's child Job asks for
     as many pods as the bench creates and tolerates their failures: where a real Job controller runs (the
     fleet cluster) it resolves the bench's pods by that ownerReference, and a Job of parallelism 1 and
-    backoffLimit 0 would delete all but one of them before the restart."""
+    backoffLimit 0 would delete all but one of them before the restart. It replaces a pod only once it has
+    failed (`podReplacementPolicy: Failed`): no kubelet finishes the evicted pods, so none is replaced, and
+    the removal is timed without 2,048 creations beside it, as the PyTorchJob's is."""
     opt = {proj.OPT_IN_LABEL: "true"}
     pod_spec = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "trainer"}]}
     if kind == "job":
@@ -148,7 +154,7 @@ async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str,
                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name,
                                           "uid": uid, "controller": True}]},
         "spec": {"backoffLimit": 2 * pods + 6, "parallelism": pods, "completions": pods,
-                 "template": {"spec": pod_spec}}})
+                 "podReplacementPolicy": "Failed", "template": {"spec": pod_spec}}})
     return js, {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-w", "uid": child["metadata"]["uid"],
                 "controller": True}
 
@@ -336,11 +342,14 @@ def _removal(kind: str) -> kinds.Removal:
 _KIND_KEYS = {"jobset": "jobsets.jobset.x-k8s.io", "job": "jobs.batch", "pytorchjob": "pytorchjobs.kubeflow.org"}
 
 
-async def measure_bare(kube: client_.KubeClient, *, kind: str, pods: int, run_id: str, concurrency: int) -> float:
+async def measure_bare(kube: client_.KubeClient, *, kind: str, pods: int, run_id: str, concurrency: int,
+                       settle: float = 0.0) -> float:
     """Seconds a bare client takes to take away every pod of one `kind` workload of `pods` pods, set up as
-    `measure_one` sets it up (without an operator): each pod evicted or deleted as kcover's restart would
-    (`kinds.Removal`), its uid as precondition, `concurrency` in flight, over plain HTTP on the same
-    connection pool, answers read but not decoded. Every answer must be a success."""
+    `measure_one` sets it up (without an operator) and left `settle` seconds after the last is created (what
+    kcover's scenario waited: the real Job controller adopting 2,048 pods loads the server meanwhile): each
+    pod evicted or deleted as kcover's restart would (`kinds.Removal`), its uid as precondition,
+    `concurrency` in flight, over plain HTTP on the same connection pool, answers read but not decoded.
+    Every answer must be a success."""
     ns = f"kcover-bench-restart-{run_id}-bare-{kind}-{pods}-{next(_scenarios)}"
     await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
                                                            "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
@@ -348,6 +357,7 @@ async def measure_bare(kube: client_.KubeClient, *, kind: str, pods: int, run_id
         await _nodes(kube)
         workload, owner = await _workload(kube, ns, kind, "big", pods)
         await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
+        await asyncio.sleep(settle)
         listed = await kube.request("GET", f"/api/v1/namespaces/{ns}/pods")
         todo = [(p["metadata"]["name"], p["metadata"]["uid"]) for p in listed.get("items") or []
                 if not p["metadata"].get("deletionTimestamp")]
@@ -403,6 +413,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
         else:
             await _operated(kube, ns, kind, "big", pods, dict(pod_labels or {}))
+        created = time.perf_counter()
         cfg = settings.Settings.model_validate({"lease": {"enabled": False}, "kube": {"watch_events": False},
                                                 "recovery": {"ledger_namespace": ns, "save_logs": {"enabled": False},
                                                              "verify": {"enabled": False},
@@ -447,7 +458,8 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             table = kinds.by_key(_KIND_KEYS[kind])
             row = Row(kind, pods, seconds, watch.removed, requests,
                       throttled=kube.retry_stats.retries["throttled"] - throttled,
-                      concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency, cpu_seconds=cpu)
+                      concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency, cpu_seconds=cpu,
+                      settled_seconds=started - created)
             if operator:
                 await _until_or_stalled(lambda: len(replacements.running) >= pods,
                                         lambda: len(replacements.created) + len(replacements.running),
@@ -472,7 +484,8 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
                   floors: dict[int, float] | None = None) -> list[Row]:
     """One restart per kind, size and concurrency (`recovery.delete_concurrency`; None: the product's default),
     in that order; with `floors` (a dict to fill) and not `operator`, the server's DeleteCollection floor per
-    size too, and before each restart the same removals from a bare client (`measure_bare`)."""
+    size too, and after each restart the same removals from a bare client (`measure_bare`), left as long after
+    its pods' creation as the restart's scenario was."""
     rows = []
     default = settings.RecoverySettings().delete_concurrency
     bare = floors is not None and not operator
@@ -484,15 +497,15 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
     for kind in kinds_:
         for pods in sizes:
             for concurrency in concurrencies:
-                bare_seconds = None
-                if bare:
-                    bare_seconds = await measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
-                                                      concurrency=concurrency or default)
                 row = await measure_one(kube, kind=kind, pods=pods, run_id=run_id, concurrency=concurrency,
                                         operator=operator, pod_labels=pod_labels)
-                row.bare_seconds = bare_seconds
+                if bare:
+                    row.bare_seconds = await measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
+                                                          concurrency=concurrency or default,
+                                                          settle=row.settled_seconds)
                 log.info("bench_restart", kind=kind, pods=pods, concurrency=row.concurrency,
-                         seconds=round(row.seconds, 3), bare=_secs(bare_seconds), removed=row.removed,
+                         seconds=round(row.seconds, 3), bare=_secs(row.bare_seconds),
+                         settled=round(row.settled_seconds, 1), removed=row.removed,
                          requests=row.total_requests, recreated=row.recreated_seconds, throttled=row.throttled)
                 if row.removed < pods:
                     log.error("bench_restart_incomplete", kind=kind, pods=pods, removed=row.removed,
@@ -535,6 +548,7 @@ def section(rows: list[Row], floors: dict[int, float] | None = None) -> dict[str
         if r.bare_seconds is not None:
             row["bare_seconds"] = round(r.bare_seconds, 4)
             row["vs_bare"] = reporting.ratio(r.seconds, r.bare_seconds)
+            row["settled_seconds"] = round(r.settled_seconds, 3)
         out_rows.append(row)
     out: dict[str, Any] = {"rows": out_rows}
     if floors:

@@ -19,8 +19,10 @@ it records.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -59,6 +61,20 @@ def _joined(prior: ledgerentries.HeldRestart | None, cause: model.CollectorEvent
     """The cause of the restart held before this fault (`prior`), if it is another fault's."""
     first = prior.event() if prior is not None else None
     return first if first is not None and first.id != cause.id else None
+
+
+async def _read_beside(read: Awaitable[gateway.NodeBody], guard: Awaitable[None]) -> gateway.NodeBody:
+    """`read` and `guard` at once; the read's answer only once the guard has passed. A guard's error (or this
+    task's cancellation) cancels the read, which is then dropped: nothing is acted on without the guard."""
+    reading = asyncio.ensure_future(read)
+    try:
+        await guard
+    except BaseException:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reading
+        raise
+    return await reading
 
 
 class Hook(Protocol):
@@ -174,12 +190,18 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------------ nodes
 
-    async def _rewrite_node(self, name: str, change: Callable[[gateway.NodeBody], tuple[Code, str] | None]
+    async def _rewrite_node(self, name: str, change: Callable[[gateway.NodeBody], tuple[Code, str] | None],
+                            *, guard: Awaitable[None] | None = None
                             ) -> tuple[gateway.NodeBody, tuple[Code, str] | None]:
         """Read-modify-write a Node with its resourceVersion as precondition, retrying on 409. `change` edits
-        it in place, or returns why not (then nothing is written)."""
-        for _ in range(NODE_WRITE_ATTEMPTS):
-            node = await self.gateway.get_node(name)
+        it in place, or returns why not (then nothing is written). `guard`, a check that must pass before
+        the Node is written, runs beside the first read: one round trip on the action's path, not two;
+        when it raises, nothing is written and its error is the answer."""
+        for attempt in range(NODE_WRITE_ATTEMPTS):
+            if attempt == 0 and guard is not None:
+                node = await _read_beside(self.gateway.get_node(name), guard)
+            else:
+                node = await self.gateway.get_node(name)
             refused = change(node)
             if refused is not None:
                 return node, refused
@@ -204,12 +226,13 @@ class Coordinator:
                                                breaker_state=breaker, load=None)
         if refused is not None:
             return st.Refused(step, refused.code, refused.text)
-        await self._ledger.confirm_served()  # the node is written before its entry: not without a ledger
         ours = cordoning.taints(rs.taint_key, step.cause.reason, no_execute=rs.taint_no_execute,
                                 now=clock_.rfc3339(now))
         fault = f"{step.cause.reason} from {step.cause.detector}: {step.reason}"
+        # the node is written before its entry: not without a ledger (checked while the node is read)
         _, refusal = await self._rewrite_node(step.node, lambda node: cordoning.cordon(
-            node, taint_key=rs.taint_key, ours=ours, reason=fault, now=clock_.rfc3339(now)))
+            node, taint_key=rs.taint_key, ours=ours, reason=fault, now=clock_.rfc3339(now)),
+            guard=self._ledger.confirm_served())
         if refusal is not None and refusal[0] is not Code.ALREADY_CORDONED:
             return st.Refused(step, refusal[0], refusal[1])
 

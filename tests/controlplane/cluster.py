@@ -239,6 +239,15 @@ class ClusterStack:
         if self.cp is not None:
             self.cp.stop()
 
+    def stop_component(self, name: str) -> bool:
+        """Stop one running component (`training-operator`, ...) for the rest of the stack's life; False when
+        none of that name runs."""
+        found = [p for p in self._procs if p.name == name]
+        for proc in found:
+            proc.stop()
+            self._procs.remove(proc)
+        return bool(found)
+
     def log_tail(self, n: int = 40) -> str:
         out = [self.cp.log_tail(n)] if self.cp is not None else []
         for p in self._procs:

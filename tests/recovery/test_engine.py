@@ -224,6 +224,25 @@ async def test_without_its_ledger_crd_kcover_acts_on_nothing_and_recovers_when_i
         assert r.metrics.registry.get_sample_value("kcover_ledger_available") == 1
 
 
+async def test_a_cordon_checks_its_ledger_beside_the_node_read_and_writes_no_node_without_it() -> None:
+    """A loaded ledger whose CRD goes away: the cordon's served check (run beside the read of the Node) fails,
+    so the Node is not written; once the CRD is back the kept fault cordons the node, once."""
+    async with engines.rig(nodes(2)) as r:
+        await r.leader.inner.ledger.ensure_loaded()
+        r.srv.delete_crd("ledgerentries.kcover.io")
+        await r.handle(node_fault("n0"))
+        assert not r.store.get("nodes", "", "n0")["spec"].get("unschedulable"), "no cordon without the ledger"
+        assert "UPDATE nodes" not in r.requests
+        assert r.events("KcoverLedgerUnavailable")
+        r.srv.create_crd("ledgerentries.kcover.io")
+        for _ in range(5):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True
+        assert r.requests.get("UPDATE nodes") == 1
+        assert len(r.events("KcoverCordonedNode")) == 1
+
+
 async def test_dry_run_changes_nothing_writes_its_own_events_and_honours_its_cooldown() -> None:
     async with engines.rig([*nodes(1), *pytorchjob()], overrides={"recovery": {"dry_run": True}}) as r:
         await r.handle(pod_fault("train-0"))
