@@ -1,24 +1,14 @@
 """`kcover bench --restarts 8,128,1024`: how long one restart of a large job takes, and what it costs.
 
-Owns one scenario per (kind, size): a namespace `kcover-bench-restart-<run>` holding an opted-in JobSet,
-batch/v1 Job or PyTorchJob of N pods (the pods created through the API, bound to bench nodes
-`kcover-bench-node-<i>`, as their operator would create them), the controller's recovery built as the
-controller builds it (`controller.recovering.build`) over a watching cache, and one container fault on
-one pod. It measures the time from handing the fault to the engine to the restart's outcome (every pod
-taken away: each eviction or delete answered by the API server), the requests made meanwhile, by
-verb and resource, and the 429s retried, then deletes what it created. No kubelet runs, so a pod taken
-away would stay Terminating: each scenario's pods are removed at once (grace 0) before its namespace.
-
-Per size it also measures the server's own floor: the same number of bound pods, in a namespace of their
-own, taken away by one DeleteCollection (what the Go controller sends), timed to its answer. The API
-server removes a collection's pods one by one itself (`--delete-collection-workers`, 1 by default), so the
-floor grows with the pods as kcover's time does. Per kind, size and concurrency, after kcover's restart,
-it also measures a bare client (`measure_bare`): the same workload and pods, set up the same way, left
-as long after their creation as kcover's scenario left its pods before the fault (its cache's sync), then
-taken away by the same uid-preconditioned requests at the same concurrency, from plain HTTP with no cache,
-engine, ledger or client layers. The server's work is then the same as for kcover's restart, so kcover's
-time over the bare client's is what kcover itself adds; over the DeleteCollection it also counts the
-server working on several pods at once.
+Owns one scenario per (kind, size): a workload of N pods set up by `restartsetup` (an opted-in JobSet,
+batch/v1 Job or PyTorchJob, its pods bound to bench nodes as their operator would create them), the
+controller's recovery built as the controller builds it (`controller.recovering.build`) over a watching
+cache, and one container fault on one pod. It measures the time from handing the fault to the engine to
+the restart's outcome (every pod taken away: each eviction or delete answered by the API server), the
+requests made meanwhile, by verb and resource, and the 429s retried, then drops the scenario. Beside it,
+per size, the server's own DeleteCollection floor, and after each restart the same removals from a bare
+client left as long after its pods' creation (`restartsetup.measure_floor`, `measure_bare`): kcover's
+time over the bare client's is what kcover itself adds.
 
 With `operator=True` (a cluster with real controllers and kwok nodes: the fleet bench) the pods are the
 workload's controller's: a PyTorchJob with a pod template for the training operator, a batch Job for
@@ -35,20 +25,17 @@ never asserted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import structlog
 
 from kcover import errors, kinds, metrics, model, settings
 from kcover.aio import clock as clock_
-from kcover.bench import reporting
+from kcover.bench import reporting, restartsetup
 from kcover.controller import recovering
 from kcover.kube import caching, indexing, watching
 from kcover.kube import client as client_
@@ -58,8 +45,6 @@ from kcover.recovery import steps as st
 log = structlog.get_logger()
 
 KINDS = ("jobset", "job", "pytorchjob")
-NODES = 16
-CREATE_CONCURRENCY = 32
 
 
 @dataclass
@@ -105,113 +90,6 @@ class _Stopwatch:
             self.at = time.perf_counter()
             self.removed = outcome.removed if isinstance(outcome, st.Done) else -1
         return []
-
-
-def _labels(kind: str, name: str, uid: str, owner_uid: str) -> dict[str, str]:
-    """The labels the kind's controller gives its pods. A JobSet's pods carry their child Job's
-    controller-uid too: where a real Job controller runs (the fleet cluster), that is its selector, and it
-    releases an owned pod that does not match it: without the label a restart at fleet size found 1,823 of
-    2,048 pods, with it all 2,048."""
-    if kind == "jobset":
-        return {kinds.JOBSET_NAME: name, kinds.JOBSET_UID: uid, kinds.BATCH_JOB_NAME: f"{name}-w",
-                kinds.BATCH_CONTROLLER_UID: owner_uid}
-    if kind == "job":
-        return {kinds.BATCH_JOB_NAME: name, kinds.BATCH_CONTROLLER_UID: uid}
-    return {kinds.KUBEFLOW_JOB_NAME: name, kinds.KUBEFLOW_OPERATOR_NAME: "pytorchjob-controller"}
-
-
-async def _workload(kube: client_.KubeClient, ns: str, kind: str, name: str,
-                    pods: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The workload object and the controller ownerReference its pods carry. A JobSet's child Job asks for
-    as many pods as the bench creates and tolerates their failures: where a real Job controller runs (the
-    fleet cluster) it resolves the bench's pods by that ownerReference, and a Job of parallelism 1 and
-    backoffLimit 0 would delete all but one of them before the restart. It replaces a pod only once it has
-    failed (`podReplacementPolicy: Failed`): no kubelet finishes the evicted pods, so none is replaced, and
-    the removal is timed without 2,048 creations beside it, as the PyTorchJob's is."""
-    opt = {proj.OPT_IN_LABEL: "true"}
-    pod_spec = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "trainer"}]}
-    if kind == "job":
-        job = await kube.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body={
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns, "labels": opt},
-            "spec": {"backoffLimit": 6, "template": {"spec": pod_spec}}})
-        return job, {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
-                     "controller": True}
-    if kind == "pytorchjob":
-        job = await kube.request("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", body={
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": ns, "labels": opt},
-            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "OnFailure",
-                                                        "template": {"spec": pod_spec}}}}})
-        return job, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
-                     "uid": job["metadata"]["uid"], "controller": True}
-    js = await kube.request("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", body={
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name, "namespace": ns,
-                                                                                 "labels": opt},
-        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": {"spec": pod_spec}}}}]}})
-    uid = js["metadata"]["uid"]
-    child = await kube.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body={
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": f"{name}-w", "namespace": ns, "labels": {kinds.JOBSET_NAME: name, kinds.JOBSET_UID: uid},
-                     "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name,
-                                          "uid": uid, "controller": True}]},
-        "spec": {"backoffLimit": 2 * pods + 6, "parallelism": pods, "completions": pods,
-                 "podReplacementPolicy": "Failed", "template": {"spec": pod_spec}}})
-    return js, {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-w", "uid": child["metadata"]["uid"],
-                "controller": True}
-
-
-def _template(labels: dict[str, str], *, container: str, never: bool) -> dict[str, Any]:
-    """A pod template the scheduler places on kwok's nodes (their label `type=kwok`)."""
-    return {"metadata": {"labels": {"kcover.io/bench": "true", **labels}},
-            "spec": {"restartPolicy": "Never" if never else "OnFailure", "nodeSelector": {"type": "kwok"},
-                     "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-                     "terminationGracePeriodSeconds": 30,
-                     "containers": [{"name": container, "image": "registry.example.com/ml/trainer:2026.01"}]}}
-
-
-def _batch_job(ns: str, name: str, pods: int, labels: dict[str, str], *, owner: dict[str, Any] | None) -> dict[str, Any]:
-    """An Indexed Job of `pods` pods whose evictions its podFailurePolicy ignores (the pods are replaced)."""
-    meta: dict[str, Any] = {"name": name, "namespace": ns}
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-        meta["labels"] = {k: v for k, v in labels.items() if k.startswith("jobset.")}
-    else:
-        meta["labels"] = {proj.OPT_IN_LABEL: "true"}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
-            "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 6,
-                     "podFailurePolicy": {"rules": [{"action": "Ignore",
-                                                     "onPodConditions": [{"type": "DisruptionTarget"}]}]},
-                     "template": _template(labels, container="c", never=True)}}
-
-
-async def _operated(kube: client_.KubeClient, ns: str, kind: str, name: str, pods: int,
-                    labels: dict[str, str]) -> dict[str, Any]:
-    """The workload, for its real controller to create its `pods` pods; `labels` go on every pod."""
-    opt = {proj.OPT_IN_LABEL: "true"}
-    if kind == "job":
-        job: dict[str, Any] = await kube.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                                                 body=_batch_job(ns, name, pods, labels, owner=None))
-        return job
-    if kind == "pytorchjob":
-        job = await kube.request("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", body={
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": ns, "labels": opt},
-            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": pods, "restartPolicy": "OnFailure",
-                                                        "template": _template(labels, container="pytorch",
-                                                                              never=False)}}}})
-        return job
-    js: dict[str, Any] = await kube.request("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets", body={
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name, "namespace": ns,
-                                                                                 "labels": opt},
-        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
-            "parallelism": pods, "completions": pods, "completionMode": "Indexed",
-            "template": _template(labels, container="c", never=True)}}}]}})
-    uid = js["metadata"]["uid"]
-    owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": name, "uid": uid, "controller": True,
-             "blockOwnerDeletion": True}
-    child_labels = {**labels, kinds.JOBSET_NAME: name, kinds.JOBSET_UID: uid, "jobset.sigs.k8s.io/replicatedjob-name": "w",
-                    "jobset.sigs.k8s.io/job-index": "0"}
-    await kube.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                       body=_batch_job(ns, f"{name}-w-0", pods, child_labels, owner=owner))
-    return js
 
 
 class _Replacements:
@@ -260,141 +138,6 @@ async def _until_or_stalled(predicate: Any, progress: Any, timeout: float, stall
     return True
 
 
-async def _pods(kube: client_.KubeClient, ns: str, kind: str, name: str, uid: str, owner: dict[str, Any],
-                count: int) -> None:
-    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
-    labels = _labels(kind, name, uid, str(owner["uid"]))
-
-    async def one(i: int) -> None:
-        async with gate:
-            await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{name}-{i}", "namespace": ns, "labels": labels, "ownerReferences": [owner]},
-                "spec": {"nodeName": f"kcover-bench-node-{i % NODES}", "restartPolicy": "Never",
-                         "containers": [{"name": "c", "image": "trainer"}]}})
-
-    async with asyncio.TaskGroup() as tg:
-        for i in range(count):
-            tg.create_task(one(i))
-
-
-async def _nodes(kube: client_.KubeClient) -> None:
-    for i in range(NODES):
-        with contextlib.suppress(errors.ConflictError):
-            await kube.request("POST", "/api/v1/nodes", body={
-                "apiVersion": "v1", "kind": "Node", "metadata": {"name": f"kcover-bench-node-{i}",
-                                                                 "labels": {"kcover.io/bench": "true"}},
-                "status": {"capacity": {"nvidia.com/gpu": "8", "pods": "1100"}}})
-
-
-_scenarios = itertools.count(1)
-"""Numbers each scenario's namespace: the same kind and size may be measured more than once in a run."""
-
-
-async def _drop(kube: client_.KubeClient, ns: str) -> None:
-    """Remove a scenario's namespace and, first, its pods at once (grace 0): no kubelet finishes the
-    bench's Terminating pods, and the namespace controller retrying them would load the server during the
-    next measurement (which a measurement taken after another's would pay for, and not the one before)."""
-    with contextlib.suppress(errors.KubeError):
-        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
-                           body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
-    with contextlib.suppress(errors.KubeError):
-        await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
-
-
-FLOOR_LABEL = "kcover.io/bench-floor"
-
-
-async def measure_floor(kube: client_.KubeClient, *, pods: int, run_id: str) -> float:
-    """Seconds the API server takes to answer one DeleteCollection of `pods` bound pods (see the module
-    docstring)."""
-    ns = f"kcover-bench-restart-{run_id}-floor-{pods}-{next(_scenarios)}"
-    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
-                                                           "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
-    try:
-        await _nodes(kube)
-        gate = asyncio.Semaphore(CREATE_CONCURRENCY)
-
-        async def one(i: int) -> None:
-            async with gate:
-                await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"floor-{i}", "namespace": ns, "labels": {FLOOR_LABEL: "true"}},
-                    "spec": {"nodeName": f"kcover-bench-node-{i % NODES}", "restartPolicy": "Never",
-                             "containers": [{"name": "c", "image": "trainer"}]}})
-
-        async with asyncio.TaskGroup() as tg:
-            for i in range(pods):
-                tg.create_task(one(i))
-        started = time.perf_counter()
-        await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": f"{FLOOR_LABEL}=true"})
-        return time.perf_counter() - started
-    finally:
-        await _drop(kube, ns)
-
-
-def _removal(kind: str) -> kinds.Removal:
-    table = kinds.by_key(_KIND_KEYS[kind])
-    assert table is not None, kind
-    return table.removal
-
-
-_KIND_KEYS = {"jobset": "jobsets.jobset.x-k8s.io", "job": "jobs.batch", "pytorchjob": "pytorchjobs.kubeflow.org"}
-
-
-async def measure_bare(kube: client_.KubeClient, *, kind: str, pods: int, run_id: str, concurrency: int,
-                       settle: float = 0.0) -> float:
-    """Seconds a bare client takes to take away every pod of one `kind` workload of `pods` pods, set up as
-    `measure_one` sets it up (without an operator) and left `settle` seconds after the last is created (what
-    kcover's scenario waited: the real Job controller adopting 2,048 pods loads the server meanwhile): each
-    pod evicted or deleted as kcover's restart would (`kinds.Removal`), its uid as precondition,
-    `concurrency` in flight, over plain HTTP on the same connection pool, answers read but not decoded.
-    Every answer must be a success."""
-    ns = f"kcover-bench-restart-{run_id}-bare-{kind}-{pods}-{next(_scenarios)}"
-    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
-                                                           "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
-    try:
-        await _nodes(kube)
-        workload, owner = await _workload(kube, ns, kind, "big", pods)
-        await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
-        await asyncio.sleep(settle)
-        listed = await kube.request("GET", f"/api/v1/namespaces/{ns}/pods")
-        todo = [(p["metadata"]["name"], p["metadata"]["uid"]) for p in listed.get("items") or []
-                if not p["metadata"].get("deletionTimestamp")]
-        evict = _removal(kind) is kinds.Removal.EVICT
-        failures: list[str] = []
-        send = kube.sender.send
-        headers = {"Accept": client_.JSON, "Content-Type": client_.JSON}
-
-        async def worker() -> None:
-            while todo:
-                name, uid = todo.pop()
-                if evict:
-                    method, path = "POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction"
-                    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                            "metadata": {"name": name, "namespace": ns},
-                                            "deleteOptions": {"preconditions": {"uid": uid}}}
-                else:
-                    method, path = "DELETE", f"/api/v1/namespaces/{ns}/pods/{name}"
-                    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-                response = await send(method, path, query=[], headers=headers, body=orjson.dumps(body), timeout=None)
-                async with response:
-                    await response.read()
-                    if response.status >= 300:
-                        failures.append(f"{name}: HTTP {response.status}")
-
-        started = time.perf_counter()
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(max(1, concurrency)):
-                tg.create_task(worker())
-        seconds = time.perf_counter() - started
-        if failures:
-            raise errors.KcoverError(f"bench bare removal: {len(failures)} failed, first {failures[0]}")
-        return seconds
-    finally:
-        await _drop(kube, ns)
-
-
 def _running(cache: caching.ClusterCache, ns: str) -> list[proj.Pod]:
     return [p for p in cache.pods.values() if p.namespace == ns and p.phase == "Running" and not p.deleting]
 
@@ -403,16 +146,14 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
                       concurrency: int | None = None, operator: bool = False, pod_labels: dict[str, str] | None = None,
                       setup_timeout: float = 900.0, recreate_timeout: float = 900.0) -> Row:
     """One restart of one `kind` workload of `pods` pods; see the module docstring."""
-    ns = f"kcover-bench-restart-{run_id}-{kind}-{pods}-{next(_scenarios)}"
-    await kube.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
-                                                           "metadata": {"name": ns, "labels": {"kcover.io/bench": "true"}}})
+    ns = await restartsetup.scenario_namespace(kube, f"kcover-bench-restart-{run_id}-{kind}-{pods}")
     try:
         if not operator:
-            await _nodes(kube)
-            workload, owner = await _workload(kube, ns, kind, "big", pods)
-            await _pods(kube, ns, kind, "big", workload["metadata"]["uid"], owner, pods)
+            await restartsetup.nodes(kube)
+            made, owner = await restartsetup.workload(kube, ns, kind, "big", pods)
+            await restartsetup.workload_pods(kube, ns, kind, "big", made, owner, pods)
         else:
-            await _operated(kube, ns, kind, "big", pods, dict(pod_labels or {}))
+            await restartsetup.operated(kube, ns, kind, "big", pods, dict(pod_labels or {}))
         created = time.perf_counter()
         cfg = settings.Settings.model_validate({"lease": {"enabled": False}, "kube": {"watch_events": False},
                                                 "recovery": {"ledger_namespace": ns, "save_logs": {"enabled": False},
@@ -455,7 +196,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             spent = Counter(kube.request_counts)
             spent.subtract(before)
             requests = {k: v for k, v in spent.items() if v > 0 and not k.startswith(("WATCH", "LIST"))}
-            table = kinds.by_key(_KIND_KEYS[kind])
+            table = kinds.by_key(restartsetup.KIND_KEYS[kind])
             row = Row(kind, pods, seconds, watch.removed, requests,
                       throttled=kube.retry_stats.retries["throttled"] - throttled,
                       concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency, cpu_seconds=cpu,
@@ -475,7 +216,7 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             stop.set()
             await asyncio.wait_for(task, 30)
     finally:
-        await _drop(kube, ns)
+        await restartsetup.drop(kube, ns)
 
 
 async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
@@ -492,7 +233,7 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
     if bare:
         assert floors is not None
         for pods in sizes:
-            floors[pods] = await measure_floor(kube, pods=pods, run_id=run_id)
+            floors[pods] = await restartsetup.measure_floor(kube, pods=pods, run_id=run_id)
             log.info("bench_restart_floor", pods=pods, seconds=round(floors[pods], 3))
     for kind in kinds_:
         for pods in sizes:
@@ -500,7 +241,7 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
                 row = await measure_one(kube, kind=kind, pods=pods, run_id=run_id, concurrency=concurrency,
                                         operator=operator, pod_labels=pod_labels)
                 if bare:
-                    row.bare_seconds = await measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
+                    row.bare_seconds = await restartsetup.measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
                                                           concurrency=concurrency or default,
                                                           settle=row.settled_seconds)
                 log.info("bench_restart", kind=kind, pods=pods, concurrency=row.concurrency,

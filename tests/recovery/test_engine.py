@@ -224,7 +224,26 @@ async def test_without_its_ledger_crd_kcover_acts_on_nothing_and_recovers_when_i
         assert r.metrics.registry.get_sample_value("kcover_ledger_available") == 1
 
 
-async def test_a_cordon_checks_its_ledger_beside_the_node_read_and_writes_no_node_without_it() -> None:
+async def test_a_cordons_ledger_check_and_node_read_are_one_round_trip() -> None:
+    """With every Node and LedgerEntry request answered 1 s (virtual) late, a cordon on a loaded ledger takes
+    three round trips: the served check and the Node read together, the Node's write, the entry's write.
+    The check before the read would make it four."""
+    async with engines.rig(nodes(2)) as r:
+        await r.leader.inner.ledger.ensure_loaded()
+        r.srv.faults.resources = frozenset({"nodes", "ledgerentries.kcover.io"})
+        r.srv.faults.latency_seconds = 1.0
+        before = dict(r.requests)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await r.leader.handle([node_fault("n0")])
+        assert loop.time() - started == pytest.approx(3.0, abs=0.05)
+        assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True
+        sent = {k: r.requests.get(k, 0) - before.get(k, 0)
+                for k in ("LIST ledgerentries.kcover.io", "GET nodes", "UPDATE nodes")}
+        assert sent == {"LIST ledgerentries.kcover.io": 1, "GET nodes": 1, "UPDATE nodes": 1}
+
+
+async def test_a_cordon_whose_ledger_crd_went_away_writes_no_node_until_it_is_back_and_then_once() -> None:
     """A loaded ledger whose CRD goes away: the cordon's served check (run beside the read of the Node) fails,
     so the Node is not written; once the CRD is back the kept fault cordons the node, once."""
     async with engines.rig(nodes(2)) as r:
