@@ -133,11 +133,13 @@ def dra_entry(index: int, health: str) -> Obj:
 
 
 def failed_status(index: int, *, exit_code: int = 1) -> Obj:
-    """The container exited with reason Error (restartPolicy OnFailure: lastState, restarted)."""
+    """The container's first instance exited with reason Error, as its kubelet reports it before starting it
+    again under `restartPolicy: OnFailure` (`restartCount` 0, `state.terminated`, no `lastState`): a job's
+    first failure, the one kcover restarts it for."""
     now = clock.rfc3339(clock.utcnow())
     status = running_status(index)
     cs = status["containerStatuses"][0]
-    cs.update(ready=False, restartCount=1, state={"terminated": {
+    cs.update(ready=False, restartCount=0, state={"terminated": {
         "exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}})
     return status
 

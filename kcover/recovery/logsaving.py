@@ -13,7 +13,10 @@ It does not decide whether to restart: it returns a `SaveResult` and the caller 
 How it fails: never by raising a Kubernetes or file-system error. The whole save is time-boxed by
 `timeout_seconds` (80% for the logs, 10% for the index, 10% for pruning), so a slow API server or a stuck volume never holds a recovery hostage; what was
 saved before the deadline stays on disk. A previous log is asked for only of a container whose status
-says it restarted or that its kubelet may restart before the read (`has_previous`), and a 400 for one (no terminated instance) is normal and skipped; other per-container errors are listed in the index. A save that timed out or could not
+says it restarted or that its kubelet may restart before the read (`has_previous`), and a 400 for one (no terminated instance) is normal and skipped; other per-container errors are listed in the index.
+A container whose status says its first instance stopped (`first_stop`: the usual fault under `OnFailure`)
+costs one read, not two, when the current log proves it is that instance (`proves_stopped_instance`); the
+previous log is read only when it does not. A save that timed out or could not
 write its folder is a failure: logged (`log_save_failed`), counted in `kcover_log_save_failures_total`
 and returned in `SaveResult.error`.
 """
@@ -35,6 +38,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from kcover import errors, settings
+from kcover.aio import clock as clock_
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
 
@@ -89,6 +93,8 @@ class SaveResult:
     files: int = 0
     bytes: int = 0
     container_errors: int = 0
+    reads: int = 0
+    """`pods/log` requests made (a first stop's proven current log saves its previous read)."""
     """Logs that could not be fetched (listed in index.json); not a failure of the save."""
 
 
@@ -115,6 +121,7 @@ class _Progress:
     files: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
+    reads: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -156,7 +163,8 @@ def from_cache(pod: proj.Pod) -> dict[str, Any]:
     projection, so a save costs no GET per pod. Only containers with a status can have a log."""
     def statuses(init: bool) -> list[dict[str, Any]]:
         return [{"name": c.name, "restartCount": c.restart_count,
-                 "state": {"terminated": {}} if c.terminated is not None else {},
+                 "state": {"terminated": {"finishedAt": c.terminated.finished_at}} if c.terminated is not None
+                 else {},
                  "lastState": {"terminated": {}} if c.last_terminated is not None else {}}
                 for c in pod.containers if c.init is init]
     return {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
@@ -187,6 +195,65 @@ def has_previous(pod: Mapping[str, Any], container: str) -> bool:
             return (cs.get("state") or {}).get("terminated") is not None and (
                 init or _restarts_in_place(pod, container))
     return True
+
+
+def first_stop(pod: Mapping[str, Any], container: str) -> dt.datetime | None:
+    """When the container's status says its first instance stopped (`state.terminated`, no restart, no
+    `lastState`) and its kubelet may start it again before its log is read: that instance's `finishedAt`.
+    Its current log is then either that instance or, when the kubelet restarted it meanwhile, a new one
+    whose lines all come after it stopped. None otherwise (or without a readable `finishedAt`)."""
+    status = pod.get("status") or {}
+    for statuses in (status.get("initContainerStatuses"), status.get("containerStatuses")):
+        for cs in statuses or []:
+            if cs.get("name") != container:
+                continue
+            if bool(cs.get("restartCount")) or (cs.get("lastState") or {}).get("terminated") is not None:
+                return None
+            finished = ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")
+            if not finished or not has_previous(pod, container):
+                return None
+            try:
+                return clock_.parse_time(str(finished))
+            except ValueError:
+                return None
+    return None
+
+
+_STAMPED = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2}) ")
+"""A line of `pods/log?timestamps=true`: the kubelet's RFC 3339 time (nanoseconds, trailing zeros cut), a
+space, then the line as written."""
+
+
+def unstamp(text: str) -> tuple[str, list[dt.datetime]]:
+    """The text of a `timestamps=true` read without its times (each line as the container wrote it), and the
+    times, whole seconds in UTC, of the lines that had one (a first line cut by the byte bound may not)."""
+    lines: list[str] = []
+    times: list[dt.datetime] = []
+    parts = text.split("\n")  # the kubelet ends lines with "\n" alone; a "\r" is the container's own
+    for i, part in enumerate(parts):
+        line = part + "\n" if i < len(parts) - 1 else part
+        if not line:
+            continue
+        match = _STAMPED.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        try:
+            seconds = dt.datetime.fromisoformat(match.group(1) + match.group(3).replace("Z", "+00:00"))
+        except ValueError:
+            lines.append(line)
+            continue
+        times.append(seconds.astimezone(dt.UTC))
+        lines.append(line[match.end():])
+    return "".join(lines), times
+
+
+def proves_stopped_instance(times: Sequence[dt.datetime], finished: dt.datetime) -> bool:
+    """Whether a current log with lines at `times` is the instance that stopped at `finished` (its status's
+    `finishedAt`, cut to the second, so at or before the real end). An instance started after that one
+    ended writes every line after `finished`; a line written before it can only be the stopped instance's.
+    An empty log, or one whose lines all fall in its last second, proves nothing."""
+    return any(t < finished for t in times)
 
 
 def _restarts_in_place(pod: Mapping[str, Any], container: str) -> bool:
@@ -318,13 +385,9 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
             limit = asyncio.Semaphore(settings.concurrency)
             found = await asyncio.gather(*(_pod_json(client, pod, progress, limit) for pod in pods))
             resolved.extend(p for p in found if p is not None)
-            jobs = [_save_one(client, pod, container, previous, folder=folder, policy=settings,
-                              progress=progress, limit=limit)
-                    for pod in resolved for container in containers_of(pod) for previous in (False, True)
-                    if not previous or has_previous(pod, container)]
-            progress.skipped += sum(1 for pod in resolved for container in containers_of(pod)
-                                    if not has_previous(pod, container))
-            await asyncio.gather(*jobs)
+            await asyncio.gather(*(_save_container(client, pod, container, folder=folder, policy=settings,
+                                                   progress=progress, limit=limit)
+                                   for pod in resolved for container in containers_of(pod)))
     except TimeoutError:
         error, reason = f"timed out after {fetch_budget:g} s", "timeout"
     except OSError as exc:
@@ -344,6 +407,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
         "files": sorted(progress.files, key=lambda f: str(f["path"])),
         "errors": progress.errors,
         "bytes": progress.total_bytes,
+        "reads": progress.reads,
     }
     written = False
     if created:
@@ -369,7 +433,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
     if metrics is not None:
         metrics.bytes.inc(progress.total_bytes)
     result = SaveResult(path=str(folder) if created else None, error=error, files=len(progress.files),
-                        bytes=progress.total_bytes, container_errors=len(progress.errors))
+                        bytes=progress.total_bytes, container_errors=len(progress.errors), reads=progress.reads)
     if error is not None:
         if metrics is not None:
             metrics.failures.labels(reason).inc()
@@ -378,7 +442,7 @@ async def save(client: client_.KubeClient, workload: WorkloadRef, pods: Sequence
     else:
         log.info("logs_saved", workload=f"{workload.namespace}/{workload.name}", kind=str(workload.kind),
                  path=result.path, files=result.files, bytes=result.bytes,
-                 container_errors=result.container_errors, skipped_previous=progress.skipped)
+                 container_errors=result.container_errors, skipped_previous=progress.skipped, reads=result.reads)
     return result
 
 
@@ -399,26 +463,65 @@ async def _read_tail(client: client_.KubeClient, path: str, query: dict[str, str
     return bytes(buffer[-max_bytes:]).decode("utf-8", "ignore"), total > max_bytes
 
 
+STAMP_BYTES = 36
+"""The most a `timestamps=true` read adds to a line (`2006-01-02T15:04:05.999999999+07:00 `)."""
+
+
+async def _save_container(client: client_.KubeClient, pod: Mapping[str, Any], container: str, *, folder: Path,
+                          policy: settings.SaveLogsSettings, progress: _Progress, limit: asyncio.Semaphore) -> None:
+    """One container's logs: its current one, and its previous one where there may be one.
+
+    A container whose first instance stopped (`first_stop`) is read once, with timestamps, when that read
+    proves it got the stopped instance: the previous log then holds nothing else (a 400 before the kubelet
+    restarts it, the same instance after). When the read proves nothing, the previous log is read too, as for
+    any restarted container. When the read failed it is not: both go through the same kubelet, and a previous
+    log exists only once the kubelet has restarted the container, so the second read cannot find more."""
+    stopped = first_stop(pod, container)
+    if stopped is None:
+        previous = has_previous(pod, container)
+        await asyncio.gather(*(_save_one(client, pod, container, p, folder=folder, policy=policy, progress=progress,
+                                         limit=limit) for p in ((False, True) if previous else (False,))))
+        progress.skipped += not previous
+        return
+    outcome = await _save_one(client, pod, container, False, folder=folder, policy=policy, progress=progress,
+                              limit=limit, stopped=stopped)
+    if outcome == "proven" or outcome == "failed":
+        progress.skipped += 1
+        return
+    await _save_one(client, pod, container, True, folder=folder, policy=policy, progress=progress, limit=limit)
+
+
 async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], container: str, previous: bool, *,
                     folder: Path, policy: settings.SaveLogsSettings, progress: _Progress,
-                    limit: asyncio.Semaphore) -> None:
+                    limit: asyncio.Semaphore, stopped: dt.datetime | None = None) -> str:
+    """Read and write one log; "saved", "proven" (with `stopped`: the log is the instance that stopped then),
+    "failed" (listed in the index) or "absent" (a previous log that does not exist)."""
     meta = pod.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     # No limitBytes: the server would keep the *head* of the tail; the reader keeps the last bytes instead.
     query: dict[str, str | int | bool] = {"container": container, "tailLines": policy.max_lines_per_container}
     if previous:
         query["previous"] = True
+    bound = policy.max_bytes_per_container
+    if stopped is not None:
+        query["timestamps"] = True
+        bound += STAMP_BYTES * policy.max_lines_per_container
+    proven = False
     async with limit:
+        progress.reads += 1
         try:
             text, cut = await _read_tail(client, f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
-                                    max_bytes=policy.max_bytes_per_container, read_timeout=policy.timeout_seconds)
+                                    max_bytes=bound, read_timeout=policy.timeout_seconds)
         except errors.KubeError as exc:
             if previous and exc.status == 400:
                 progress.skipped += 1  # no terminated instance: nothing to save
-                return
+                return "absent"
             progress.errors.append({"pod": name, "container": container, "previous": previous,
                                     "status": exc.status, "error": str(exc)[:512]})
-            return
+            return "failed"
+        if stopped is not None:
+            text, times = unstamp(text)
+            proven = proves_stopped_instance(times, stopped)
         text, trimmed = tail(text, max_lines=policy.max_lines_per_container,
                              max_bytes=policy.max_bytes_per_container)
         # the server applied tailLines itself: reaching the line limit means older lines were left out
@@ -427,3 +530,4 @@ async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], containe
         size = await asyncio.to_thread(_write, folder / relative, text)
     progress.files.append({"pod": name, "container": container, "previous": previous,
                            "path": str(relative), "bytes": size, "truncated": truncated})
+    return "proven" if proven else "saved"

@@ -137,6 +137,58 @@ def test_a_stopped_container_is_read_once_where_its_kubelet_never_starts_it_agai
     assert logsaving.has_previous({"spec": spec, "status": status}, "c") is expected
 
 
+FINISHED = "2026-03-04T05:06:07Z"
+
+
+@pytest.mark.parametrize(("status", "restart_policy", "expected"), [
+    # the first instance stopped, under OnFailure: its kubelet may restart it before the read
+    ({"restartCount": 0, "state": {"terminated": {"exitCode": 1, "finishedAt": FINISHED}}}, "OnFailure", NOW),
+    ({"restartCount": 0, "state": {"terminated": {"exitCode": 1, "finishedAt": "2026-03-04T06:06:07+01:00"}}},
+     "OnFailure", NOW),
+    # under Never it is never started again: one read already, no proof needed
+    ({"restartCount": 0, "state": {"terminated": {"exitCode": 1, "finishedAt": FINISHED}}}, "Never", None),
+    # an earlier instance exists: its previous log holds more than the current one
+    ({"restartCount": 1, "state": {"terminated": {"exitCode": 1, "finishedAt": FINISHED}}}, "OnFailure", None),
+    ({"restartCount": 0, "state": {"terminated": {"finishedAt": FINISHED}},
+      "lastState": {"terminated": {"exitCode": 1}}}, "OnFailure", None),
+    ({"restartCount": 0, "state": {"running": {}}}, "OnFailure", None),
+    # no time to compare with
+    ({"restartCount": 0, "state": {"terminated": {"exitCode": 1}}}, "OnFailure", None),
+    ({"restartCount": 0, "state": {"terminated": {"exitCode": 1, "finishedAt": "yesterday"}}}, "OnFailure", None),
+])
+def test_a_first_stop_is_known_with_its_time(status: dict[str, object], restart_policy: str,
+                                             expected: dt.datetime | None) -> None:
+    pod = {"spec": {"restartPolicy": restart_policy, "containers": [{"name": "c"}]},
+           "status": {"containerStatuses": [{"name": "c", **status}]}}
+    assert logsaving.first_stop(pod, "c") == expected
+    assert logsaving.first_stop(pod, "other") is None
+
+
+def test_a_timestamped_read_gives_back_the_lines_as_written_and_their_seconds() -> None:
+    text = ("2026-03-04T05:06:05.123456789Z step 1\n"
+            "2026-03-04T06:06:06+01:00 step 2 \r 2026-03-04T05:06:06Z not a time\n"
+            "  a continuation line the kubelet did not stamp\n"
+            "2026-03-04T05:06:07.5Z NCCL error")
+    plain, times = logsaving.unstamp(text)
+    assert plain == ("step 1\nstep 2 \r 2026-03-04T05:06:06Z not a time\n"
+                     "  a continuation line the kubelet did not stamp\nNCCL error")
+    assert times == [NOW - dt.timedelta(seconds=2), NOW - dt.timedelta(seconds=1), NOW]
+    assert logsaving.unstamp("") == ("", [])
+    assert logsaving.unstamp("2026-13-04T05:06:05Z month 13\n") == ("2026-13-04T05:06:05Z month 13\n", [])
+
+
+@pytest.mark.parametrize(("seconds_before_stop", "expected"), [
+    ([5, 0], True),   # a line written before the stop's second: only the stopped instance has one
+    ([0, 0], False),  # every line in the stop's own second: a fast restart's lines could be there too
+    ([-1], False),    # written after the stop: a new instance
+    ([], False),      # empty: either instance
+])
+def test_a_current_log_proves_it_is_the_stopped_instance_only_by_a_line_before_the_stop(
+        seconds_before_stop: list[int], expected: bool) -> None:
+    times = [NOW - dt.timedelta(seconds=s) for s in seconds_before_stop]
+    assert logsaving.proves_stopped_instance(times, NOW) is expected
+
+
 def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
     def container(name: str, *, init: bool, restarts: int, last: bool, now: bool = False) -> proj.ContainerState:
         return proj.ContainerState(name=name, init=init, restart_count=restarts,
@@ -154,6 +206,10 @@ def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
     assert [logsaving.has_previous(body, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
         [False, True, False, True]
     assert (body["metadata"], body["spec"]["nodeName"]) == ({"namespace": "ml", "name": "w-0", "uid": "u1"}, "n1")
+    assert logsaving.first_stop(body, "worker") is None  # the cache had no finishedAt for it
+    stamped = pod._replace(containers=(*pod.containers[:3], pod.containers[3]._replace(
+        terminated=proj.Terminated("Error", 1, "2026-03-04T05:06:07Z"))))
+    assert logsaving.first_stop(logsaving.from_cache(stamped), "worker") == NOW
     never = logsaving.from_cache(pod._replace(restart_policy="Never"))
     assert [logsaving.has_previous(never, c) for c in ("setup", "trainer", "sidecar", "worker")] == \
         [False, True, False, False]

@@ -100,6 +100,94 @@ async def test_current_and_previous_logs_are_saved_with_an_index(
     assert result.bytes == sum(f["bytes"] for f in index["files"]) == index["bytes"]
 
 
+def _stopped_first(pod: dict[str, Any], finished: dt.datetime, policy: str = "OnFailure") -> dict[str, Any]:
+    """`pod` as a status read just after its trainer's first instance stopped (not restarted yet)."""
+    stamp = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {**pod, "spec": {**pod["spec"], "restartPolicy": policy},
+            "status": {"containerStatuses": [{"name": "trainer", "restartCount": 0, "state": {
+                "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": stamp}}}]}}
+
+
+def _log_reads(cluster: simserver.SimServer, result: logsaving.SaveResult) -> int:
+    """The server's count of pods/log reads, checked against the one the save reports (index and result)."""
+    served = cluster.request_counts.get("GET pods/log", 0)
+    assert result.path is not None
+    assert result.reads == json.loads((Path(result.path) / "index.json").read_text())["reads"] == served
+    return served
+
+
+async def test_a_first_stop_whose_log_shows_it_is_read_once(
+        cluster: simserver.SimServer, kube: client_.KubeClient, tmp_path: Path) -> None:
+    """The usual fault under OnFailure: kcover reads before the kubelet restarts the container. The current
+    log has a line from before the stop's second, so it is the stopped instance: no previous read."""
+    pod = await _pod(kube, "w", ["trainer"])
+    cluster.append_log(NS, "w", "trainer", "step 1\nNCCL error: unhandled system error\n")
+    stopped = _stopped_first(pod, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2))
+
+    result = await logsaving.save(kube, JOB, [stopped], settings=_policy(tmp_path), now=NOW)
+
+    assert _log_reads(cluster, result) == 1
+    assert result.error is None
+    assert result.path is not None
+    assert result.files == 1
+    # saved as written: the times the proof read are not in the file
+    assert (Path(result.path) / "w" / "trainer.log").read_text() == "step 1\nNCCL error: unhandled system error\n"
+    assert not (Path(result.path) / "w" / "trainer.previous.log").exists()
+
+
+async def test_a_first_stop_restarted_before_the_read_has_its_failed_instance_read_as_the_previous(
+        cluster: simserver.SimServer, kube: client_.KubeClient, tmp_path: Path) -> None:
+    """The kubelet restarted the container between the status kcover acted on and the read: the current
+    log is the new instance, every line after the stop, so the previous log is read and holds the failure."""
+    pod = await _pod(kube, "w", ["trainer"])
+    finished = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    cluster.append_log(NS, "w", "trainer", "step 1\nNCCL error: unhandled system error\n")
+    cluster.terminate_container_instance(NS, "w", "trainer")
+    cluster.append_log(NS, "w", "trainer", "step 1 (restarted)\n")
+
+    result = await logsaving.save(kube, JOB, [_stopped_first(pod, finished)], settings=_policy(tmp_path), now=NOW)
+
+    assert _log_reads(cluster, result) == 2
+    assert result.path is not None
+    assert result.files == 2
+    folder = Path(result.path)
+    assert (folder / "w" / "trainer.previous.log").read_text() == "step 1\nNCCL error: unhandled system error\n"
+    assert (folder / "w" / "trainer.log").read_text() == "step 1 (restarted)\n"
+
+
+async def test_a_first_stop_whose_lines_all_fall_in_its_last_second_is_read_twice(
+        cluster: simserver.SimServer, kube: client_.KubeClient, tmp_path: Path) -> None:
+    """Lines in the stop's own second could be a fast restart's: nothing proven, the previous log is asked
+    for (a 400 here: the kubelet has not restarted it), and what the current read got is kept."""
+    pod = await _pod(kube, "w", ["trainer"])
+    finished = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    cluster.append_log(NS, "w", "trainer", "crashed at start\n")
+
+    result = await logsaving.save(kube, JOB, [_stopped_first(pod, finished)], settings=_policy(tmp_path), now=NOW)
+
+    assert _log_reads(cluster, result) == 2
+    assert result.path is not None
+    assert (result.files, result.container_errors) == (1, 0)
+    assert (Path(result.path) / "w" / "trainer.log").read_text() == "crashed at start\n"
+
+
+async def test_a_first_stop_whose_read_failed_is_not_read_again_as_the_previous(
+        cluster: simserver.SimServer, kube: client_.KubeClient, tmp_path: Path) -> None:
+    """A read that failed (here the pod is gone: 404) is listed in the index; the previous log goes through
+    the same server and kubelet, so it is not asked for."""
+    pod = await _pod(kube, "w", ["trainer"])
+    await kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/w", body={"gracePeriodSeconds": 0})
+    stopped = _stopped_first(pod, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2))
+
+    result = await logsaving.save(kube, JOB, [stopped], settings=_policy(tmp_path), now=NOW)
+
+    assert _log_reads(cluster, result) == 1
+    assert result.path is not None
+    assert (result.files, result.container_errors) == (0, 1)
+    index = json.loads((Path(result.path) / "index.json").read_text())
+    assert [(e["container"], e["previous"], e["status"]) for e in index["errors"]] == [("trainer", False, 404)]
+
+
 async def test_logs_are_bounded_to_their_tail(cluster: simserver.SimServer, kube: client_.KubeClient,
                                               tmp_path: Path) -> None:
     pod = await _pod(kube, "p", ["trainer"])

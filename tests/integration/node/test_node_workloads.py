@@ -104,8 +104,15 @@ def test_a_real_container_exit_is_recovered_on_the_real_kubelet(realnode: RealNo
                  and any(exit_line.fullmatch(line) for line in text.splitlines())]
     assert len(instances) == 1, {path: text[-200:] for path, text in saved.items()}
     lines = instances[0]
+    # as the container wrote them: a read with timestamps (a first stop's proof) has them taken off
     assert lines[0].startswith(f"train worker {host} starting on GPUs"), lines[:2]
     assert exit_line.fullmatch(lines[-1]), lines[-2:]
+    # one read when kcover's status was the first stop and the current log proved to be it (a line per
+    # second, long before the exit); two when the kubelet's restart came first. Printed: which one happened
+    where = next(path for path, text in saved.items() if path.startswith(f"{name}/") and exit_line.search(text))
+    reads = folders[0]["index"]["reads"]
+    print(f"log save {kind}: the failed instance in {where}, {reads} pods/log read(s)")
+    assert 1 <= reads <= 2, folders[0]["index"]
     # recovery.save_logs.scope faulted (the default): the faulting worker's logs, not its healthy peer's
     assert {p["metadata"]["name"] for p in before} > {name}
     assert {path.split("/", 1)[0] for path in saved if path.endswith(".log")} == {name}
