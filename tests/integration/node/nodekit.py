@@ -107,10 +107,12 @@ class RealNode:
         out = [p for p in items if not live or not p["metadata"].get("deletionTimestamp")]
         return sorted(out, key=lambda p: str(p["metadata"]["name"]))
 
-    def log(self, namespace: str, pod: str, container: str = "", *, previous: bool = False) -> str:
+    def log(self, namespace: str, pod: str, container: str = "", *, previous: bool = False,
+            timestamps: bool = False) -> str:
         """A container's log as the kubelet serves it (through the API server)."""
         query = "&".join(q for q in (f"container={container}" if container else "",
-                                      "previous=true" if previous else "") if q)
+                                      "previous=true" if previous else "",
+                                      "timestamps=true" if timestamps else "") if q)
         status, body = self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log" + (f"?{query}" if query else ""),
                                     raw=True, accept="*/*")
         assert status == 200, f"log of {namespace}/{pod}: HTTP {status}: {body[:300]!r}"

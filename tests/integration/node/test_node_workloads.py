@@ -12,6 +12,7 @@ uid), and kcover's own MTTR from its KcoverRecoveryVerified Event.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import secrets
@@ -22,6 +23,9 @@ from typing import Any
 import pytest
 import workloads as wl
 from nodekit import RELEASE_NS, RealNode, until
+
+from kcover.aio import clock as clock_
+from kcover.recovery import logsaving
 
 pytestmark = pytest.mark.parametrize("realnode", ["node"], indirect=True)
 RESTARTED = "KcoverRestartedWorkload"
@@ -52,6 +56,22 @@ def _saved(rn: RealNode, controller: str, ns: str, job: str) -> list[dict[str, A
     return [f for f in got if f"-{ns}-" in f["folder"] and job in f["folder"]]
 
 
+def _the_kubelets_stamped_log_reads_back_as_written(rn: RealNode, ns: str, pod: dict[str, Any]) -> None:
+    """The real kubelet's `timestamps=true` read, as `logsaving.unstamp` takes it apart: the lines as the
+    plain read serves them, and a time for each, in order, from the container's start to now."""
+    name = pod["metadata"]["name"]
+    stamped = rn.log(ns, name, timestamps=True)
+    after = dt.datetime.now(dt.UTC)
+    plain, times = logsaving.unstamp(stamped)
+    assert plain, stamped[:300]
+    assert rn.log(ns, name).startswith(plain), (stamped[:300], plain[:300])
+    assert len(times) == plain.count("\n"), stamped[:300]
+    started = clock_.parse_time(pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    assert times == sorted(times), times
+    assert started <= times[0], (started, times[0])
+    assert times[-1] <= after, (times[-1], after)
+
+
 @pytest.mark.parametrize("kind", ["batch", "jobset", "pytorchjob"])
 def test_a_real_container_exit_is_recovered_on_the_real_kubelet(realnode: RealNode, ns: str, kind: str) -> None:
     rn = realnode
@@ -59,6 +79,11 @@ def test_a_real_container_exit_is_recovered_on_the_real_kubelet(realnode: RealNo
     job = wl.create(rn, kind, ns, "train")
     before = until(lambda: wl.running(rn, kind, ns, "train"), f"the {kind}'s two pods Running", within=120)
     old = frozenset(wl.uids(before))
+    # two seconds into their run (a line every second): the instance that fails has lines from before its
+    # last second, which is what lets kcover's log save prove it read that instance
+    until(lambda: all(": step 10\n" in rn.log(ns, p["metadata"]["name"]) for p in before),
+          "every worker two seconds into its run")
+    _the_kubelets_stamped_log_reads_back_as_written(rn, ns, before[0])
     fault = wl.trigger(ns, "train")
     marks: list[tuple[str, float]] = []
 
@@ -107,12 +132,13 @@ def test_a_real_container_exit_is_recovered_on_the_real_kubelet(realnode: RealNo
     # as the container wrote them: a read with timestamps (a first stop's proof) has them taken off
     assert lines[0].startswith(f"train worker {host} starting on GPUs"), lines[:2]
     assert exit_line.fullmatch(lines[-1]), lines[-2:]
-    # one read when kcover's status was the first stop and the current log proved to be it (a line per
-    # second, long before the exit); two when the kubelet's restart came first. Printed: which one happened
+    # One read when kcover saved before the kubelet restarted the container: its status was the first stop
+    # and the current log, lines from two seconds before the exit, proved to be that instance. Two when
+    # the restart came first: the failed instance is then the previous log. Printed: which one happened.
     where = next(path for path, text in saved.items() if path.startswith(f"{name}/") and exit_line.search(text))
     reads = folders[0]["index"]["reads"]
     print(f"log save {kind}: the failed instance in {where}, {reads} pods/log read(s)")
-    assert 1 <= reads <= 2, folders[0]["index"]
+    assert reads == (2 if where.endswith(".previous.log") else 1), folders[0]["index"]
     # recovery.save_logs.scope faulted (the default): the faulting worker's logs, not its healthy peer's
     assert {p["metadata"]["name"] for p in before} > {name}
     assert {path.split("/", 1)[0] for path in saved if path.endswith(".log")} == {name}
