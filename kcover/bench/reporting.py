@@ -172,8 +172,8 @@ PURPOSES = {
     "PATCH recoveries": "the Recovery's later phase and times",
     "GET discovery": "API discovery of kcover.io/v1alpha1: whether the Recovery kind has a status subresource (once "
                      "per retention pass, the first at leadership; a write before that pass asks it)",
-    "GET pods/log": "recovery.save_logs: one container's log before its pod goes (and its previous one where its "
-                    "kubelet may have restarted it)",
+    "GET pods/log": "recovery.save_logs: one container's log before its pod goes (and its previous one where it "
+                    "restarted, or where the current one does not prove to be the instance that stopped)",
     "GET nodes": "a cordon's read of the Node (read-modify-write: spec.taints has no merge strategy)",
     "LIST ledgerentries": "a cordon's check that its ledger is served (one item at most), sent beside its read "
                           "of the Node: the Node is written before its ledger entry, never without a ledger",
