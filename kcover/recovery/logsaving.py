@@ -93,9 +93,9 @@ class SaveResult:
     files: int = 0
     bytes: int = 0
     container_errors: int = 0
+    """Logs that could not be fetched (listed in index.json); not a failure of the save."""
     reads: int = 0
     """`pods/log` requests made (a first stop's proven current log saves its previous read)."""
-    """Logs that could not be fetched (listed in index.json); not a failure of the save."""
 
 
 FAILURE_REASONS = ("timeout", "write")
@@ -224,9 +224,10 @@ _STAMPED = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-
 space, then the line as written."""
 
 
-def unstamp(text: str) -> tuple[str, list[dt.datetime]]:
+def unstamp(text: str, *, cut: bool = False) -> tuple[str, list[dt.datetime]]:
     """The text of a `timestamps=true` read without its times (each line as the container wrote it), and the
-    times, whole seconds in UTC, of the lines that had one (a first line cut by the byte bound may not)."""
+    times, whole seconds in UTC, of the lines that had one. `cut`: the text lost its head to the byte bound,
+    so its first line is a fragment whose start is the container's text, never read as a time."""
     lines: list[str] = []
     times: list[dt.datetime] = []
     parts = text.split("\n")  # the kubelet ends lines with "\n" alone; a "\r" is the container's own
@@ -234,7 +235,7 @@ def unstamp(text: str) -> tuple[str, list[dt.datetime]]:
         line = part + "\n" if i < len(parts) - 1 else part
         if not line:
             continue
-        match = _STAMPED.match(line)
+        match = None if cut and i == 0 else _STAMPED.match(line)
         if match is None:
             lines.append(line)
             continue
@@ -252,8 +253,10 @@ def proves_stopped_instance(times: Sequence[dt.datetime], finished: dt.datetime)
     """Whether a current log with lines at `times` is the instance that stopped at `finished` (its status's
     `finishedAt`, cut to the second, so at or before the real end). An instance started after that one
     ended writes every line after `finished`; a line written before it can only be the stopped instance's.
-    An empty log, or one whose lines all fall in its last second, proves nothing."""
-    return any(t < finished for t in times)
+    An empty log, or one whose lines all fall in its last second, proves nothing. `times` are whole seconds,
+    so `finished` is compared cut to its second too (a line at 10.7 s is not before a stop at 10.5 s)."""
+    whole = finished.replace(microsecond=0)
+    return any(t < whole for t in times)
 
 
 def _restarts_in_place(pod: Mapping[str, Any], container: str) -> bool:
@@ -520,7 +523,7 @@ async def _save_one(client: client_.KubeClient, pod: Mapping[str, Any], containe
                                     "status": exc.status, "error": str(exc)[:512]})
             return "failed"
         if stopped is not None:
-            text, times = unstamp(text)
+            text, times = unstamp(text, cut=cut)
             proven = proves_stopped_instance(times, stopped)
         text, trimmed = tail(text, max_lines=policy.max_lines_per_container,
                              max_bytes=policy.max_bytes_per_container)

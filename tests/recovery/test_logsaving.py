@@ -174,6 +174,9 @@ def test_a_timestamped_read_gives_back_the_lines_as_written_and_their_seconds() 
                      "  a continuation line the kubelet did not stamp\nNCCL error")
     assert times == [NOW - dt.timedelta(seconds=2), NOW - dt.timedelta(seconds=1), NOW]
     assert logsaving.unstamp("") == ("", [])
+    # a head cut by the byte bound: its first line is the container's text, whatever it looks like
+    fragment = "2026-03-04T05:00:00Z looks like a time\n2026-03-04T05:06:07Z NCCL error\n"
+    assert logsaving.unstamp(fragment, cut=True) == ("2026-03-04T05:00:00Z looks like a time\nNCCL error\n", [NOW])
     assert logsaving.unstamp("2026-13-04T05:06:05Z month 13\n") == ("2026-13-04T05:06:05Z month 13\n", [])
 
 
@@ -187,6 +190,8 @@ def test_a_current_log_proves_it_is_the_stopped_instance_only_by_a_line_before_t
         seconds_before_stop: list[int], expected: bool) -> None:
     times = [NOW - dt.timedelta(seconds=s) for s in seconds_before_stop]
     assert logsaving.proves_stopped_instance(times, NOW) is expected
+    # a finishedAt with a fraction (never a kubelet's, second precision) is cut to its second like the lines
+    assert logsaving.proves_stopped_instance(times, NOW + dt.timedelta(microseconds=500_000)) is expected
 
 
 def test_the_cached_pod_gives_save_its_containers_and_their_restarts() -> None:
