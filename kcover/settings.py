@@ -151,7 +151,7 @@ class SaveLogsSettings(settinggroups.Group):
     retention_age_seconds: float = Field(7 * 86400, gt=0, description="Seconds a recovery folder is kept: one week.")
     retention_bytes: int = Field(5 * 1024**3, ge=1, description="Bytes the sink may hold in all (5 GiB, a small PVC).")
     proceed_on_failure: bool = Field(True, description="Restart even if saving logs failed: a running job matters more than its old logs.")
-    concurrency: int = Field(8, ge=1, description="Log requests in flight at once: 8 saves a 1,000-container job within the timeout without a burst on the API server; memory stays under concurrency x max_bytes_per_container.")
+    concurrency: int = Field(8, ge=1, description="Log requests in flight at once: 8 saves a 1,000-container job within the timeout without a burst on the API server; memory stays within about 3 x concurrency x max_bytes_per_container (each read keeps up to twice its bound before it trims, then copies what it keeps; a read with timestamps adds up to 36 bytes a line to its bound).")
 
 
 class DrainMode(enum.StrEnum):
