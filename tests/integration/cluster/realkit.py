@@ -24,7 +24,7 @@ import glob
 import importlib.util
 import json
 import os
-import socket
+import secrets
 import subprocess
 import sys
 import time
@@ -88,12 +88,6 @@ def _load(name: str, path: Path) -> Any:
 stack_ = _load("kcover_test_cluster", backends.CONTROLPLANE_DIR / "cluster.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def helm_binary() -> str | None:
     env = os.environ.get("KCOVER_HELM_BIN")
     if env and os.access(env, os.X_OK):
@@ -121,15 +115,27 @@ class Kcover:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
-    port: int
     fault_file: Path | None = None
+    port: int = 0
+    """The port its HTTP server bound: it is started with `--port=0` and says which in its log
+    (`http_server_started`), so no port picked here can be taken by another process before it binds."""
 
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def bound_port(self) -> int:
+        if not self.port:
+            started = [r for r in self.logs() if r.get("event") == "http_server_started"]
+            if started:
+                self.port = int(started[0]["port"])
+        return self.port
+
     def ready(self) -> bool:
+        port = self.bound_port()
+        if not port:
+            return False
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -225,21 +231,21 @@ class RealCluster:
 
     def start(self, role: str, name: str, *, node: str = "", kubeconfig: str | None = None,
               extra: tuple[str, ...] = ()) -> Kcover:
-        port = free_port()
-        log_path = self.workdir / f"{role}-{name}-{port}.log"
+        run = f"{name}-{len(self.processes)}-{secrets.token_hex(3)}"  # a name started again gets files of its own
+        log_path = self.workdir / f"{role}-{run}.log"
         argv = [sys.executable, "-m", "kcover.cli", role, f"--config={self.config_dir / 'config.yaml'}",
-                f"--kubeconfig={kubeconfig or self.kubeconfigs[role]}", f"--port={port}",
+                f"--kubeconfig={kubeconfig or self.kubeconfigs[role]}", "--port=0",
                 "--set", "server.host=127.0.0.1"]
         fault_file = None
         if role == "agent":
-            fault_file = self.workdir / f"nvml-{name}-{port}"
+            fault_file = self.workdir / f"nvml-{run}"
             argv += [f"--node-name={node}", f"--fake-nvml={fault_file}", *self._host_paths(node)]
         argv += extra
         log = log_path.open("wb")
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=self._env(role, pod=name, node=node), start_new_session=True)
         log.close()
-        proc = Kcover(role, name, popen, log_path, port, fault_file)
+        proc = Kcover(role, name, popen, log_path, fault_file)
         self.processes.append(proc)
         return proc
 
