@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import orjson
 import pytest
+from harness import ports
 
 from kcover import errors, layering, metrics, serving, settings
 from kcover.agent import running as agent_running
@@ -222,20 +222,19 @@ async def test_the_real_agent_process_without_nvml_or_dcgmi_is_blind(cluster: Cl
         pytest.skip("this machine has an NVIDIA driver: NVML loads, the agent is not blind")
     node = f"blind-proc-{secrets.token_hex(3)}"
     await _node(cluster.client, node, GPU_NODE)
-    port = _free_port()
     config = tmp_path / "config.yaml"
     config.write_text(f"""
 agent: {{node_name: {node}, event_namespace: {cluster.namespace}, pod_resources_socket: /nonexistent/kubelet.sock}}
 detectors: {{entries: {{dcgm: {{config: {{dcgmi_path: {NO_DCGMI}}}}}}}}}
-server: {{host: 127.0.0.1, port: {port}}}
+server: {{host: 127.0.0.1, port: 0}}
 """)
     log = (tmp_path / "agent.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kcover.cli", "agent", f"--config={config}", f"--kubeconfig={cluster.kubeconfig_path}",
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env={**os.environ, "KCOVER_LOGGING__FORMAT": "json"}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
+        url = f"http://127.0.0.1:{await ports.wait_bound_port(tmp_path / 'agent.log', proc)}"
         async with _watching(cluster, node) as seen:
             cond = await seen.until("Unknown", within=60.0)
         readyz = await asyncio.to_thread(_get, f"{url}/readyz")
@@ -262,11 +261,6 @@ server: {{host: 127.0.0.1, port: {port}}}
     assert f"DEGRADED (gpu-sight): {cond['message']}" in detectors.stdout
     assert any(line.split()[:2] == ["nvml", "unavailable"] for line in detectors.stdout.splitlines())
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, str]:

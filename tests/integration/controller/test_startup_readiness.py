@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from harness import ports
 
 ROOT = Path(__file__).resolve().parents[3]
 Cluster = Any  # tests/backends.py's Cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _answers(port: int, own: tuple[str, ...], proc: asyncio.subprocess.Process, *,
@@ -50,13 +44,14 @@ async def _answers(port: int, own: tuple[str, ...], proc: asyncio.subprocess.Pro
     raise AssertionError(f"the process never got ready with {own} (exit {proc.returncode}); last: {seen[-1:]}")
 
 
-async def _run(argv: list[str], tmp_path: Path, port: int, own: tuple[str, ...]) -> list[tuple[int, str]]:
+async def _run(argv: list[str], tmp_path: Path, own: tuple[str, ...]) -> list[tuple[int, str]]:
+    """The role started on port 0 (`argv` says so); its answers from the port it logged it bound."""
     log = (tmp_path / "role.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kcover.cli", *argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, env={**os.environ, "KCOVER_LOGGING__FORMAT": "json"})
     try:
-        return await _answers(port, own, proc)
+        return await _answers(await ports.wait_bound_port(tmp_path / "role.log", proc), own, proc)
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -75,22 +70,20 @@ def _early(answers: list[tuple[int, str]], own: tuple[str, ...]) -> list[str]:
 
 async def test_the_controller_is_not_ready_before_its_cache_and_detectors_exist(cluster: Cluster,
                                                                                 tmp_path: Path) -> None:
-    port = _free_port()
     ns = cluster.namespace
     sets = [f"recovery.ledger_namespace={ns}", f"lease.namespace={ns}", "kube.gc_freeze_after_sync=false",
             "detectors.entries.nvml.enabled=false", "detectors.entries.dcgm.enabled=false"]
     (tmp_path / "config.yaml").write_text("{}\n")
     own = ("cache", "detectors")
-    answers = await _run(["controller", "--kubeconfig", cluster.kubeconfig_path, "--port", str(port),
+    answers = await _run(["controller", "--kubeconfig", cluster.kubeconfig_path, "--port", "0",
                           "--identity", "replica-a", "--config", str(tmp_path / "config.yaml"),
-                          *[arg for s in sets for arg in ("--set", s)]], tmp_path, port, own)
+                          *[arg for s in sets for arg in ("--set", s)]], tmp_path, own)
     assert not _early(answers, own), f"ready before the controller was: {_early(answers, own)[:1]}"
     starting = [text for status, text in answers if status == 503 and "[-] role " in text]
     assert all("starting" in text for text in starting)
 
 
 async def test_the_agent_is_not_ready_before_its_detectors_exist(cluster: Cluster, tmp_path: Path) -> None:
-    port = _free_port()
     node = f"ready-{os.getpid()}"
     await cluster.client.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node",
                                                                "metadata": {"name": node}})
@@ -100,8 +93,8 @@ async def test_the_agent_is_not_ready_before_its_detectors_exist(cluster: Cluste
     config.write_text(f"agent: {{node_name: {node}, event_namespace: {cluster.namespace}, "
                       "pod_resources_socket: /nonexistent/kubelet.sock}\n"
                       "detectors: {entries: {dcgm: {enabled: false}}}\n"
-                      f"server: {{host: 127.0.0.1, port: {port}}}\n")
+                      "server: {host: 127.0.0.1, port: 0}\n")
     own = ("detectors",)
     answers = await _run(["agent", f"--config={config}", f"--kubeconfig={cluster.kubeconfig_path}",
-                          f"--fake-nvml={fake}"], tmp_path, port, own)
+                          f"--fake-nvml={fake}"], tmp_path, own)
     assert not _early(answers, own), f"ready before the agent was: {_early(answers, own)[:1]}"

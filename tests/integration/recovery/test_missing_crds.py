@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import secrets
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from harness import ports
 from test_outages import CONTAINER, Cluster, _events, _job, _pods, _until
 
 from kcover import errors
@@ -70,16 +70,10 @@ async def _serve(cluster: Cluster, crd: tuple[str, str]) -> None:
     await _until(established, f"CRD {name} to be established", within=60.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def _kcover_controller(cluster: Cluster, tmp_path: Path, *extra: str
                              ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    ns, port = cluster.namespace, _free_port()
+    ns = cluster.namespace
     sets = [*extra, f"recovery.ledger_namespace={ns}", f"lease.namespace={ns}", "recovery.namespaces_deny=[]",
             "recovery.save_logs.enabled=false", "recovery.workload_cooldown_seconds=1",
             "lease.lease_duration_seconds=2", "lease.renew_deadline_seconds=1.5", "lease.retry_period_seconds=0.2",
@@ -89,11 +83,11 @@ async def _kcover_controller(cluster: Cluster, tmp_path: Path, *extra: str
     (tmp_path / "config.yaml").write_text("{}\n")
     log = open(tmp_path / "controller.log", "wb")  # noqa: SIM115, ASYNC230  (the child's log, closed after it)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kcover.cli", "controller", "--kubeconfig", cluster.kubeconfig_path, "--port", str(port),
+        sys.executable, "-m", "kcover.cli", "controller", "--kubeconfig", cluster.kubeconfig_path, "--port", "0",
         "--identity", "replica-a", "--config", str(tmp_path / "config.yaml"), "--log-format", "json",
         *[arg for s in sets for arg in ("--set", s)], cwd=ROOT, stdout=log, stderr=log)
     try:
-        yield proc, f"http://127.0.0.1:{port}"
+        yield proc, f"http://127.0.0.1:{await ports.wait_bound_port(tmp_path / 'controller.log', proc)}"
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
