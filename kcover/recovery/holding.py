@@ -95,6 +95,8 @@ def replan_held(key: str, held: ledgerentries.HeldRestart, snapshot: planinputs.
         return [], Dropped(f"none of its pods runs on Node {restart.node} any more")
     if isinstance(step, st.Hold):
         return [st.Hold(step.restart, step.code, step.text, until=min(step.until, held.until))], KEPT
+    if held.code == st.Code.AWAITING_CORDON:  # the cordon it waited for did not land: this plan's own first
+        return [*(s for s in steps if isinstance(s, st.Cordon) and s.node == restart.node), step], KEPT
     return [step], KEPT
 
 

@@ -91,6 +91,8 @@ class _Planner:
     """The event's restarts waited for a verdict already (`steps.Restart.judged`)."""
     planned_keys: set[str] = field(default_factory=set)
     planned_cordons: set[str] = field(default_factory=set)
+    awaited_cordons: set[str] = field(default_factory=set)
+    """Nodes this plan would cordon whose cordon an earlier plan has in flight: its restarts for them wait."""
 
     def refuse(self, code: Code, text: str, about: st.ObjectRef | None) -> st.Refuse:
         return st.Refuse(code, text, self.event, about=about)
@@ -165,6 +167,9 @@ class _Planner:
         scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
         if scope:
             return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]
+        if restart.node in self.awaited_cordons:
+            return [self._hold(restart, Code.AWAITING_CORDON, f"Node {restart.node} is being cordoned by an earlier "
+                               f"recovery: {what} is restarted once it is, so that its pods are not recreated there")]
         entry = self.history.ledger.unit(unit.key)
         refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
                                     breaker_state=self.history.ledger.breaker(), load=self._load(key=unit.key),
@@ -274,6 +279,7 @@ class _Planner:
         if refused is not None:
             return [self.refuse(refused[0], refused[1], about)]
         if name in self.history.cordons_in_flight:
+            self.awaited_cordons.add(name)
             return [self.refuse(Code.ALREADY_CORDONED, f"a cordon of Node {name} is in flight", about)]
         replay = admission.replayed(self.history.ledger.acted_on(self.event.signal, f"n.{name}"), self.event.signal,
                                     f"Node {name}")

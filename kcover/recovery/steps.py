@@ -121,6 +121,10 @@ class Code(enum.StrEnum):
     AWAITING_VERDICT = "AwaitingVerdict"
     """`planning._Planner.await_verdict`: the fault's node is suspect and its validation not answered yet; the
     restart is held until the verdict (a failed one cordons the node first) or `judgement.verdict_wait_seconds`."""
+    AWAITING_CORDON = "AwaitingCordon"
+    """`planning`: the fault asks for its node's cordon and an earlier plan's cordon of it is in flight; the
+    restart is held until the node shows cordoned (or that cordon failed and this plan cordons it), so that
+    the restarted pods are not recreated on it before the cordon lands."""
     OWN_POLICY = "WorkloadPolicyRestarts"
     """`kinds.own_policy_restarts`, through `planning`: the workload's own failure policy (a JobSet's
     `failurePolicy`, a Job's `podFailurePolicy`) already answers this pod failure; a second restart by

@@ -6,6 +6,7 @@ The cluster is the product's own model (`ClusterCache.offline` of raw objects) a
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -169,6 +170,9 @@ ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], 
      ["skip AlreadyActedOn quiet"]),
     ("node condition cordons and restarts opted-in workloads on it", node_event("n1"), H0, {}, ["cordon n1", PT]),
     ("node sweep passes over refusals silently", node_event("n6"), H0, {}, ["cordon n6"]),
+    ("a cordon of the node in flight from an earlier plan holds the restarts until it lands", node_event("n1"),
+     planinputs.History(cordons_in_flight=frozenset({"n1"})), {}, ["skip AlreadyCordoned quiet",
+                                                                   "hold AwaitingCordon w.pt-uid"]),
     ("recommended cordon-node narrows to cordon only", node_event("n1", recommended=model.Action.CORDON_NODE), H0, {},
      ["cordon n1"]),
     ("recommended restart-workload on a node", node_event("n1", recommended=model.Action.RESTART_WORKLOAD), H0, {},
@@ -420,6 +424,25 @@ def test_a_held_restart_stays_held_while_paused() -> None:
     assert (summary(steps), dropped) == (["hold Paused w.pt-uid"], "")
     assert isinstance(steps[0], st.Hold)
     assert steps[0].until == T + 60  # never longer than the first hold said
+
+
+def test_a_restart_held_for_an_earlier_cordon_runs_once_the_node_is_cordoned_or_cordons_it_itself() -> None:
+    """Held `AwaitingCordon` (another plan's cordon of its node in flight): planned again, it waits while that
+    cordon is still in flight, runs once the node shows kcover's cordon, and cordons the node itself first
+    when that cordon did not land (no longer in flight, the node schedulable)."""
+    held = dataclasses.replace(_held(node_event("n1")), code="AwaitingCordon", text="n1 being cordoned")
+    in_flight = planinputs.History(cordons_in_flight=frozenset({"n1"}))
+    steps, dropped = holding.replan_held("w.pt-uid", held, world(), in_flight, rs(), NOW)
+    assert (summary(steps), dropped) == (["hold AwaitingCordon w.pt-uid"], "")
+    cordoned = o.node("n1", uid="node-1", unschedulable=True, annotations={proj.CORDONED_BY: "kcover"})
+    snap = world(cordoned)  # n1 again, later in the list: the cache keeps it, as a watch's MODIFIED
+    node = snap.node("n1")
+    assert node is not None
+    assert node.cordoned_by_kcover
+    steps, dropped = holding.replan_held("w.pt-uid", held, snap, H0, rs(), NOW)
+    assert (summary(steps), dropped) == ([PT], "")
+    steps, dropped = holding.replan_held("w.pt-uid", held, world(), H0, rs(), NOW)
+    assert (summary(steps), dropped) == (["cordon n1", PT], "")
 
 
 def test_a_held_restart_is_dropped_when_the_workload_recovered_by_itself_or_it_expired() -> None:
