@@ -12,9 +12,9 @@ own device taint; its own cordon, through validation when `recovery.return_valid
 
 It sees the cluster only through `planinputs.Snapshot` (the cache), the ledger only through
 `planinputs.History`, and does no I/O. Does not own what it reads (`planinputs`), which pods a restart
-takes away and the key it counts under (`restartunits`), the evidence against a node or GPU (`judging`),
-or a link-down's (`linking`). It never raises on odd events: unknown targets
-become `Refuse` steps.
+takes away and the key it counts under (`restartunits`), what the breaker counts (`breakerload`), the
+evidence against a node or GPU (`judging`), or a link-down's (`linking`). It never raises on odd events:
+unknown targets become `Refuse` steps.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from kcover.kube import ownership
 from kcover.kube import projections as proj
 from kcover.recovery import (
     admission,
+    breakerload,
     controls,
     cordoning,
     judging,
@@ -90,6 +91,8 @@ class _Planner:
     judged: bool = False
     """The event's restarts waited for a verdict already (`steps.Restart.judged`)."""
     planned_keys: set[str] = field(default_factory=set)
+    held_keys: set[str] = field(default_factory=set)
+    """Units this plan holds: a unit reached twice (the device's holder, then the node's sweep) is held once."""
     planned_cordons: set[str] = field(default_factory=set)
     awaited_cordons: set[str] = field(default_factory=set)
     """Nodes this plan would cordon whose cordon an earlier plan has in flight: its restarts for them wait."""
@@ -98,21 +101,8 @@ class _Planner:
         return st.Refuse(code, text, self.event, about=about)
 
     def _load(self, *, exclude_node: str = "", key: str = "") -> admission.Load:
-        """What the breaker counts: held and in flight now, and within `recovery.breaker_window_seconds`."""
-        led = self.history.ledger
-        since = admission.window_start(self.rs, led.breaker(), self.now)
-        cordoned = [n for n in self.snapshot.kcover_cordons(self.rs.taint_key) if n != exclude_node]
-        in_flight = (self.history.cordons_in_flight | self.planned_cordons) - set(cordoned) - {exclude_node}
-        in_window = led.cordons_since(since) + sum(1 for n in in_flight if not _cordoned_since(led.node(n), since))
-        if exclude_node and _cordoned_since(led.node(exclude_node), since):
-            in_window -= 1  # its earlier cordon: cordoning it again counts the node once
-        keys = set(self.history.restarts_in_flight) | self.planned_keys
-        units = led.units_restarted_since(since) + sum(1 for k in keys if not _restarted_since(led.unit(k), since))
-        return admission.Load(restarts_in_flight=self.history.in_flight + len(self.planned_keys),
-                              cordons_in_flight=len(in_flight), cordoned=len(cordoned),
-                              gpu_nodes=self.snapshot.gpu_node_count(), cordons_in_window=in_window,
-                              units_in_window=units,
-                              unit_in_window=bool(key) and (key in keys or _restarted_since(led.unit(key), since)))
+        return breakerload.load(self.history, self.snapshot, self.rs, self.now, planned_keys=self.planned_keys,
+                                planned_cordons=self.planned_cordons, exclude_node=exclude_node, key=key)
 
     # ------------------------------------------------------------------------------------ restarts
 
@@ -135,7 +125,7 @@ class _Planner:
                                                  f"{proj.OPT_IN_LABEL}=true (or the pod or workload says false)", about)]
         w = resolved.workload
         unit = restartunits.unit_of(resolved, pod)
-        if unit.key in self.planned_keys:
+        if unit.key in self.planned_keys or unit.key in self.held_keys:
             return []
         wref = workload_ref(w)
         what = wref.describe() + (f" {unit.description}" if unit.description else "")
@@ -216,17 +206,16 @@ class _Planner:
 
     def _hold(self, restart: st.Restart, code: Code, text: str, until: float | None = None) -> st.Hold:
         limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
+        self.held_keys.add(restart.unit_key)
         return st.Hold(restart, code, text, until=min(until, limit) if until is not None else limit)
 
     def _hold_for(self, restart: st.Restart, refused: admission.Refusal, entry: ledgerentries.Unit | None) -> st.Hold | None:
         """A hold for a refusal whose blocker lifts, or None when it would not lift within `hold_seconds`."""
-        limit = self.event.observed_at.timestamp() + self.rs.hold_seconds
         if refused.code is Code.BUDGET_EXHAUSTED:
             frees = admission.until_budget_frees(entry, self.rs, self.now)
-            if frees > limit:
+            if frees > self.event.observed_at.timestamp() + self.rs.hold_seconds:
                 return None  # a crash loop: the budget frees too late; a person decides
-            return st.Hold(restart, refused.code, refused.text, until=limit)
-        return st.Hold(restart, refused.code, refused.text, until=limit)
+        return self._hold(restart, refused.code, refused.text)
 
     def restart_workload(self, uid: str) -> list[st.Step]:
         pods = [p for p in self.snapshot.pods_of_workload(uid) if not p.deleting]
@@ -300,24 +289,18 @@ class _Planner:
         """Device-level isolation under DRA: taint the device (not the node) and restart what holds it; where
         DeviceTaintRules are not served, the node-level answer. An application error on the device (a
         restart-workload for a fault naming an XID) restarts the holders and taints nothing."""
-        restart = kind in (AK.RESTART_WORKLOAD, AK.CORDON_NODE_AND_RESTART)
-        holders: list[st.Step] = []
-        if restart:
-            if pod is not None:
-                holders = self.restart_for_pod(pod)
-            elif self.event.fault.pods:
-                holders = self.restarts_on_device(node, self.event.fault.pods)
-            else:
-                holders = self.restarts_using_device(node, dra.resource_id)
         if kind is AK.RESTART_WORKLOAD and self.event.fault.xid is not None:
-            return holders or [self.refuse(Code.NO_WORKLOADS, f"no opted-in workload holds device {dra.resource_id} "
-                                           f"on Node {node}", st.node_ref(node))]
+            return self._holders(dra, node, kind, pod) or [
+                self.refuse(Code.NO_WORKLOADS, f"no opted-in workload holds device {dra.resource_id} on Node {node}",
+                            st.node_ref(node))]
         if not self.history.device_taints_served:  # the node-level answer (said once by the engine)
+            # the cordon planned before the holders: one in flight from an earlier plan holds them (AwaitingCordon)
             out = [] if kind is AK.RESTART_WORKLOAD else self.cordon(node)
-            out += holders
+            out += self._holders(dra, node, kind, pod)
             if kind is AK.CORDON_NODE_AND_RESTART:
                 out += self.restarts_on_node(node)
             return out
+        holders = self._holders(dra, node, kind, pod)
         scope = controls.paused_scope(self.snapshot, node=node)
         if scope:
             return [self.refuse(Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true): device "
@@ -326,6 +309,17 @@ class _Planner:
         if refused is not None:
             return [self.refuse(refused.code, refused.text, st.node_ref(node)), *holders]
         return [st.TaintDevice(device=dra, node=node, reason=self._reason(), cause=self.event), *holders]
+
+    def _holders(self, dra: model.DraDevice, node: str, kind: model.Action, pod: proj.Pod | None) -> list[st.Step]:
+        """The restarts of what holds the device, for a kind that restarts: the pod the fault names, the pods the
+        agent named, or else the pods whose `allocatedResourcesStatus` names the device."""
+        if kind not in (AK.RESTART_WORKLOAD, AK.CORDON_NODE_AND_RESTART):
+            return []
+        if pod is not None:
+            return self.restart_for_pod(pod)
+        if self.event.fault.pods:
+            return self.restarts_on_device(node, self.event.fault.pods)
+        return self.restarts_using_device(node, dra.resource_id)
 
     def _device_refusal(self, dra: model.DraDevice, node: str) -> admission.Refusal | None:
         flying = {rid: n for rid, n in self.history.device_taints_in_flight.items() if rid != dra.resource_id}
@@ -355,14 +349,6 @@ def _failing(pod: proj.Pod) -> bool:
     if pod.phase == "Failed":
         return True
     return any((c.terminated is not None and c.terminated.exit_code != 0) for c in pod.containers)
-
-
-def _cordoned_since(node: ledgerentries.Node | None, since: float) -> bool:
-    return node is not None and node.cordoned_at is not None and node.cordoned_at >= since
-
-
-def _restarted_since(unit: ledgerentries.Unit | None, since: float) -> bool:
-    return unit is not None and any(t >= since for t in unit.restarts)
 
 
 def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: planinputs.History,

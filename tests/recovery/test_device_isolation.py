@@ -81,6 +81,8 @@ def summary(planned: list[actions.Step]) -> list[str]:
             out.append(f"uncordon {a.node}")
         elif isinstance(a, actions.Refuse):
             out.append(f"skip {a.code.value}")
+        elif isinstance(a, actions.Hold):
+            out.append(f"hold {a.code.value} {a.restart.workload.name}")
         else:
             out.append(type(a).__name__.lower())
     return out
@@ -104,6 +106,12 @@ ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], 
      agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), SERVED, {}, ["restart a"]),
     ("no DeviceTaintRules served: the node-level answer, cordon and sweep",
      agent(pods=("ml/a-worker-0",)), UNSERVED, {}, ["cordon n1", "restart a", "restart b"]),
+    ("no DeviceTaintRules served, the node's cordon in flight from an earlier plan: the holders wait for it too",
+     agent(pods=("ml/a-worker-0",)), planinputs.History(device_taints_served=False, cordons_in_flight=frozenset({"n1"})),
+     {}, ["skip AlreadyCordoned", "hold AwaitingCordon a", "hold AwaitingCordon b"]),
+    ("no DeviceTaintRules served, holders from allocatedResourcesStatus, cordon in flight: held",
+     agent(), planinputs.History(device_taints_served=False, cordons_in_flight=frozenset({"n1"})),
+     {}, ["skip AlreadyCordoned", "hold AwaitingCordon a", "hold AwaitingCordon b"]),
     ("no DeviceTaintRules served, cordon-only: cordon", agent(xid=None, recommended=model.Action.CORDON_NODE),
      UNSERVED, {}, ["cordon n1"]),
     ("no DeviceTaintRules served, dra-health: restart only", dra_health(), UNSERVED, {}, ["restart a"]),
