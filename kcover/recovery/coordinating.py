@@ -419,22 +419,25 @@ class Coordinator:
     # ------------------------------------------------------------------------------------ suspects
 
     async def validate(self, step: st.RequestValidation) -> st.Outcome:
-        """A validation; for a suspect, its ledger entry first (so a successor does not ask again at once)."""
-        if step.purpose is st.Purpose.SUSPECT:
-            now = self._clock.now().timestamp()
-            timeout = self._recovery().judgement.validation_timeout_seconds
+        """A validation; for a suspect, its ledger entry first, with the request's id (so a successor does not
+        ask again at once, and reads the answer: `Validations.adopt`)."""
+        if step.purpose is not st.Purpose.SUSPECT:
+            return await self.validations.ask(step)
+        now = self._clock.now().timestamp()
+        timeout = self._recovery().judgement.validation_timeout_seconds
+        request_id = returning.new_request_id()
 
-            def suspect(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
-                assert isinstance(entry, ledgerentries.Node)
-                if entry.pending_suspicion() and entry.suspect_at is not None and now - entry.suspect_at < timeout:
-                    return "already suspect, its validation not answered yet"
-                entry.suspect_at, entry.suspicion = now, step.evidence[:500]
-                return None
+        def suspect(entry: ledgerentries.Entry, signals: dict[str, float]) -> str | None:
+            assert isinstance(entry, ledgerentries.Node)
+            if entry.pending_suspicion() and entry.suspect_at is not None and now - entry.suspect_at < timeout:
+                return "already suspect, its validation not answered yet"
+            entry.suspect_at, entry.suspicion, entry.request = now, step.evidence[:500], request_id
+            return None
 
-            already = await self._ledger.update(f"n.{step.node}", suspect, now=now)
-            if already is not None:
-                return st.Done(step, detail=already, noop=True)
-        return await self.validations.ask(step)
+        already = await self._ledger.update(f"n.{step.node}", suspect, now=now)
+        if already is not None:
+            return st.Done(step, detail=already, noop=True)
+        return await self.validations.ask(step, request_id=request_id)
 
     async def judge(self, step: st.Judge) -> st.Outcome:
         now = self._clock.now().timestamp()

@@ -362,6 +362,10 @@ class RecoveryEngine:
     async def _validations(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
         """The validations that ended: a return's steps, or a suspect's verdict (`planning.verdict`)."""
         validations = self.coordinator.validations
+        if self.ledger.loaded:
+            for node, entry in self.ledger.suspects().items():
+                if node not in self._suspecting:  # one being asked now is opened by its own step
+                    await validations.adopt(node, entry, _suspicion_cause(node, entry))
         for ended in await validations.tick(now.timestamp()):
             if ended.open.purpose is not st.Purpose.SUSPECT:
                 await self.coordinator.run(validations.after_return(ended))
@@ -372,7 +376,13 @@ class RecoveryEngine:
             self._reserve(planned)
             outcomes: list[st.Outcome] = []
             try:
-                outcomes = await self.coordinator.run(planned)
+                outcomes = await self.coordinator.run([s for s in planned if not isinstance(s, st.Judge)])
+                failed = [o for o in outcomes if isinstance(o, st.Failed)]
+                if failed:  # the verdict is not recorded: the suspicion stays pending, its answer read again
+                    log.warning("verdict_deferred", node=ended.open.node, step=st.name_of(failed[0].step),
+                                error=failed[0].error[:300])
+                else:
+                    outcomes += await self.coordinator.run([s for s in planned if isinstance(s, st.Judge)])
             finally:
                 self._release(planned, outcomes)
 
@@ -452,6 +462,20 @@ class RecoveryEngine:
                                             f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
                                             f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
                                             f"first write kept failing ({retry.error})"))
+
+
+SUSPECT_DETECTOR = "kcover-ledger"
+"""`CollectorEvent.detector` of the cause a leader gives a suspect's validation it opens from the ledger."""
+
+
+def _suspicion_cause(node: str, entry: ledgerentries.Node) -> model.CollectorEvent:
+    """The cause of a suspect's validation opened from the ledger (`Validations.adopt`): the suspicion itself."""
+    at = entry.suspect_at if entry.suspect_at is not None else 0.0
+    return model.CollectorEvent(
+        id=f"suspect-{node}-{at:.3f}"[:120], detector=SUSPECT_DETECTOR, severity=model.Severity.ERROR,
+        reason="NodeSuspect", message=entry.suspicion or f"Node {node} is suspect",
+        target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
+        observed_at=dt.datetime.fromtimestamp(at, dt.UTC))
 
 
 def _when(at: float) -> str:

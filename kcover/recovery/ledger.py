@@ -200,6 +200,11 @@ class Ledger:
         return {key: h.entry.held for key, h in self._entries.items()
                 if isinstance(h.entry, ledgerentries.Unit) and h.entry.held is not None}
 
+    def suspects(self) -> dict[str, ledgerentries.Node]:
+        """Nodes suspect and not judged since (`Node.pending_suspicion`): node name -> its entry."""
+        return {key[2:]: h.entry for key, h in self._entries.items()
+                if isinstance(h.entry, ledgerentries.Node) and h.entry.pending_suspicion()}
+
     def entry_keys(self) -> list[str]:
         return list(self._entries)
 

@@ -271,6 +271,9 @@ class Node:
     """When differential evidence last made the node suspect (a validation was asked)."""
     suspicion: str = ""
     """The evidence, for people."""
+    request: str = ""
+    """The id of the validation asked with that suspicion: its answer (the Node condition naming it) settles it,
+    whichever leader reads it."""
     judged_at: float | None = None
     """When that suspicion was settled; restarts before it no longer count against the node."""
     verdict: Verdict | None = None
@@ -285,6 +288,8 @@ class Node:
             out["c"] = round(self.cordoned_at, 3)
         if self.suspect_at is not None:
             out["s"], out["e"] = round(self.suspect_at, 3), self.suspicion
+            if self.request:
+                out["q"] = self.request
         if self.judged_at is not None and self.verdict is not None:
             out["j"], out["v"] = round(self.judged_at, 3), self.verdict.value
         if self.devices:
@@ -306,6 +311,7 @@ class Node:
         link_downs = sorted(float(t) for t in links if _number(t)) if isinstance(links, list) else []
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
                    suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
+                   request=str(raw.get("q", ""))[:40] if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
                    verdict=verdict if _number(judged) else None,
                    devices={t.device.resource_id: t for t in devices if t is not None},

@@ -469,15 +469,17 @@ def verdict(node: str, outcome: validationcodec.ValidationOutcome | None, text: 
     p = _Planner(cause, snapshot, history, rs, now.timestamp(), blame=model.Blame.NODE)
     if outcome is validationcodec.ValidationOutcome.PASSED:
         return [st.Judge(node, ledgerentries.Verdict.HEALTHY, text, cause)]
+    # the cordon before the verdict's record: a leader gone between them leaves the suspicion pending, and its
+    # successor reads the answer again (`returning.Validations.adopt`) instead of a faulty node left in service
     if outcome is validationcodec.ValidationOutcome.FAILED:
-        return [st.Judge(node, ledgerentries.Verdict.FAULTY, text, cause),
-                *p.cordon(node, reason=f"suspect, and failed validation: {text}")]
+        return [*p.cordon(node, reason=f"suspect, and failed validation: {text}"),
+                st.Judge(node, ledgerentries.Verdict.FAULTY, text, cause)]
     found = snapshot.node(node)
     signal = judging.hardware_signal([(c.type, c.status) for c in found.conditions] if found else [], rs.judgement)
     if signal:
         why = f"{text}; its condition {signal} is False"
-        return [st.Judge(node, ledgerentries.Verdict.FAULTY, why, cause),
-                *p.cordon(node, reason=f"suspect, not validated, and a hardware signal: {why}")]
+        return [*p.cordon(node, reason=f"suspect, not validated, and a hardware signal: {why}"),
+                st.Judge(node, ledgerentries.Verdict.FAULTY, why, cause)]
     return [st.Judge(node, ledgerentries.Verdict.UNVALIDATED, text, cause)]
 
 

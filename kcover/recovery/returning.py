@@ -15,9 +15,13 @@ gives the steps that follow:
 
 For a suspect node the plan decides (`planning.verdict`).
 
-Every end is a `KcoverValidation` Event on the Node. Open requests live in the leader's memory: after a
-leader change the node-condition detector reports the node cleared again and the new leader asks anew (a
-new id; a late answer to the old one is ignored). How it fails: API errors of its writes propagate.
+Every end is a `KcoverValidation` Event on the Node. A return's open requests live in the leader's memory:
+after a leader change the node-condition detector reports the node cleared again and the new leader asks
+anew (a new id; a late answer to the old one is ignored). A suspect's request is in the ledger as well
+(`ledgerentries.Node.request`, written before it is asked): `adopt()` opens it again in a leader that does
+not hold it (a new leader, or one whose verdict's writes failed), and its answer on the Node settles it.
+How it fails: API errors of the request's write propagate; taking an answered request off the Node is
+best effort (the agent does not run a request its answer names again).
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from kcover import model, settings, validationcodec
+from kcover import errors, model, settings, validationcodec
 from kcover.aio import clock as clock_
 from kcover.kube import gateway
-from kcover.recovery import planinputs
+from kcover.recovery import ledgerentries, planinputs
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -67,6 +71,10 @@ class Ended:
         return f"validation {rid} {self.answer.outcome.value}: {self.answer.message}"
 
 
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 class Validations:
     """The validations the leader has asked for; see the module docstring."""
 
@@ -79,15 +87,16 @@ class Validations:
         self.open: dict[str, Open] = {}
         """Node name -> its open request."""
 
-    async def ask(self, step: st.RequestValidation) -> st.Outcome:
-        """Ask the node's agent for a validation (once per node at a time)."""
+    async def ask(self, step: st.RequestValidation, *, request_id: str = "") -> st.Outcome:
+        """Ask the node's agent for a validation (once per node at a time); `request_id`: the id the ledger
+        recorded for it (a suspect's), else a new one."""
         if step.node in self.open:
             return st.Done(step, detail=f"validation {self.open[step.node].request.id} is already asked for", noop=True)
         rs = self._recovery()
         level, timeout = ((rs.judgement.validation_level, rs.judgement.validation_timeout_seconds)
                           if step.purpose is st.Purpose.SUSPECT
                           else (rs.return_validation.diag_level, rs.return_validation.timeout_seconds))
-        request = validationcodec.ValidationRequest(uuid.uuid4().hex[:12], level)
+        request = validationcodec.ValidationRequest(request_id or new_request_id(), level)
         await self._gw.patch_node_annotations(step.node, validationcodec.encode_validation_request(request))
         now = self._clock.now().timestamp()
         self.open[step.node] = Open(step.node, request, now, now + timeout, step.cause, step.purpose, step.evidence)
@@ -96,7 +105,44 @@ class Validations:
         return st.Done(step, detail=f"dcgmi diag -r {request.level} (request {request.id}, answer awaited "
                                     f"{timeout:g}s)")
 
+    async def adopt(self, node: str, entry: ledgerentries.Node, cause: model.CollectorEvent) -> bool:
+        """Open again a suspect's validation the ledger holds and this leader does not (its deadline counted
+        from the suspicion), asking it of the node again when the node shows neither the request nor its
+        answer (a leader gone between the ledger's write and the request's); False when one is open for the
+        node already, the entry is not pending, or the request could not be written (tried on the next pass)."""
+        if node in self.open or not entry.pending_suspicion() or entry.suspect_at is None:
+            return False
+        js = self._recovery().judgement
+        request = validationcodec.ValidationRequest(entry.request, js.validation_level)
+        deadline = entry.suspect_at + js.validation_timeout_seconds
+        now = self._clock.now().timestamp()
+        asked = ""
+        if request.id and now < deadline and not self._on_node(node, request.id):
+            try:
+                await self._gw.patch_node_annotations(node, validationcodec.encode_validation_request(request))
+            except errors.KubeError as exc:
+                log.warning("validation_not_adopted", node=node, request=request.id, error=str(exc)[:300])
+                return False
+            asked = "asked again"
+        self.open[node] = Open(node, request, entry.suspect_at, deadline, cause, st.Purpose.SUSPECT, entry.suspicion)
+        log.info("validation_adopted", node=node, request=request.id or None, age_seconds=round(now - entry.suspect_at, 3),
+                 asked=asked or None)
+        return True
+
+    def _on_node(self, node: str, request_id: str) -> bool:
+        """The node carries the request `request_id`, or an answer to it."""
+        found = self._snapshot.node(node)
+        if found is None:
+            return True  # nothing to ask of a node that is gone; its deadline ends it
+        on = validationcodec.decode_validation_request(dict(found.annotations))
+        if on is not None and on.id == request_id:
+            return True
+        return any((a := validationcodec.decode_validation_answer(c.type, c.status, c.reason, c.message)) is not None
+                   and a.request == request_id for c in found.conditions)
+
     def _answer(self, pending: Open) -> validationcodec.ValidationAnswer | None:
+        if not pending.request.id:
+            return None  # a suspicion recorded without its request's id: only its deadline ends it
         node = self._snapshot.node(pending.node)
         for cond in node.conditions if node is not None else ():
             answer = validationcodec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
@@ -112,8 +158,12 @@ class Validations:
             if answer is None and now < pending.deadline:
                 continue
             del self.open[name]
-            await self._gw.patch_node_annotations(name, validationcodec.encode_validation_request(None))
             out.append(Ended(pending, answer))
+            try:
+                await self._gw.patch_node_annotations(name, validationcodec.encode_validation_request(None))
+            except errors.KubeError as exc:  # the answer is read; a request left on the Node is not run again
+                log.warning("validation_request_not_cleared", node=name, request=pending.request.id,
+                            error=str(exc)[:300])
         return out
 
     def after_return(self, ended: Ended) -> list[st.Step]:

@@ -109,8 +109,11 @@ class Tally:
 
 
 OVERRIDES: dict[str, Any] = {
+    # the breaker's window limits at the chaos budget (half the nodes cordoned); a restart held for its node's
+    # verdict runs within half of RESOLVE_SECONDS when no answer comes
     "recovery": {"workload_cooldown_seconds": COOLDOWN_SECONDS, "max_restarts_per_window": 10_000,
-                 "max_cordoned_fraction": 0.5, "node_cooldown_seconds": 3600.0},
+                 "max_cordoned_fraction": 0.5, "max_cordons_per_window_fraction": 1.0,
+                 "node_cooldown_seconds": 3600.0, "judgement": {"verdict_wait_seconds": 30.0}},
 }
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 from harness import engines
 from harness import objects as o
 
 from kcover import kinds, model, validationcodec
 from kcover.kube import projections as proj
+from kcover.recovery import ledgerentries
 from kcover.recovery import steps as st
 
 pytestmark = pytest.mark.looptime
@@ -542,3 +544,96 @@ async def test_the_evidence_window_is_the_ledgers_own_record_of_where_faults_wer
         failures = r.leader.ledger.failures_at("n1", 0.0)
         assert sorted(f.key for f in failures) == ["w.a-uid", "w.b-uid"]
         assert all(f.rank == "replica-type=worker,replica-index=0" for f in failures)
+
+
+def write_answer(r: engines.Rig, node: str, outcome: validationcodec.ValidationOutcome, text: str) -> None:
+    """The node's agent answers the open request; no leader's pass reads it yet."""
+    request = validation_request(r, node)
+    assert request, f"no validation asked of {node}"
+    condition = validationcodec.encode_validation_answer(validationcodec.ValidationAnswer(request, outcome, text),
+                                                         "2025-06-01T12:30:00Z")
+    r.store.mutate("nodes", "", node, lambda n: n["status"].setdefault("conditions", []).append(condition))
+
+
+async def test_a_successor_reads_the_answer_its_predecessor_asked_for_and_cordons_before_the_held_restart() -> None:
+    """The leader that asked a suspect's validation goes before the answer comes: its successor holds no
+    open request in memory, but the ledger holds the suspicion with the request's id. It reads the failed
+    answer, cordons the node, and only then runs the restart that waited for the verdict. Before, the
+    successor never read the answer: the restart ran in place after `verdict_wait_seconds`, onto the
+    faulty GPU, and the node stayed in service."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        assert validation_request(r, "n1")
+        write_answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        async with r.replica("successor", epoch=2) as successor:
+            await successor.resume()
+            await r.settle()
+            assert cordoned(r) == ["n1"], "the successor read the answer to the request it did not ask"
+            assert pods_deleted(r) == before, "the cordon comes first"
+            await successor.resume()
+            await r.settle()
+            assert pods_deleted(r) == before + 1, "then the held restart, onto other nodes"
+            await successor.resume()
+            await r.settle()
+        assert len(r.events("KcoverCordonedNode")) == 1
+        assert len(r.events("KcoverSuspectFailed")) == 1, "one verdict"
+        assert not validation_request(r, "n1"), "the request is taken back"
+
+
+async def test_a_verdict_whose_cordon_failed_is_not_recorded_and_is_read_again_on_the_next_pass() -> None:
+    """A failed validation whose cordon the API server refuses: the verdict is not written to the ledger
+    (the suspicion stays pending), so the next pass reads the answer again and cordons. Before, the verdict
+    was recorded first: the node stayed in service, judged faulty, and the held restart ran onto it."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        write_answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        await r.settle()
+        r.srv.faults.resources, r.srv.faults.error_rate = frozenset({"nodes"}), 1.0
+        await r.tick()
+        await r.tick()
+        assert cordoned(r) == []
+        assert pods_deleted(r) == before, "the held restart still waits: no verdict was recorded"
+        r.srv.faults.reset()
+        await r.tick()
+        assert cordoned(r) == ["n1"]
+        await r.tick()
+        assert pods_deleted(r) == before + 1, "then the held restart"
+        assert len(r.events("KcoverCordonedNode")) == 1
+
+
+def test_a_suspicion_keeps_its_requests_id_and_one_written_without_it_still_reads() -> None:
+    """The node's entry names the validation asked with its suspicion, so any leader can read the answer;
+    an entry written before it was kept reads with none (its deadline alone ends it)."""
+    entry = ledgerentries.Node(suspect_at=100.0, suspicion="3 different workloads", request="902b6dc646e9")
+    again = ledgerentries.Node.decode(orjson.loads(orjson.dumps(entry.encode())))
+    assert (again.suspect_at, again.suspicion, again.request) == (100.0, "3 different workloads", "902b6dc646e9")
+    older = ledgerentries.Node.decode({k: v for k, v in entry.encode().items() if k != "q"})
+    assert (older.suspect_at, older.request) == (100.0, "")
+    assert older.pending_suspicion()
+
+
+async def test_a_suspicion_recorded_whose_request_never_reached_the_node_is_asked_again_on_the_next_pass() -> None:
+    """The ledger took the suspicion and its request's id, then the request's write to the Node failed (or
+    its leader went between the two): the next pass asks the node again with the same id, and its answer
+    decides. Before, nothing asked again: the restart waited `verdict_wait_seconds` for an answer that could
+    not come, and a faulty node stayed in service."""
+    async with engines.rig([*nodes(2), *job("a", ["n1"])]) as r:
+        await fail_again(r, "a", 3, 0)
+        before = pods_deleted(r)
+        r.srv.faults.resources, r.srv.faults.error_rate = frozenset({"nodes"}), 1.0
+        await r.handle(xid("n1", 13, 3, ["a-worker-0-g1"], signal="a-e1"))
+        assert not validation_request(r, "n1"), "the request's write failed"
+        r.srv.faults.reset()
+        await r.tick()
+        asked = validation_request(r, "n1")
+        (raw,) = [x["data"]["n.n1"] for x in r.store.iter_objects("ledgerentries.kcover.io") if "n.n1" in x["data"]]
+        assert asked == orjson.loads(raw)["q"], "asked with the id the ledger holds"
+        await answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 3")
+        assert cordoned(r) == ["n1"]
+        assert pods_deleted(r) == before
+        await r.tick()
+        assert pods_deleted(r) == before + 1, "then the held restart"
