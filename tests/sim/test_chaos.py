@@ -3,14 +3,15 @@ compacts and restarts, and the leader is killed. Asserts what the cluster ends u
 answered (a restart or a refusal), none answered twice, no pod touched without a fault.
 
 The full run (K = 200 on three seeds) is a CLI run whose figures go into the change's notes, not a test.
+This run was kept out of CI for a while; meanwhile two regressions went unseen that it shows: the breaker's
+window limit at 1% of six nodes latched the breaker on the second node fault, and a suspect's validation
+asked by a leader that then went was never read again (its restart held past the run's loss time).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-
-import pytest
 
 from kcover.sim import cluster as cluster_
 from kcover.sim import running
@@ -23,11 +24,6 @@ def chaos_args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-@pytest.mark.skip(reason="kept out of CI: a stall in a clean CI run (one node fault unanswered) is no longer possible "
-                         "(an unanswered fault is counted lost after RESOLVE_SECONDS), but on a loaded machine one "
-                         "run in about nine reported one duplicate restart 0.3 s after another that kcover's logs "
-                         "do not show; until that is explained this run is a CLI run (`kcover sim chaos`), and the "
-                         "real-apiserver chaos test (tests/integration/scenarios/test_chaos_apiserver.py) runs in CI")
 async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else() -> None:
     args = chaos_args()
     scenario = running.chaos_scenario(args)
