@@ -311,7 +311,7 @@ class Node:
         link_downs = sorted(float(t) for t in links if _number(t)) if isinstance(links, list) else []
         return cls(cordoned_at=float(at) if _number(at) else None, reason=str(raw.get("r", "")),
                    suspect_at=suspect_at, suspicion=str(raw.get("e", ""))[:600] if suspect_at is not None else "",
-                   request=str(raw.get("q", ""))[:40] if suspect_at is not None else "",
+                   request=_request_id(raw.get("q")) if suspect_at is not None else "",
                    judged_at=float(judged) if _number(judged) and verdict is not None else None,
                    verdict=verdict if _number(judged) else None,
                    devices={t.device.resource_id: t for t in devices if t is not None},
@@ -336,6 +336,15 @@ class Node:
     def pending_suspicion(self) -> bool:
         """Suspect, and not settled since."""
         return self.suspect_at is not None and (self.judged_at is None or self.judged_at < self.suspect_at)
+
+
+_REQUEST_ID = re.compile(r"[0-9a-f]{1,32}")
+
+
+def _request_id(raw: Any) -> str:
+    """A validation request's id as kcover writes it (hex), or "" for anything else: the id goes into a Node
+    annotation when a leader asks it again."""
+    return raw if isinstance(raw, str) and _REQUEST_ID.fullmatch(raw) else ""
 
 
 LINK_DOWNS_MAX = 8

@@ -71,6 +71,10 @@ class Ended:
         return f"validation {rid} {self.answer.outcome.value}: {self.answer.message}"
 
 
+FUTURE_SKEW_SECONDS = 60.0
+"""How far in the future a ledger suspicion may be dated (the clocks of two replicas) and still be adopted."""
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -86,6 +90,7 @@ class Validations:
         self._clock = clock
         self.open: dict[str, Open] = {}
         """Node name -> its open request."""
+        self._future_said: set[str] = set()
 
     async def ask(self, step: st.RequestValidation, *, request_id: str = "") -> st.Outcome:
         """Ask the node's agent for a validation (once per node at a time); `request_id`: the id the ledger
@@ -112,10 +117,16 @@ class Validations:
         node already, the entry is not pending, or the request could not be written (tried on the next pass)."""
         if node in self.open or not entry.pending_suspicion() or entry.suspect_at is None:
             return False
+        now = self._clock.now().timestamp()
+        if entry.suspect_at > now + FUTURE_SKEW_SECONDS:  # no verdict would settle it (judged before it)
+            if node not in self._future_said:
+                self._future_said.add(node)
+                log.warning("validation_not_adopted", node=node, request=entry.request or None,
+                            error=f"the ledger's suspicion is dated {entry.suspect_at - now:.0f}s in the future")
+            return False
         js = self._recovery().judgement
         request = validationcodec.ValidationRequest(entry.request, js.validation_level)
         deadline = entry.suspect_at + js.validation_timeout_seconds
-        now = self._clock.now().timestamp()
         asked = ""
         if request.id and now < deadline and not self._on_node(node, request.id):
             try:

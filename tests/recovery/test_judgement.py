@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+import structlog
 from harness import engines
 from harness import objects as o
 
@@ -614,6 +615,24 @@ def test_a_suspicion_keeps_its_requests_id_and_one_written_without_it_still_read
     older = ledgerentries.Node.decode({k: v for k, v in entry.encode().items() if k != "q"})
     assert (older.suspect_at, older.request) == (100.0, "")
     assert older.pending_suspicion()
+    for forged in ("a" * 33, "0xdead", "902b\n", 12, ["902b"], "kcover.io/x"):
+        assert ledgerentries.Node.decode({**entry.encode(), "q": forged}).request == "", forged
+
+
+async def test_a_suspicion_dated_in_the_future_is_not_adopted_and_said_once() -> None:
+    """A LedgerEntry is kcover's own, but its content is checked: a suspicion dated past the replicas' clock
+    skew could never be settled (its verdict is dated before it), so no validation is asked for it."""
+    forged = ledgerentries.Node(suspect_at=engines.START.timestamp() + 3600, suspicion="forged",
+                                request="902b6dc646e9")
+    entry = ledgerentries.entry_body("kcover-ledger", "kcover-system", "n.n1", forged, {})
+    async with engines.rig([*nodes(2), *job("a", ["n1"]), dict(entry)]) as r:
+        with structlog.testing.capture_logs() as logged:
+            for _ in range(3):
+                await r.tick()
+        assert not validation_request(r, "n1")
+        said = [e for e in logged if e["event"] == "validation_not_adopted"]
+        assert len(said) == 1
+        assert "in the future" in said[0]["error"]
 
 
 async def test_a_suspicion_recorded_whose_request_never_reached_the_node_is_asked_again_on_the_next_pass() -> None:
