@@ -161,6 +161,16 @@ class Controller:
         log.info("controller_starting", identity=self.identity, lease=self.settings.lease.enabled,
                  engine=self.engine is not None)
         inner = asyncio.Event()  # set after `stop`, once the bus is closed, for the election to end last
+        try:
+            await self._run(stop, inner)
+        except BaseExceptionGroup as group:  # said before the process ends, in the log people read
+            log.error("controller_crashed", identity=self.identity,
+                      errors=[f"{type(e).__name__}: {e}"[:300] for e in group.exceptions[:5]],
+                      exc_info=group)
+            raise
+        log.info("controller_stopped", identity=self.identity)
+
+    async def _run(self, stop: asyncio.Event, inner: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             if self.elector is not None and self._runs_campaign:  # first: the campaign runs while the cache syncs
                 tg.create_task(self.elector.run(inner), name="leader-election")
@@ -179,7 +189,6 @@ class Controller:
             if records is not None:  # its last flush writes what the drained faults recorded, still leading
                 await asyncio.wait({records}, timeout=self.settings.bus.drain_timeout_seconds)
             inner.set()
-        log.info("controller_stopped", identity=self.identity)
 
     async def _detectors(self, stop: asyncio.Event) -> None:
         if await self.cache.wait_synced(stop):
@@ -273,7 +282,10 @@ class Controller:
                 self._resumed_epoch = self._epoch()
                 resume: Callable[[], Coroutine[Any, Any, None]] | None = getattr(self.engine, "resume", None)
                 if resume is not None:
-                    await self._fenced(resume, "recovery-resume", 0, stop=stop)
+                    try:
+                        await self._fenced(resume, "recovery-resume", 0, stop=stop)
+                    except Exception:  # task boundary: the periodic pass tries again; the batch is still handled
+                        log.exception("recovery_resume_crashed")
             batch = self._take_held() + batch
             if not batch:
                 continue

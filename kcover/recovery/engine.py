@@ -128,6 +128,7 @@ class RecoveryEngine:
         self.ledger_problem = ""
         """Why the ledger cannot be used now ("" while it can): what /readyz says of it."""
         self.counts: collections.Counter[str] = collections.Counter()
+        self._ticking = asyncio.Lock()
 
     @property
     def outcomes(self) -> collections.deque[st.Outcome]:
@@ -332,7 +333,13 @@ class RecoveryEngine:
     # ------------------------------------------------------------------------------------ the periodic pass
 
     async def tick(self) -> None:
-        """The leader's periodic pass; see the module docstring."""
+        """The leader's periodic pass; see the module docstring. One at a time: the term's first pass and the
+        periodic one may be asked for together, and a second pass over what the first is doing would take the
+        same held restart, validation answer or drain twice."""
+        async with self._ticking:
+            await self._tick()
+
+    async def _tick(self) -> None:
         if not await self._ready():
             await self._give_up_old(self._clock.now())
             return

@@ -168,6 +168,8 @@ class Validations:
             answer = self._answer(pending)
             if answer is None and now < pending.deadline:
                 continue
+            if self.open.get(name) is not pending:
+                continue  # taken back meanwhile (the engine runs one pass at a time; this holds without it too)
             del self.open[name]
             out.append(Ended(pending, answer))
             try:

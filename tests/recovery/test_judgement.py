@@ -656,3 +656,25 @@ async def test_a_suspicion_recorded_whose_request_never_reached_the_node_is_aske
         assert pods_deleted(r) == before
         await r.tick()
         assert pods_deleted(r) == before + 1, "then the held restart"
+
+
+async def test_two_passes_at_once_read_each_answer_once() -> None:
+    """The term's first pass and the periodic one may start together (a Lease won while the periodic timer
+    fires): each validation's answer is read once and judged once, and neither pass fails. Before, the
+    second pass took a request the first had already taken back (a KeyError out of the pass, which ended
+    the whole controller when it was the term's first)."""
+    objs = [*nodes(3), *job("a", ["n1"]), *job("b", ["n1"]), *job("c", ["n1"]),
+            *job("d", ["n2"]), *job("e", ["n2"]), *job("f", ["n2"])]
+    async with engines.rig(objs) as r:
+        for name in ("a", "b", "c", "d", "e", "f"):
+            await r.handle(pod_fault(f"{name}-0-g0"))
+        assert validation_request(r, "n1") and validation_request(r, "n2")
+        write_answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2")
+        write_answer(r, "n2", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
+        await r.settle()
+        await asyncio.gather(r.leader.resume(), r.leader.resume())
+        await r.settle()
+        assert cordoned(r) == ["n1"]
+        assert len(r.events("KcoverSuspectFailed")) == 1
+        assert len(r.events("KcoverSuspectValidated")) == 1
+        assert len(r.events("KcoverCordonedNode")) == 1

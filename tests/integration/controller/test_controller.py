@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
+import structlog
 
 from kcover import errors, model, serving, settings
 from kcover import metrics as metrics_
@@ -470,3 +471,83 @@ async def test_only_the_leader_restarts_a_failed_job_and_saves_its_logs(
             await asyncio.wait(tasks)
             for task in tasks:
                 task.result()
+
+
+class CrashingResumeEngine(RecordingEngine):
+    """An engine whose term's first pass over the ledger raises something unexpected once."""
+
+    def __init__(self, deps: recovering.EngineDeps) -> None:
+        super().__init__(deps)
+        self.resumes = 0
+
+    async def resume(self) -> None:
+        self.resumes += 1
+        if self.resumes == 1:
+            raise RuntimeError("an unexpected bug in the term's first pass")
+
+
+async def test_a_crash_in_the_terms_first_pass_is_logged_and_the_leader_goes_on(cluster: Cluster) -> None:
+    """The term's first pass (the ledger's pending restarts, held restarts, validations) raised out of the
+    consumer and the whole controller stopped without a word: the other replica, if any, was next, and a
+    run with both hitting it had no controller left. Now it is logged (`recovery_resume_crashed`) and the
+    batch is still handled; the periodic pass runs it again."""
+    kube = cluster.new_client()
+    engines: list[CrashingResumeEngine] = []
+
+    def factory(deps: recovering.EngineDeps) -> CrashingResumeEngine:
+        engines.append(CrashingResumeEngine(deps))
+        return engines[-1]
+
+    cfg = _settings("a", cluster.namespace)
+    cfg.recovery.resume_interval_seconds = 0.2
+    controller = running.Controller(cfg, client=kube, metrics=metrics_.Metrics(), health=serving.Health(),
+                                    detector_registry=registry.discover(), engine_factory=factory)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logged:
+        task = asyncio.create_task(controller.run(stop), name="controller:a")
+        try:
+            await _until(controller.is_leader, 5.0)
+            await controller.bus.publish(_event("p4"))
+            await _until(lambda: bool(engines and engines[0].batches), 5.0)
+            await _until(lambda: engines[0].resumes >= 2, 5.0)
+            assert not task.done()
+        finally:
+            stop.set()
+            await asyncio.wait({task})
+            await kube.close()
+    task.result()
+    crashed = [e for e in logged if e["event"] == "recovery_resume_crashed"]
+    assert len(crashed) == 1
+    assert not [e for e in logged if e["event"] == "controller_crashed"]
+
+
+async def test_a_controller_that_crashes_says_why_before_it_ends(cluster: Cluster) -> None:
+    """An unexpected error out of a batch ends the controller (a bug, not a fault to ride out); it says so in
+    its log (`controller_crashed`, naming the error) before the process goes, instead of only in a traceback."""
+    kube = cluster.new_client()
+    engines: list[RecordingEngine] = []
+
+    def factory(deps: recovering.EngineDeps) -> RecordingEngine:
+        engines.append(RecordingEngine(deps))
+
+        async def broken(events: Sequence[model.CollectorEvent]) -> None:
+            raise RuntimeError("a bug in the engine")
+
+        engines[-1].handle = broken  # type: ignore[method-assign]
+        return engines[-1]
+
+    controller = running.Controller(_settings("a", cluster.namespace), client=kube, metrics=metrics_.Metrics(),
+                                    health=serving.Health(), detector_registry=registry.discover(),
+                                    engine_factory=factory)
+    with structlog.testing.capture_logs() as logged:
+        task = asyncio.create_task(controller.run(asyncio.Event()), name="controller:a")
+        try:
+            await _until(controller.is_leader, 5.0)
+            await controller.bus.publish(_event("p5"))
+            await asyncio.wait_for(asyncio.wait({task}), 10.0)
+        finally:
+            await kube.close()
+    with pytest.raises(BaseExceptionGroup):
+        task.result()
+    (crashed,) = [e for e in logged if e["event"] == "controller_crashed"]
+    assert crashed["errors"] == ["RuntimeError: a bug in the engine"]
