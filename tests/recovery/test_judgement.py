@@ -668,7 +668,8 @@ async def test_two_passes_at_once_read_each_answer_once() -> None:
     async with engines.rig(objs) as r:
         for name in ("a", "b", "c", "d", "e", "f"):
             await r.handle(pod_fault(f"{name}-0-g0"))
-        assert validation_request(r, "n1") and validation_request(r, "n2")
+        assert validation_request(r, "n1")
+        assert validation_request(r, "n2")
         write_answer(r, "n1", validationcodec.ValidationOutcome.FAILED, "diag level 1: memory test failed on GPU 2")
         write_answer(r, "n2", validationcodec.ValidationOutcome.PASSED, "diag level 1: all tests passed")
         await r.settle()
