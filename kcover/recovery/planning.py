@@ -157,8 +157,9 @@ class _Planner:
         scope = controls.paused_scope(self.snapshot, workload_uid=w.uid, namespace=w.namespace, pod_uid=pod.uid)
         if scope:
             return [self._hold(restart, Code.PAUSED, f"kcover is paused for {scope} ({controls.PAUSED}=true)")]
-        if restart.node in self.awaited_cordons:
-            return [self._hold(restart, Code.AWAITING_CORDON, f"Node {restart.node} is being cordoned by an earlier "
+        awaited = self._awaited_cordon(restart.node, pod.namespace, unit.selector)
+        if awaited:
+            return [self._hold(restart, Code.AWAITING_CORDON, f"Node {awaited} is being cordoned by an earlier "
                                f"recovery: {what} is restarted once it is, so that its pods are not recreated there")]
         entry = self.history.ledger.unit(unit.key)
         refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
@@ -179,6 +180,17 @@ class _Planner:
                                 "its controller recreates them and counts their failures itself", wref)]
         self.planned_keys.add(unit.key)
         return [restart]
+
+    def _awaited_cordon(self, node: str, namespace: str, selector: st.Selector) -> str:
+        """A node an earlier plan is cordoning where the unit has a live pod (its fault's node first), or "": a
+        restart now would recreate that pod there, and the node's own restart of the unit would follow."""
+        if node in self.awaited_cordons:
+            return node
+        for name in sorted(self.history.cordons_in_flight - self.planned_cordons):
+            if any(p.namespace == namespace and not p.deleting and not p.terminal and selector.matches(p.labels)
+                   for p in self.snapshot.pods_on_node(name)):
+                return name
+        return ""
 
     def await_verdict(self, restart: st.Restart, *, asked_now: bool = False) -> st.Hold | None:
         """The restart held while its fault's node is suspect and unanswered (`asked_now`: this plan asks; or an

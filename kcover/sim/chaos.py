@@ -82,6 +82,14 @@ class Fault:
     node: str = ""
     outcome: str = ""
     """"" until answered, then recovered or refused; lost when nothing answered it within RESOLVE_SECONDS."""
+    joined: dict[str, float] = field(default_factory=dict)
+    """A node fault's jobs that put a pod on its node after it was injected and before its cordon (a restart
+    for another fault recreating them there), with when that was seen: the node's restart of them answers
+    this fault from then."""
+
+    def since(self, job: str) -> float:
+        """When this fault began to call for a restart of `job`."""
+        return self.joined.get(job, self.injected)
 
 
 @dataclass
@@ -135,6 +143,14 @@ class Chaos:
 
     def _sample(self) -> None:
         now = self.loop.time()
+        for fault in self.faults:
+            if fault.kind != "node" or fault.outcome or self._cordoned(fault.node):
+                continue
+            for job in self.c.jobs:
+                if job not in fault.jobs and any(p["spec"].get("nodeName") == fault.node
+                                                 and not p["metadata"].get("deletionTimestamp")
+                                                 for p in self.c.job_pods(job)):
+                    fault.jobs, fault.joined[job] = (*fault.jobs, job), now
         for job in self.c.jobs:
             live = {str(p["metadata"]["uid"]) for p in self.c.job_pods(job) if not p["metadata"].get("deletionTimestamp")}
             if live and not (live & self.base[job]):
@@ -252,7 +268,7 @@ class Chaos:
             refusal = self._refusal(fault)
             if fault.kind == "node":
                 done = self._cordoned(fault.node) and all(
-                    any(t > fault.injected for t in self.restarted_at[j]) for j in fault.jobs)
+                    any(t > fault.since(j) for t in self.restarted_at[j]) for j in fault.jobs)
             else:
                 done = any(t > fault.injected for t in self.restarted_at[fault.jobs[0]])
             if done:
@@ -268,7 +284,7 @@ class Chaos:
                             waited=round(self.loop.time() - fault.injected, 1),
                             cordoned=self._cordoned(fault.node) if fault.node else None,
                             restarted_since=[j for j in fault.jobs
-                                             if any(t > fault.injected for t in self.restarted_at[j])])
+                                             if any(t > fault.since(j) for t in self.restarted_at[j])])
 
     def _refusal(self, fault: Fault) -> cluster_.ApiEvent | None:
         names = (*fault.jobs, fault.node)
@@ -281,7 +297,7 @@ class Chaos:
     def _count_restarts(self) -> None:
         """Every restart seen must answer a fault injected before it; the others are duplicates or wrong."""
         for job, times in self.restarted_at.items():
-            injected = sorted(f.injected for f in self.faults if job in f.jobs)
+            injected = sorted(f.since(job) for f in self.faults if job in f.jobs)
             previous = -1e9
             for at in times:
                 self.tally.restarts += 1

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import types
 
+from kcover.aio import clock as clock_
+from kcover.sim import chaos, playing, running
 from kcover.sim import cluster as cluster_
-from kcover.sim import running
 
 
 def chaos_args(**overrides: object) -> argparse.Namespace:
@@ -43,3 +45,30 @@ async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else()
     assert report.passed
     await asyncio.sleep(0.5)  # the restarted API server's cancelled handlers finish their last turn
     # (the suite's task-leak fixture then fails the test if anything the run started is still running)
+
+
+def _accounting(faults: list[chaos.Fault], restarts: dict[str, list[float]]) -> chaos.Tally:
+    """`Chaos._count_restarts` over given faults and restarts (no cluster runs)."""
+    play = object.__new__(chaos.Chaos)
+    play.faults, play.restarted_at, play.tally = faults, restarts, chaos.Tally()
+    play.c = types.SimpleNamespace(size=types.SimpleNamespace(pods_per_job=4))
+    play.loop = asyncio.get_running_loop()
+    play._count_restarts()
+    return play.tally
+
+
+def _fault(kind: str, jobs: tuple[str, ...], at: float, **kw: object) -> chaos.Fault:
+    record = playing.FaultRecord(kind, "target", injected_at=clock_.utcnow())
+    return chaos.Fault(kind, "target", jobs, at, record, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_node_faults_restart_of_a_job_that_landed_on_the_node_after_it_is_no_duplicate() -> None:
+    """A job restarted for its own fault just after a node fault (its new pod scheduled onto the node before the
+    node's cordon) is restarted again for the node: that answers the node fault, seen joining it when its
+    pod appeared there. A second restart with no fault is still a duplicate."""
+    own = _fault("workload", ("a",), 10.0)
+    node = _fault("node", ("b", "a"), 9.5, node="n3", joined={"a": 13.0})
+    tally = _accounting([own, node], {"a": [12.0, 20.0], "b": [20.0]})
+    assert (tally.restarts, tally.duplicates, tally.wrongly_touched_pods) == (3, 0, 0)
+    tally = _accounting([own, _fault("node", ("b",), 9.5, node="n3")], {"a": [12.0, 20.0], "b": [20.0]})
+    assert (tally.restarts, tally.duplicates) == (3, 1)
