@@ -116,6 +116,8 @@ class RecoveryEngine:
         """Unit key -> restarts of it planned and not finished."""
         self._cordoning: dict[str, float] = {}
         """Node -> when its cordon was planned, until the cache shows it cordoned."""
+        self._cordoned_not_seen: set[str] = set()
+        """Those of `_cordoning` whose cordon the API server took."""
         self._tainting: collections.Counter[tuple[str, str]] = collections.Counter()
         """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._suspecting: collections.Counter[str] = collections.Counter()
@@ -148,8 +150,10 @@ class RecoveryEngine:
         for node, at in list(self._cordoning.items()):
             if node in cordoned or now - at > CORDON_RESERVATION_SECONDS:
                 del self._cordoning[node]
+        self._cordoned_not_seen &= set(self._cordoning)
         return planinputs.History(ledger=self.ledger, restarts_in_flight=dict(self._restarting),
                                 cordons_in_flight=frozenset(self._cordoning),
+                                cordons_written=frozenset(self._cordoned_not_seen),
                                 device_taints_served=self._devices.known_served,
                                 device_taints_in_flight={rid: node for rid, node in self._tainting},
                                 suspects_in_flight=frozenset(self._suspecting),
@@ -270,6 +274,7 @@ class RecoveryEngine:
                 self._restarting[step.unit_key] += 1
             elif isinstance(step, st.Cordon):
                 self._cordoning[step.node] = self._clock.monotonic()
+                self._cordoned_not_seen.discard(step.node)
             elif isinstance(step, st.TaintDevice):
                 self._tainting[(step.device.resource_id, step.node)] += 1
             elif isinstance(step, st.RequestValidation) and step.purpose is st.Purpose.SUSPECT:
@@ -294,6 +299,8 @@ class RecoveryEngine:
         for step in planned:
             if isinstance(step, st.Cordon) and step.node not in done:
                 self._cordoning.pop(step.node, None)
+            elif isinstance(step, st.Cordon) and step.node in self._cordoning:
+                self._cordoned_not_seen.add(step.node)
 
     async def _carry_out(self, event: model.CollectorEvent, planned: list[st.Step]) -> None:
         outcomes: list[st.Outcome] = []

@@ -96,6 +96,9 @@ class History:
     """Unit key -> restarts of it planned and not finished."""
     cordons_in_flight: frozenset[str] = frozenset()
     """Nodes whose cordon is planned and not yet in the cache."""
+    cordons_written: frozenset[str] = frozenset()
+    """Those of `cordons_in_flight` the API server has taken (the cache not showing them yet): no pod is
+    scheduled there any more."""
     device_taints_served: bool = True
     """The API server serves DeviceTaintRules (discovered)."""
     device_taints_in_flight: Mapping[str, str] = field(default_factory=dict)

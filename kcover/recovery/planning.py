@@ -186,7 +186,7 @@ class _Planner:
         restart now would recreate that pod there, and the node's own restart of the unit would follow."""
         if node in self.awaited_cordons:
             return node
-        for name in sorted(self.history.cordons_in_flight - self.planned_cordons):
+        for name in sorted(self.history.cordons_in_flight - self.history.cordons_written - self.planned_cordons):
             if any(p.namespace == namespace and not p.deleting and not p.terminal and selector.matches(p.labels)
                    for p in self.snapshot.pods_on_node(name)):
                 return name
