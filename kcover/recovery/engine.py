@@ -52,6 +52,7 @@ from kcover.recovery import (
     planning,
     restarting,
     rules,
+    targets,
     verifying,
 )
 from kcover.recovery import steps as st
@@ -470,7 +471,7 @@ class RecoveryEngine:
                 del self._retries[retry.event.key]
                 self.engine_metrics.given_up.inc()
                 log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
-                about = planning.about_event(retry.event, self._snapshot)
+                about = targets.about_event(retry.event, self._snapshot)
                 if about is not None:
                     await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
                                             f"kcover could not act on {retry.event.reason} from {retry.event.detector} "

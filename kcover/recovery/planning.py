@@ -13,8 +13,8 @@ own device taint; its own cordon, through validation when `recovery.return_valid
 It sees the cluster only through `planinputs.Snapshot` (the cache), the ledger only through
 `planinputs.History`, and does no I/O. Does not own what it reads (`planinputs`), which pods a restart
 takes away and the key it counts under (`restartunits`), what the breaker counts (`breakerload`), the
-evidence against a node or GPU (`judging`), or a link-down's (`linking`). It never raises on odd events:
-unknown targets become `Refuse` steps.
+references its steps carry (`targets`), the evidence against a node or GPU (`judging`), or a link-down's
+(`linking`). It never raises on odd events: unknown targets become `Refuse` steps.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kcover import kinds, model, settings, validationcodec
-from kcover.aio import clock as clock_
 from kcover.kube import ownership
 from kcover.kube import projections as proj
 from kcover.recovery import (
@@ -39,40 +38,12 @@ from kcover.recovery import (
     planinputs,
     restartunits,
     rules,
+    targets,
 )
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
 AK = model.Action
-
-
-def namespace_allowed(namespace: str, rs: settings.RecoverySettings) -> bool:
-    if namespace in rs.namespaces_deny:
-        return False
-    return not rs.namespaces_allow or namespace in rs.namespaces_allow
-
-
-def workload_ref(w: proj.Workload) -> st.WorkloadRef:
-    return st.WorkloadRef(kind=w.kind, api_version=w.api_version, name=w.name, namespace=w.namespace, uid=w.uid)
-
-
-def pod_ref(pod: proj.Pod) -> st.ObjectRef:
-    return st.ObjectRef("Pod", "v1", pod.name, pod.namespace, pod.uid)
-
-
-def _target_ref(target: model.Target) -> st.ObjectRef | None:
-    if target.kind is model.TargetKind.POD:
-        return st.ObjectRef("Pod", "v1", target.name, target.namespace, target.uid)
-    if target.kind in (model.TargetKind.NODE, model.TargetKind.DEVICE):
-        return st.node_ref(target.node or target.name)
-    return None
-
-
-def _created(pod: proj.Pod) -> float | None:
-    try:
-        return clock_.parse_time(pod.created).timestamp() if pod.created else None
-    except ValueError:
-        return None
 
 
 HOLDABLE = frozenset({Code.PAUSED, Code.COOLDOWN, Code.BUDGET_EXHAUSTED, Code.THROTTLED, Code.BREAKER_OPEN,
@@ -108,8 +79,8 @@ class _Planner:
 
     def restart_for_pod(self, pod: proj.Pod, *, sweep: bool = False, node: str = "") -> list[st.Step]:
         """Restart the unit `pod` belongs to. In a node sweep, pods kcover may not touch are passed over."""
-        about = pod_ref(pod)
-        if not namespace_allowed(pod.namespace, self.rs):
+        about = targets.pod_ref(pod)
+        if not targets.namespace_allowed(pod.namespace, self.rs):
             return [] if sweep else [self.refuse(Code.NAMESPACE_DENIED, f"namespace {pod.namespace} is not acted "
                                                  "on (recovery.namespaces_allow/deny)", about)]
         resolved = ownership.resolve(self.snapshot, pod)
@@ -127,7 +98,7 @@ class _Planner:
         unit = restartunits.unit_of(resolved, pod)
         if unit.key in self.planned_keys or unit.key in self.held_keys:
             return []
-        wref = workload_ref(w)
+        wref = targets.workload_ref(w)
         what = wref.describe() + (f" {unit.description}" if unit.description else "")
         table = kinds.of(w.group, w.kind)
         assert table is not None
@@ -164,7 +135,7 @@ class _Planner:
         entry = self.history.ledger.unit(unit.key)
         refused = admission.restart(entry, what=what, rs=self.rs, now=self.now,
                                     breaker_state=self.history.ledger.breaker(), load=self._load(key=unit.key),
-                                    pod_created=_created(pod) if not sweep else None, pod_terminating=pod.deleting)
+                                    pod_created=targets.created_at(pod) if not sweep else None, pod_terminating=pod.deleting)
         if refused is not None:
             if refused.code in HOLDABLE:
                 held = self._hold_for(restart, refused, entry)
@@ -234,8 +205,8 @@ class _Planner:
         if not pods:
             w = self.snapshot.workload(uid)
             return [self.refuse(Code.TARGET_UNKNOWN, f"workload {uid} has no pods in the cache",
-                                workload_ref(w) if w else None)]
-        failing = [p for p in pods if _failing(p)]
+                                targets.workload_ref(w) if w else None)]
+        failing = [p for p in pods if targets.failing(p)]
         return self.restart_for_pod((failing or pods)[0])
 
     def restarts_on_device(self, node: str, pods: Sequence[str]) -> list[st.Step]:
@@ -356,13 +327,6 @@ class _Planner:
         return [st.Uncordon(node=name, cause=self.event)]
 
 
-def _failing(pod: proj.Pod) -> bool:
-    """A container of the pod ended with an error (now or in its last instance), or the pod failed."""
-    if pod.phase == "Failed":
-        return True
-    return any((c.terminated is not None and c.terminated.exit_code != 0) for c in pod.containers)
-
-
 def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: planinputs.History,
          rs: settings.RecoverySettings, now: dt.datetime, *,
          rules_: Sequence[rules.Rule] | None = None, judged: bool = False) -> list[st.Step]:
@@ -385,7 +349,7 @@ def plan(event: model.CollectorEvent, snapshot: planinputs.Snapshot, history: pl
     spared = judging.spared(kind, blame) if mode is not settings.JudgementMode.OFF else kind
     steps = _actions(p, spared if mode is settings.JudgementMode.ACT else kind)
     if spared is not kind and mode is settings.JudgementMode.RECORD:
-        about = about_event(event, snapshot)
+        about = targets.about_event(event, snapshot)
         if about is not None:
             steps.append(st.RecordOnly(st.Report(f"{p._reason()}: blamed on the workload; the judgement would "
                                                  f"{spared.value} where the rules say {kind.value}", event,
@@ -439,13 +403,13 @@ def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
     if kind is AK.IGNORE:
         return []
     if kind is AK.REPORT:
-        return [st.Report(p._reason(), event, about=about_event(event, snapshot))]
+        return [st.Report(p._reason(), event, about=targets.about_event(event, snapshot))]
     pod: proj.Pod | None = None
     if target.kind is model.TargetKind.POD:
         pod = snapshot.pod(target.uid) if target.uid else None
         if pod is None:
             return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} (uid {target.uid or 'unset'}) is not in the "
-                             "cache", _target_ref(target))]
+                             "cache", targets.target_ref(target))]
         node_name = node_name or pod.node
     if dra is not None and node_name:
         return p.isolate_device(dra, node_name, kind, pod)
@@ -493,12 +457,3 @@ def verdict(node: str, outcome: validationcodec.ValidationOutcome | None, text: 
         return [*p.cordon(node, reason=f"suspect, not validated, and a hardware signal: {why}"),
                 st.Judge(node, ledgerentries.Verdict.FAULTY, why, cause)]
     return [st.Judge(node, ledgerentries.Verdict.UNVALIDATED, text, cause)]
-
-
-def about_event(event: model.CollectorEvent, snapshot: planinputs.Snapshot) -> st.ObjectRef | None:
-    """The object an Event about `event` itself goes on: its pod, node or workload."""
-    about = _target_ref(event.target)
-    if about is None and event.target.kind is model.TargetKind.WORKLOAD and event.target.uid:
-        w = snapshot.workload(event.target.uid)
-        about = workload_ref(w) if w is not None else None
-    return about

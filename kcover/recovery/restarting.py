@@ -40,8 +40,8 @@ from kcover.recovery import (
     ledgerentries,
     logsaving,
     planinputs,
-    planning,
     restartunits,
+    targets,
 )
 from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
@@ -89,7 +89,7 @@ def vet(key: str, intent: ledgerentries.Intent, snapshot: planinputs.Snapshot,
         return f"{what} is not in the cluster"
     if (w.kind, w.namespace, w.name) != (kind, namespace, name):
         return f"the workload with uid {uid} is {w.kind} {w.namespace}/{w.name}, not {what}"
-    if not planning.namespace_allowed(w.namespace, rs):
+    if not targets.namespace_allowed(w.namespace, rs):
         return f"namespace {w.namespace} is not acted on (recovery.namespaces_allow/deny)"
     table = kinds.of(w.group, w.kind)
     if table is None:

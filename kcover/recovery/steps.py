@@ -62,7 +62,7 @@ class Code(enum.StrEnum):
     """Why a step was refused or held: each produced by exactly one function (named below)."""
 
     NAMESPACE_DENIED = "NamespaceDenied"
-    """`planning.namespace_allowed`: recovery.namespaces_allow/deny."""
+    """`targets.namespace_allowed`: recovery.namespaces_allow/deny."""
     NOT_OPTED_IN = "NotOptedIn"
     """`planning`, by `ownership.opted_in`."""
     NO_CONTROLLER = "NoController"
