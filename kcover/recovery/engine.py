@@ -479,15 +479,11 @@ class RecoveryEngine:
                                             f"first write kept failing ({retry.error})"))
 
 
-SUSPECT_DETECTOR = "kcover-ledger"
-"""`CollectorEvent.detector` of the cause a leader gives a suspect's validation it opens from the ledger."""
-
-
 def _suspicion_cause(node: str, entry: ledgerentries.Node) -> model.CollectorEvent:
     """The cause of a suspect's validation opened from the ledger (`Validations.adopt`): the suspicion itself."""
     at = entry.suspect_at if entry.suspect_at is not None else 0.0
     return model.CollectorEvent(
-        id=f"suspect-{node}-{at:.3f}"[:120], detector=SUSPECT_DETECTOR, severity=model.Severity.ERROR,
+        id=f"suspect-{node}-{at:.3f}"[:120], detector=restarting.RESUMED_DETECTOR, severity=model.Severity.ERROR,
         reason="NodeSuspect", message=entry.suspicion or f"Node {node} is suspect",
         target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
         observed_at=dt.datetime.fromtimestamp(at, dt.UTC))

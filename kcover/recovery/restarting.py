@@ -49,7 +49,8 @@ from kcover.recovery.steps import Code
 log = structlog.get_logger()
 
 RESUMED_DETECTOR = "kcover-ledger"
-"""`CollectorEvent.detector` of the cause a successor gives a restart it finishes from the ledger."""
+"""`CollectorEvent.detector` of a cause read back from the ledger: a restart a successor finishes, a suspect's
+validation a leader opens again (`engine`)."""
 
 SaveLogs = Callable[[st.WorkloadRef, Sequence[proj.Pod]], Awaitable[str | None]]
 """`save_logs(workload, pods)` returns where the logs went (or None); see `recovery.logsaving`."""

@@ -146,20 +146,21 @@ class Validations:
         if found is None:
             return True  # nothing to ask of a node that is gone; its deadline ends it
         on = validationcodec.decode_validation_request(dict(found.annotations))
-        if on is not None and on.id == request_id:
-            return True
-        return any((a := validationcodec.decode_validation_answer(c.type, c.status, c.reason, c.message)) is not None
-                   and a.request == request_id for c in found.conditions)
+        return (on is not None and on.id == request_id) or self._answered(node, request_id) is not None
+
+    def _answered(self, node: str, request_id: str) -> validationcodec.ValidationAnswer | None:
+        """The node's answer naming `request_id`, as the cache shows the Node."""
+        found = self._snapshot.node(node)
+        for cond in found.conditions if found is not None else ():
+            answer = validationcodec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
+            if answer is not None and answer.request == request_id:
+                return answer
+        return None
 
     def _answer(self, pending: Open) -> validationcodec.ValidationAnswer | None:
         if not pending.request.id:
             return None  # a suspicion recorded without its request's id: only its deadline ends it
-        node = self._snapshot.node(pending.node)
-        for cond in node.conditions if node is not None else ():
-            answer = validationcodec.decode_validation_answer(cond.type, cond.status, cond.reason, cond.message)
-            if answer is not None and answer.request == pending.request.id:
-                return answer
-        return None
+        return self._answered(pending.node, pending.request.id)
 
     async def tick(self, now: float) -> list[Ended]:
         """Take back the requests answered or past their deadline; the validations that ended."""
