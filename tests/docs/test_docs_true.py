@@ -5,12 +5,14 @@ the chart puts them; and every file, folder and test the docs cite is in the tre
 file defines that test; a test named alone: some test file does). (The RBAC tables are checked against the
 rendered chart in tests/chart/test_docs_rbac.py; metric names against a running role's /metrics in
 tests/integration/test_documented_metrics.py.) install.md starts by building the images; nothing calls the
-ledger a ConfigMap; and every `*.md` file (and `#anchor`) a setting's description names is in the tree.
+ledger a ConfigMap; every `*.md` file (and `#anchor`) a setting's description names is in the tree; and
+every `snake_case` name the docs cite (a log event, a logged field) is one the code has.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.machinery
 import importlib.util
 import re
@@ -589,3 +591,68 @@ def test_the_subresource_scan_catches_a_crd_that_has_one() -> None:
     text = "its own writes them (one create with the status; the CRD has no status\n  subresource)"
     assert recovery_subresource_said_wrong(text, has_subresource=True) == ["the CRD has no status subresource"]
     assert recovery_subresource_said_wrong(text, has_subresource=False) == []
+
+
+# ---------------------------------------------------------------------------------------------- code names
+
+SNAKE_SPAN = re.compile(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`")
+"""A `snake_case` code span: a log event, a logged field, a setting, a function, a JSON field the code writes."""
+NOT_OURS = frozenset({"all_reduce_perf", "sendrecv_perf", "tmp_path"})
+"""snake_case names the docs cite from outside the code: nccl-tests' binaries and pytest's fixture."""
+
+
+def _python_sources() -> list[Path]:
+    scripts = [p for p in (ROOT / "scripts").iterdir()
+               if p.is_file() and p.read_text(encoding="utf-8", errors="replace").startswith("#!/usr/bin/env python")]
+    return [*(ROOT / "kcover").glob("**/*.py"), *(p for p in (ROOT / "plugins").glob("*/**/*.py") if "tests" not in p.parts),
+            *scripts]
+
+
+def code_names(sources: list[Path]) -> set[str]:
+    """Every string constant, name, attribute, keyword, argument, function and class name in `sources`: the log
+    event names (`log.warning("recovery_refused", ...)`) and logged field names among them."""
+    names: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.add(node.value)
+            elif isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.keyword | ast.arg) and node.arg:
+                names.add(node.arg)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+    return names
+
+
+def unknown_code_names(docs: list[Path], known: set[str]) -> list[str]:
+    """Every `snake_case` span of the docs (metric and test names aside: their own tests check them) that the
+    code does not hold: a log event or field renamed in the code and not in the docs, so an operator greps for
+    a line kcover never writes."""
+    wrong = []
+    for doc in docs:
+        where = doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for name in SNAKE_SPAN.findall(line):
+                if not name.startswith(("kcover_", "test_")) and name not in known and name not in NOT_OURS:
+                    wrong.append(f"{where}:{number}: {name}: nothing in kcover/, plugins/ or scripts/ is called that")
+    return wrong
+
+
+def test_every_log_event_and_field_the_docs_name_is_in_the_code() -> None:
+    known = code_names(_python_sources())
+    assert {"recovery_refused", "validation_adopted", "verdict_deferred", "supported_mask"} <= known, \
+        "the scan missed names the code has: is it right?"
+    wrong = unknown_code_names(DOCS, known)
+    assert not wrong, "snake_case names the docs cite that the code does not have:\n" + "\n".join(wrong)
+
+
+def test_the_code_name_scan_catches_a_log_event_the_code_does_not_write(tmp_path: Path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("the controller log (`recovery_skipped` with `code` and `text`), `kcover_leader`,\n"
+                   "`test_not_checked_here`, `all_reduce_perf` and `validation_adopted`.\n")
+    known = code_names(_python_sources())
+    assert [w.split(": ", 1)[1] for w in unknown_code_names([doc], known)] == [
+        "recovery_skipped: nothing in kcover/, plugins/ or scripts/ is called that"]
