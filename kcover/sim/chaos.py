@@ -301,16 +301,29 @@ class Chaos:
             previous = -1e9
             for at in times:
                 self.tally.restarts += 1
-                waiting = [t for t in injected if previous < t < at]
+                # `previous <= t`: a job joins a node fault in the sample that first sees its pod on the node,
+                # which is also the sample that sees the restart that made that pod when the pod was bound by
+                # then (a loaded machine samples late): the join comes after that restart, not before it
+                waiting = [t for t in injected if previous <= t < at]
                 if not waiting:
                     if at - previous < COOLDOWN_SECONDS * 2:
                         self.tally.duplicates += 1
                         self.tally.detail.append(f"duplicate restart of {job} {at - previous:.1f}s after the last "
-                                                 f"(seen at {self._wall(at):%H:%M:%S.%f})")
+                                                 f"(seen at {self._wall(at):%H:%M:%S.%f}; {self._last_fault(job, at)})")
                     else:
                         self.tally.wrongly_touched_pods += self.c.size.pods_per_job
                         self.tally.detail.append(f"restart of {job} with no fault (seen at {self._wall(at):%H:%M:%S.%f})")
                 previous = at
+
+    def _last_fault(self, job: str, at: float) -> str:
+        """The job's last fault before `at`, and when it called for the job's restart (to tell a miscount
+        from kcover acting twice)."""
+        before = [f for f in self.faults if job in f.jobs and f.since(job) < at]
+        if not before:
+            return "no fault on it before"
+        last = max(before, key=lambda f: f.since(job))
+        joined = f", joined {at - last.since(job):.3f}s before" if job in last.joined else ""
+        return f"last fault on it: {last.kind} on {last.target} {at - last.injected:.3f}s before{joined}"
 
     def _wall(self, at: float) -> dt.datetime:
         """The wall-clock time of loop time `at` (to find a restart in kcover's logs)."""

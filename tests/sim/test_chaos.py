@@ -78,3 +78,16 @@ async def test_a_node_faults_restart_of_a_job_that_landed_on_the_node_after_it_i
     assert (tally.restarts, tally.duplicates, tally.wrongly_touched_pods) == (3, 0, 0)
     tally = _accounting([own, _fault("node", ("b",), 9.5, node="n3")], {"a": [12.0, 20.0], "b": [20.0]})
     assert (tally.restarts, tally.duplicates) == (3, 1)
+
+
+async def test_a_job_joining_a_node_fault_in_the_sample_that_sees_its_restart_is_no_duplicate() -> None:
+    """The sampler saw a job's restart and its new pod already bound to the faulty node in one sample (a loaded
+    machine samples late): the join is at that restart's time, and the node's restart of the job after it
+    answers the node fault. Seen in a CI-sized run: `duplicate restart of train-4 11.0s after the last`."""
+    own = _fault("workload", ("a",), 10.0)
+    node = _fault("node", ("b", "a"), 9.5, node="n3", joined={"a": 12.0})
+    tally = _accounting([own, node], {"a": [12.0, 23.0], "b": [20.0]})
+    assert (tally.restarts, tally.duplicates, tally.wrongly_touched_pods) == (3, 0, 0), tally.detail
+    # the restart that made the joining pod does not answer the join; only one after it does
+    tally = _accounting([own, _fault("node", ("b", "a"), 9.5, node="n3", joined={"a": 12.0})], {"a": [12.0], "b": [20.0]})
+    assert (tally.restarts, tally.duplicates) == (2, 0)
