@@ -84,8 +84,8 @@ class Fault:
     """"" until answered, then recovered or refused; lost when nothing answered it within RESOLVE_SECONDS."""
     joined: dict[str, float] = field(default_factory=dict)
     """A node fault's jobs that put a pod on its node after it was injected and before its cordon (a restart
-    for another fault recreating them there), with when that was seen: the node's restart of them answers
-    this fault from then."""
+    for another fault recreating them there), with when that was seen (at the earliest when the restart that
+    made the pod was seen): the node's restart of them answers this fault from then."""
 
     def since(self, job: str) -> float:
         """When this fault began to call for a restart of `job`."""
@@ -143,14 +143,6 @@ class Chaos:
 
     def _sample(self) -> None:
         now = self.loop.time()
-        for fault in self.faults:
-            if fault.kind != "node" or fault.outcome or self._cordoned(fault.node):
-                continue
-            for job in self.c.jobs:
-                if job not in fault.jobs and any(p["spec"].get("nodeName") == fault.node
-                                                 and not p["metadata"].get("deletionTimestamp")
-                                                 for p in self.c.job_pods(job)):
-                    fault.jobs, fault.joined[job] = (*fault.jobs, job), now
         for job in self.c.jobs:
             live = {str(p["metadata"]["uid"]) for p in self.c.job_pods(job) if not p["metadata"].get("deletionTimestamp")}
             if live and not (live & self.base[job]):
@@ -158,6 +150,18 @@ class Chaos:
                 self.base[job] = live
             elif live > self.base[job]:
                 self.base[job] = live  # the operator is still creating this generation's pods
+        for fault in self.faults:
+            if fault.kind != "node" or fault.outcome or self._cordoned(fault.node):
+                continue
+            for job in self.c.jobs:
+                # only a pod of the generation counted (`base`): a new pod that lands on the node while its
+                # job's restart is still under way (an old pod not yet deleted) joins when that restart is
+                # seen, in this sample or a later one, so the join never comes before the restart that made it
+                if job not in fault.jobs and any(p["spec"].get("nodeName") == fault.node
+                                                 and not p["metadata"].get("deletionTimestamp")
+                                                 and str(p["metadata"]["uid"]) in self.base[job]
+                                                 for p in self.c.job_pods(job)):
+                    fault.jobs, fault.joined[job] = (*fault.jobs, job), now
 
     async def sampler(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -301,9 +305,8 @@ class Chaos:
             previous = -1e9
             for at in times:
                 self.tally.restarts += 1
-                # `previous <= t`: a job joins a node fault in the sample that first sees its pod on the node,
-                # which is also the sample that sees the restart that made that pod when the pod was bound by
-                # then (a loaded machine samples late): the join comes after that restart, not before it
+                # `previous <= t`: a job joins a node fault at the earliest in the sample that sees the restart
+                # that made its pod on the node (`_sample`): that join comes after that restart
                 waiting = [t for t in injected if previous <= t < at]
                 if not waiting:
                     if at - previous < COOLDOWN_SECONDS * 2:
