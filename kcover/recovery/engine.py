@@ -15,7 +15,8 @@ superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecov
 
 `tick()` is the leader's periodic pass (`recovery.resume_interval_seconds`): a person's breaker reset,
 kcover's cordons found on nodes without their ledger entry (entered, as on each load of the ledger), the
-pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the
+pending intents (`restarting.resume_steps`), the held restarts (`holding.replan_held`), the pods that came
+to a node kcover just cordoned after its plan (`latearrivals`), the
 verifications' Events, the validations' answers, the drains, the device taints held past
 `recovery.device_taints.max_hold_seconds` (removed, with an Event), and the retried faults. The engine is
 called only while leading (the controller cancels its work when the Lease is lost); losing it mid-way
@@ -46,6 +47,7 @@ from kcover.recovery import (
     devicetainting,
     escalating,
     holding,
+    latearrivals,
     ledger,
     ledgerentries,
     planinputs,
@@ -132,6 +134,7 @@ class RecoveryEngine:
         """Why the ledger cannot be used now ("" while it can): what /readyz says of it."""
         self.counts: collections.Counter[str] = collections.Counter()
         self._ticking = asyncio.Lock()
+        self._late = latearrivals.LateArrivals()
 
     @property
     def outcomes(self) -> collections.deque[st.Outcome]:
@@ -318,6 +321,7 @@ class RecoveryEngine:
             self._keep(event, repr(exc))
         finally:
             self._release(planned, outcomes)
+        self._late.watch(outcomes, self._clock.monotonic())
         for outcome in outcomes:
             self.counts[f"{st.name_of(outcome.step)}:{st.result_of(outcome)}"] += 1
             if isinstance(outcome, st.Failed) and not outcome.recorded \
@@ -360,6 +364,7 @@ class RecoveryEngine:
         await self._enter_cordons(settled=ENTRY_SETTLE_SECONDS)
         await self.coordinator.run(restarting.resume_steps(self.ledger.pending(), self.coordinator.restarter.busy))
         await self._held(now, rs)
+        await self._late_arrivals(now, rs)
         if self._verifier is not None:
             await self.coordinator.run(self._verifier.flush(now.timestamp()))
         await self._validations(now, rs)
@@ -427,6 +432,20 @@ class RecoveryEngine:
                 self._release(planned, outcomes)
             if any(isinstance(o.step, st.RecordOnly) and isinstance(o.step.step, st.Restart) for o in outcomes):
                 await self.coordinator.drop_hold(key, "its restart is record only")
+
+    async def _late_arrivals(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
+        """Restart the units whose pods came to a node after the plan that cordoned it (`latearrivals`)."""
+        for node, cause, seen in self._late.due(self._snapshot, self._clock.monotonic()):
+            planned = planning.late_arrivals(cause, node, seen, self._snapshot, self._history(), rs, now)
+            if not planned:
+                continue
+            log.warning("late_arrivals_planned", node=node, cause=cause.id, steps=[st.name_of(s) for s in planned])
+            self._reserve(planned)
+            outcomes: list[st.Outcome] = []
+            try:
+                outcomes = await self.coordinator.run(planned)
+            finally:
+                self._release(planned, outcomes)
 
     async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
         """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed;

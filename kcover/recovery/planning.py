@@ -227,10 +227,10 @@ class _Planner:
                 out += self.restart_for_pod(pod, sweep=True, node=node)
         return out
 
-    def restarts_on_node(self, node: str) -> list[st.Step]:
+    def restarts_on_node(self, node: str, *, skip: frozenset[str] = frozenset()) -> list[st.Step]:
         out: list[st.Step] = []
         for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
-            if not pod.deleting and not pod.terminal:
+            if not pod.deleting and not pod.terminal and pod.uid not in skip:
                 out += self.restart_for_pod(pod, sweep=True, node=node)
         return out
 
@@ -432,8 +432,19 @@ def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
         return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} names no node to cordon", None)]
     out = p.cordon(node_name)
     if kind is AK.CORDON_NODE_AND_RESTART:
+        seen = frozenset(pod.uid for pod in snapshot.pods_on_node(node_name))
+        out = [dataclasses.replace(s, swept=seen) if isinstance(s, st.Cordon) else s for s in out]
         out += p.restarts_on_node(node_name)
     return out
+
+
+def late_arrivals(event: model.CollectorEvent, node: str, seen: frozenset[str], snapshot: planinputs.Snapshot,
+                  history: planinputs.History, rs: settings.RecoverySettings, now: dt.datetime) -> list[st.Step]:
+    """The restarts a node's fault calls for of the units whose pods came to the node after the plan that
+    cordoned it (`seen`: the pods that plan looked at) and before the cordon held: a restart for another fault
+    recreating them there. The same sweep as the plan's, over the newcomers only."""
+    p = _Planner(event, snapshot, history, rs, now.timestamp(), blame=judging.attribute(event))
+    return p.restarts_on_node(node, skip=seen)
 
 
 def verdict(node: str, outcome: validationcodec.ValidationOutcome | None, text: str, cause: model.CollectorEvent,

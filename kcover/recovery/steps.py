@@ -178,6 +178,10 @@ class Cordon:
     reason: str
     cause: model.CollectorEvent
     blame: model.Blame = model.Blame.UNKNOWN
+    swept: frozenset[str] | None = None
+    """The node's pods (uids) its plan restarted or passed over, when the cordon comes with the restart of
+    the node's workloads; None when it restarts nothing. Once the cordon is written, a pod not among them
+    that came to the node before the cordon held is a late arrival (`latearrivals`)."""
 
 
 @dataclass(frozen=True)
