@@ -227,6 +227,12 @@ class _Planner:
                 out += self.restart_for_pod(pod, sweep=True, node=node)
         return out
 
+    def sweeping(self, steps: list[st.Step], node: str) -> list[st.Step]:
+        """`steps` with the node's cordon marked as one that restarts the node's workloads, with the pods seen
+        there now (`steps.Cordon.swept`: after the cordon, `latearrivals` looks for those it did not see)."""
+        seen = frozenset(pod.uid for pod in self.snapshot.pods_on_node(node))
+        return [dataclasses.replace(s, swept=seen) if isinstance(s, st.Cordon) and s.node == node else s for s in steps]
+
     def restarts_on_node(self, node: str, *, skip: frozenset[str] = frozenset()) -> list[st.Step]:
         out: list[st.Step] = []
         for pod in sorted(self.snapshot.pods_on_node(node), key=lambda p: (p.namespace, p.name)):
@@ -281,7 +287,7 @@ class _Planner:
             out = [] if kind is AK.RESTART_WORKLOAD else self.cordon(node)
             out += self._holders(dra, node, kind, pod)
             if kind is AK.CORDON_NODE_AND_RESTART:
-                out += self.restarts_on_node(node)
+                out = self.sweeping(out, node) + self.restarts_on_node(node)
             return out
         holders = self._holders(dra, node, kind, pod)
         scope = controls.paused_scope(self.snapshot, node=node)
@@ -432,9 +438,7 @@ def _actions(p: _Planner, kind: model.Action) -> list[st.Step]:
         return [p.refuse(Code.TARGET_UNKNOWN, f"{target.describe()} names no node to cordon", None)]
     out = p.cordon(node_name)
     if kind is AK.CORDON_NODE_AND_RESTART:
-        seen = frozenset(pod.uid for pod in snapshot.pods_on_node(node_name))
-        out = [dataclasses.replace(s, swept=seen) if isinstance(s, st.Cordon) else s for s in out]
-        out += p.restarts_on_node(node_name)
+        out = p.sweeping(out, node_name) + p.restarts_on_node(node_name)
     return out
 
 

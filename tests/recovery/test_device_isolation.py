@@ -75,8 +75,8 @@ def summary(planned: list[actions.Step]) -> list[str]:
             out.append(f"untaint {a.device.resource_id}")
         elif isinstance(a, actions.Restart):
             out.append(f"restart {a.workload.name}")
-        elif isinstance(a, actions.Cordon):
-            out.append(f"cordon {a.node}")
+        elif isinstance(a, actions.Cordon):  # `+sweep`: its pods seen, for the late arrivals after it
+            out.append(f"cordon {a.node}" + (f" +sweep {len(a.swept)}" if a.swept is not None else ""))
         elif isinstance(a, actions.Uncordon):
             out.append(f"uncordon {a.node}")
         elif isinstance(a, actions.Refuse):
@@ -105,7 +105,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], 
     ("application XID 13: restart the holders, no taint",
      agent(xid=13, recommended=model.Action.RESTART_WORKLOAD, pods=("ml/a-worker-0",)), SERVED, {}, ["restart a"]),
     ("no DeviceTaintRules served: the node-level answer, cordon and sweep",
-     agent(pods=("ml/a-worker-0",)), UNSERVED, {}, ["cordon n1", "restart a", "restart b"]),
+     agent(pods=("ml/a-worker-0",)), UNSERVED, {}, ["cordon n1 +sweep 2", "restart a", "restart b"]),
     ("no DeviceTaintRules served, the node's cordon in flight from an earlier plan: the holders wait for it too",
      agent(pods=("ml/a-worker-0",)), planinputs.History(device_taints_served=False, cordons_in_flight=frozenset({"n1"})),
      {}, ["skip AlreadyCordoned", "hold AwaitingCordon a", "hold AwaitingCordon b"]),
@@ -116,7 +116,7 @@ ROWS: list[tuple[str, model.CollectorEvent, planinputs.History, dict[str, Any], 
      UNSERVED, {}, ["cordon n1"]),
     ("no DeviceTaintRules served, dra-health: restart only", dra_health(), UNSERVED, {}, ["restart a"]),
     ("device taints off: today's node-level answer",
-     agent(pods=("ml/a-worker-0",)), SERVED, {"device_taints": {"enabled": False}}, ["cordon n1", "restart a", "restart b"]),
+     agent(pods=("ml/a-worker-0",)), SERVED, {"device_taints": {"enabled": False}}, ["cordon n1 +sweep 2", "restart a", "restart b"]),
     ("device taints off, dra-health: restart only", dra_health(), SERVED, {"device_taints": {"enabled": False}},
      ["restart a"]),
     ("device taints off, cleared: nothing", dra_health(cleared=True), SERVED, {"device_taints": {"enabled": False}}, []),
