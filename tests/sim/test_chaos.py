@@ -5,7 +5,10 @@ answered (a restart or a refusal), none answered twice, no pod touched without a
 The full run (K = 200 on three seeds) is a CLI run whose figures go into the change's notes, not a test.
 This run was kept out of CI for a while; meanwhile two regressions went unseen that it shows: the breaker's
 window limit at 1% of six nodes latched the breaker on the second node fault, and a suspect's validation
-asked by a leader that then went was never read again (its restart held past the run's loss time).
+asked by a leader that then went was never read again (its restart held past the run's loss time). Kept out
+again after duplicate counts on a loaded machine that were the harness's own miscounts of needed restarts
+(a job joining a node fault in the sample of its restart, or before it), it runs in CI again with both
+fixed; its runs on a loaded machine also found a rank left on a node after its cordon (`latearrivals`).
 """
 
 from __future__ import annotations
@@ -28,10 +31,7 @@ def chaos_args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-@pytest.mark.skip(reason="kept out of CI again: in a local run of the suite on 2026-12-07 (two xdist workers on two "
-                         "cores) it counted a duplicate restart of train-0 12.6 s after the last that is not explained "
-                         "yet (one earlier count of that kind, in a CI run, was a miscount and is fixed); the CLI run "
-                         "(`kcover sim chaos`) and the real-apiserver chaos test, which runs in CI, stay")
+@pytest.mark.timeout(600)  # about 2.5 min alone; more beside the suite's other worker on two cores
 async def test_chaos_loses_nothing_duplicates_nothing_and_touches_nothing_else() -> None:
     args = chaos_args()
     scenario = running.chaos_scenario(args)
