@@ -430,6 +430,7 @@ class RecoveryEngine:
                 outcomes = await self.coordinator.run(planned)
             finally:
                 self._release(planned, outcomes)
+            self._late.watch(outcomes, self._clock.monotonic())  # a cordon this plan made itself (AwaitingCordon)
             if any(isinstance(o.step, st.RecordOnly) and isinstance(o.step.step, st.Restart) for o in outcomes):
                 await self.coordinator.drop_hold(key, "its restart is record only")
 
