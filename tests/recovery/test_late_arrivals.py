@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from harness import engines
 from harness import objects as o
-from test_judgement import OPT, job, pod_fault, recreate
+from test_judgement import job, pod_fault, recreate
 
 from kcover import model
 from kcover.recovery import latearrivals
@@ -65,9 +65,8 @@ async def test_a_pod_that_comes_to_the_node_after_the_watch_window_is_left_alone
         await r.handle(cordon_and_restart("n0"))
         await asyncio.sleep(latearrivals.WINDOW_SECONDS + 1)
         await r.tick()
-        r.create(o.pod("late", uid="late", node="n0", namespace="ml", labels=OPT,
-                       owner=r.store.get("pytorchjobs.kubeflow.org", "ml", "a")))
+        recreate(r, "a", ["n0"], 1)  # a member of a, on n0, after the window
         await r.settle()
         await r.tick()
         assert restarted(r, "a") == 0
-        assert "late" in r.pod_uids()
+        assert "a-0-g1" in r.pod_uids()
