@@ -424,13 +424,7 @@ class RecoveryEngine:
             restarts = [s for s in planned if isinstance(s.step if isinstance(s, st.RecordOnly) else s, st.Restart)]
             if not restarts:
                 continue  # still held (the Hold step refreshes the record when it changed)
-            self._reserve(planned)
-            outcomes: list[st.Outcome] = []
-            try:
-                outcomes = await self.coordinator.run(planned)
-            finally:
-                self._release(planned, outcomes)
-            self._late.watch(outcomes, self._clock.monotonic())  # a cordon this plan made itself (AwaitingCordon)
+            outcomes = await self._run_reserved(planned)  # with a cordon of its own when the awaited one failed
             if any(isinstance(o.step, st.RecordOnly) and isinstance(o.step.step, st.Restart) for o in outcomes):
                 await self.coordinator.drop_hold(key, "its restart is record only")
 
@@ -441,12 +435,19 @@ class RecoveryEngine:
             if not planned:
                 continue
             log.warning("late_arrivals_planned", node=node, cause=cause.id, steps=[st.name_of(s) for s in planned])
-            self._reserve(planned)
-            outcomes: list[st.Outcome] = []
-            try:
-                outcomes = await self.coordinator.run(planned)
-            finally:
-                self._release(planned, outcomes)
+            await self._run_reserved(planned)
+
+    async def _run_reserved(self, planned: list[st.Step]) -> list[st.Outcome]:
+        """Carry out steps the periodic pass planned, reserved while they run; a cordon among them that comes
+        with its node's restarts is then watched for late arrivals (`latearrivals`)."""
+        self._reserve(planned)
+        outcomes: list[st.Outcome] = []
+        try:
+            outcomes = await self.coordinator.run(planned)
+        finally:
+            self._release(planned, outcomes)
+        self._late.watch(outcomes, self._clock.monotonic())
+        return outcomes
 
     async def _expire_device_taints(self, now: dt.datetime, rs: settings.RecoverySettings) -> None:
         """kcover's device taints held past `device_taints.max_hold_seconds` with no healthy word are removed;

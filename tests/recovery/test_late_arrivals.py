@@ -13,19 +13,12 @@ import asyncio
 import pytest
 from harness import engines
 from harness import objects as o
+from test_failover import xid_on
 from test_judgement import job, pod_fault, recreate
 
-from kcover import model
 from kcover.recovery import latearrivals
 
 pytestmark = pytest.mark.looptime
-
-
-def cordon_and_restart(node: str) -> model.CollectorEvent:
-    return model.CollectorEvent(detector="node-condition", severity=model.Severity.ERROR, reason="XID79",
-                                message="GPU fell off the bus", recommended=model.Action.CORDON_NODE_AND_RESTART,
-                                target=model.Target(kind=model.TargetKind.NODE, name=node, node=node),
-                                observed_at=engines.START)
 
 
 def restarted(r: engines.Rig, name: str) -> int:
@@ -38,7 +31,7 @@ async def test_a_rank_recreated_on_the_node_before_its_cordon_held_is_restarted_
     async with engines.rig([*nodes_, *job("a", ["n1", "n2"]), *job("b", ["n0"]), stranger]) as r:
         await r.handle(pod_fault("a-0-g0"))  # a's own fault: restarted, its pods gone
         assert restarted(r, "a") == 1
-        await r.handle(cordon_and_restart("n0"))  # planned while a had no pod on n0
+        await r.handle(xid_on("n0"))  # planned while a had no pod on n0
         assert r.store.get("nodes", "", "n0")["spec"].get("unschedulable") is True
         assert restarted(r, "b") == 1
         recreate(r, "a", ["n0", "n2"], 1)  # a's operator put rank 0 on n0 before the cordon reached the scheduler
@@ -62,7 +55,7 @@ async def test_a_pod_that_comes_to_the_node_after_the_watch_window_is_left_alone
     """Past `latearrivals.WINDOW_SECONDS` after the cordon nothing comes to the node through its scheduler: a
     pod there then (a toleration, a person's binding) is not the fault's business."""
     async with engines.rig([*(o.node(f"n{i}") for i in range(3)), *job("a", ["n1"]), *job("b", ["n0"])]) as r:
-        await r.handle(cordon_and_restart("n0"))
+        await r.handle(xid_on("n0"))
         await asyncio.sleep(latearrivals.WINDOW_SECONDS + 1)
         await r.tick()
         recreate(r, "a", ["n0"], 1)  # a member of a, on n0, after the window
