@@ -9,7 +9,7 @@ its run; a cordon's once the cache shows the node cordoned; a device taint's wit
 holds a done one, and its caps count it from there).
 
 A fault whose first write failed before anything was recorded (the ledger's write during an API outage,
-the ledger's kind not served) is kept and handled again by `tick()` with backoff, until it succeeds, is
+the ledger's kind not served) is kept (`keeping`) and handled again by `tick()` with backoff, until it succeeds, is
 superseded, or passes `recovery.retry_seconds`; then it ends with a `KcoverRecoveryFailed` Event and
 `kcover_faults_given_up_total`. Nothing is lost silently.
 
@@ -32,7 +32,6 @@ import asyncio
 import collections
 import datetime as dt
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -47,6 +46,7 @@ from kcover.recovery import (
     devicetainting,
     escalating,
     holding,
+    keeping,
     latearrivals,
     ledger,
     ledgerentries,
@@ -66,19 +66,6 @@ CORDON_RESERVATION_SECONDS = 60.0
 ENTRY_SETTLE_SECONDS = 30.0
 """The periodic pass enters a cordon found without its ledger entry once it is this old (its own write
 follows the Node's within milliseconds unless it failed)."""
-RETRY_INITIAL_SECONDS = 1.0
-RETRY_MAX_SECONDS = 30.0
-"""A fault whose first write failed is handled again after 1, 2, 4, ... seconds, at most 30 apart."""
-
-
-@dataclass
-class _Retry:
-    event: model.CollectorEvent
-    first_failed: float
-    next_at: float
-    attempts: int
-    error: str
-
 
 class EngineMetrics:
     def __init__(self, m: metrics.Metrics) -> None:
@@ -125,8 +112,8 @@ class RecoveryEngine:
         """(resourceID, node) -> device taints of it planned and not finished (the ledger holds a done one)."""
         self._suspecting: collections.Counter[str] = collections.Counter()
         """Nodes whose suspect validation a plan asked and the coordinator has not yet carried out."""
-        self._retries: dict[str, _Retry] = {}
-        """Event key -> a fault to handle again (its first write failed before anything was recorded)."""
+        self.kept = keeping.KeptFaults()
+        """Faults to handle again (their first write failed before anything was recorded)."""
         self._expiry_recorded: set[str] = set()
         """resourceIDs whose removal past `device_taints.max_hold_seconds` was recorded only (record-only mode)."""
         self._unavailable_said = False
@@ -327,20 +314,16 @@ class RecoveryEngine:
             if isinstance(outcome, st.Failed) and not outcome.recorded \
                     and isinstance(outcome.step, st.Restart | st.Cordon | st.TaintDevice | st.Hold):
                 self._keep(event, outcome.error)
-        if event.key in self._retries and not any(
-                isinstance(o, st.Failed) and not o.recorded for o in outcomes) and outcomes:
-            del self._retries[event.key]
+        if event.key in self.kept and outcomes and not any(isinstance(o, st.Failed) and not o.recorded for o in outcomes):
+            self.kept.settled(event.key)
 
     def _keep(self, event: model.CollectorEvent, error: str) -> None:
         """Handle `event` again later: nothing was recorded for it."""
         now = self._clock.now().timestamp()
-        held = self._retries.get(event.key)
-        attempts = held.attempts + 1 if held is not None else 1
-        delay = min(RETRY_MAX_SECONDS, RETRY_INITIAL_SECONDS * 2 ** (attempts - 1))
-        self._retries[event.key] = _Retry(event, held.first_failed if held else now, now + delay, attempts, error[:300])
+        kept = self.kept.keep(event, error, now)
         self.counts["retried"] += 1
-        log.warning("recovery_retried_later", cause=event.id, reason=event.reason, attempts=attempts,
-                    in_seconds=round(delay, 1), error=error[:300])
+        log.warning("recovery_retried_later", cause=event.id, reason=event.reason, attempts=kept.attempts,
+                    in_seconds=round(kept.next_at - now, 1), error=error[:300])
 
     # ------------------------------------------------------------------------------------ the periodic pass
 
@@ -479,25 +462,22 @@ class RecoveryEngine:
 
     async def _retry(self, now: dt.datetime) -> None:
         await self._give_up_old(now)
-        fresh = [r.event for r in self._retries.values() if r.next_at <= now.timestamp()]
+        fresh = self.kept.due(now.timestamp())
         if fresh:
             await self.handle(fresh)
 
     async def _give_up_old(self, now: dt.datetime) -> None:
         """The kept faults past `recovery.retry_seconds` end with an Event (written if the API answers)."""
         rs = self._recovery()
-        due = [r for r in self._retries.values() if r.next_at <= now.timestamp()]
-        for retry in due:
-            if now.timestamp() - retry.first_failed > rs.retry_seconds:
-                del self._retries[retry.event.key]
-                self.engine_metrics.given_up.inc()
-                log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
-                about = targets.about_event(retry.event, self._snapshot)
-                if about is not None:
-                    await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
-                                            f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
-                                            f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
-                                            f"first write kept failing ({retry.error})"))
+        for retry in self.kept.given_up(now.timestamp(), rs.retry_seconds):
+            self.engine_metrics.given_up.inc()
+            log.error("recovery_given_up", cause=retry.event.id, reason=retry.event.reason, error=retry.error)
+            about = targets.about_event(retry.event, self._snapshot)
+            if about is not None:
+                await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
+                                        f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
+                                        f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
+                                        f"first write kept failing ({retry.error})"))
 
 
 def _suspicion_cause(node: str, entry: ledgerentries.Node) -> model.CollectorEvent:

@@ -9,6 +9,8 @@ before the node's 2.4 s cordon landed, and nothing restarted it: a rank left on 
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
 from harness import engines
@@ -63,3 +65,14 @@ async def test_a_pod_that_comes_to_the_node_after_the_watch_window_is_left_alone
         await r.tick()
         assert restarted(r, "a") == 0
         assert "a-0-g1" in r.pod_uids()
+
+
+def test_the_docs_say_the_watch_window() -> None:
+    """docs/runbook.md and docs/architecture.md tell an operator how long after a cordon late arrivals are
+    restarted: the constant's value, so a change of it without them fails here."""
+    root = Path(__file__).resolve().parents[2]
+    said = f"{latearrivals.WINDOW_SECONDS:g} s"
+    for doc in ("docs/runbook.md", "docs/architecture.md"):
+        text = " ".join((root / doc).read_text(encoding="utf-8").split())
+        assert re.search(rf"(within|for) {re.escape(said)}\b[^.]*cordon|cordon[^.]*(within|for) {re.escape(said)}\b",
+                         text), f"{doc} says late arrivals are looked for {said} after the cordon"

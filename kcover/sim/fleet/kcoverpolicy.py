@@ -284,7 +284,7 @@ class KcoverPolicy:
     def _outstanding(self) -> bool:
         inner = self.engine.inner
         ledger = self.engine.ledger
-        return bool(ledger.held() or ledger.pending() or inner._retries or inner.coordinator.drainer.drains
+        return bool(ledger.held() or ledger.pending() or inner.kept or inner.coordinator.drainer.drains
                     or inner.coordinator.validations.open)
 
     async def _passes(self) -> None:
