@@ -7,7 +7,7 @@ otherwise) (`background_kind`, a Kubeflow kind whose operator the
 tests' cluster does not run, so nothing but the stated churn changes them), then measures, in order:
 
 1. **sync**: a fresh controller worker process (`scale.Worker`) syncs the fleet: seconds, synced and peak
-   RSS (`VmHWM`), bytes per cached pod;
+   RSS (`VmHWM`), bytes per cached pod, the worker's CPU over the sync and each reflector's list time;
 2. **relist** (only given `expire`, a callable that expires every watch, as the fleet script's forced etcd
    compaction and API server restart do): the same worker's time to list everything again, and its RSS
    peak meanwhile;
@@ -156,7 +156,8 @@ async def _sync_and_relist(kubeconfig: str, workload_kinds: tuple[str, ...],
         synced = await w.line(900)
         row = {"nodes": synced["nodes"], "pods": synced["pods"], "sync_seconds": round(synced["sync_seconds"], 3),
                "rss_delta_bytes": synced["rss_after"] - synced["rss_before"], "rss_bytes": synced["rss_after"],
-               "peak_rss_bytes": synced["peak_rss"]}
+               "peak_rss_bytes": synced["peak_rss"], "cpu_seconds": round(synced["sync_cpu_seconds"], 2),
+               "lists": synced["lists"]}
         row["bytes_per_pod"] = round(row["rss_delta_bytes"] / max(1, row["pods"]))
         relist: dict[str, Any] = {}
         if expire is not None:
@@ -311,6 +312,9 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_figure("peak RSS within the chart's memory limit (MiB)", round(sync["peak_rss_bytes"] / 2**20, 1),
                            CHART_MEMORY_LIMIT_BYTES / 2**20, "MiB"))
         out.append(_figure("synced RSS (MiB)", round(sync["rss_bytes"] / 2**20, 1), None, "MiB"))
+        if "cpu_seconds" in sync:
+            out.append(_figure("kcover's CPU over the sync", sync["cpu_seconds"], None, "s"))
+            out.append(_figure("the pod list's own time within the sync", sync["lists"].get("pods"), None, "s"))
         out.append(_figure("bytes per cached pod", sync["bytes_per_pod"], reporting.BYTES_PER_POD, "B"))
     relist = report.get("relist") or {}
     if relist:

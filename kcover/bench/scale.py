@@ -151,15 +151,17 @@ async def worker(kubeconfig: str, workload_kinds: tuple[str, ...] = ("pytorchjob
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     async with asyncio.TaskGroup() as tg:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         tg.create_task(controller.run(stop), name="bench:controller")
         tg.create_task(record(), name="bench:recorder")
         await controller.cache.wait_synced()
-        sync_seconds = time.perf_counter() - t0
+        sync_seconds, sync_cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
         await asyncio.sleep(0.5)
         gc.collect()
         rss1 = _rss()
-        print(json.dumps({"sync_seconds": sync_seconds, "rss_before": rss0, "rss_after": rss1,
+        print(json.dumps({"sync_seconds": sync_seconds, "sync_cpu_seconds": sync_cpu_seconds,
+                          "lists": {r.name: round(r.list_seconds, 3) for r in controller.cache.reflectors},
+                          "rss_before": rss0, "rss_after": rss1,
                           "pods": len(controller.cache.pods), "nodes": len(controller.cache.nodes),
                           "cpu_seconds": time.process_time(), "peak_rss": simproc.peak_rss_bytes()}), flush=True)
         relist: _Relist | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,19 +154,22 @@ class KubeClient:
 
     async def request(self, method: str, path: str, *, query: Query | None = None, body: Any = None,
                       content_type: str | None = None, timeout: float | None = None,
-                      deadline: float | None = None, fence: retrying.Fence | None = None, retry: bool = True) -> Any:
+                      deadline: float | None = None, fence: retrying.Fence | None = None, retry: bool = True,
+                      answer: Callable[[errors.KubeError], bool] | None = None) -> Any:
         """One request, retried as `self.retry` says; returns parsed JSON (or text for text/plain).
 
         `timeout` bounds each attempt (default `request_timeout`), `deadline` all of them (default
         `self.retry.deadline_seconds`); `fence` bounds each attempt of a leader's
         write to its term (and refuses it with `errors.NotLeaderError` once over); `retry=False` makes one
-        attempt. Raises KubeError subclasses."""
+        attempt; `answer` picks out failures that are the request's answer, raised without a retry. Raises
+        KubeError subclasses."""
         policy = self.retry if retry else retrying.NO_RETRY
         return await retrying.call(
             lambda budget: self._once(method, path, query=query, body=body, content_type=content_type,
                                       timeout=budget),
             policy=policy, timeout=timeout if timeout is not None else self.request_timeout,
-            what=f"{method} {resource_of(path)}", deadline_seconds=deadline, fence=fence, stats=self.retry_stats)
+            what=f"{method} {resource_of(path)}", deadline_seconds=deadline, fence=fence, stats=self.retry_stats,
+            answer=answer)
 
     async def _once(self, method: str, path: str, *, query: Query | None, body: Any, content_type: str | None,
                     timeout: float) -> Any:

@@ -19,7 +19,7 @@ here too; everything else kcover reads comes from the watched cache. How it fail
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypedDict
 
 from kcover import errors
@@ -208,9 +208,9 @@ class Http:
         self.fence = fence
 
     async def _write(self, method: str, path: str, body: Any = None, *, content_type: str | None = None,
-                     retry: bool = True) -> Any:
+                     answer: Callable[[errors.KubeError], bool] | None = None) -> Any:
         return await self.client.request(method, path, body=body, content_type=content_type, fence=self.fence,
-                                         retry=retry)
+                                         answer=answer)
 
     async def _get(self, path: str) -> Any:
         try:
@@ -249,8 +249,10 @@ class Http:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
                 "deleteOptions": {"preconditions": {"uid": uid}}}
         try:
-            # not retried here: a PodDisruptionBudget's 429 is an answer (held), and the caller passes over it
-            await self._write("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body, retry=False)
+            # retried as every write is (priority and fairness's 429s, 5xx, lost connections: one of a 2,048-pod
+            # restart's evictions failing would end the attempt), but a PodDisruptionBudget's 429 is an answer
+            await self._write("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body,
+                              answer=_eviction_answer)
         except (errors.NotFoundError, errors.ConflictError):
             return Removal.GONE
         except errors.TooManyRequestsError as exc:
@@ -362,11 +364,22 @@ class Http:
             pass
 
 
-def _disruption_budget(exc: errors.TooManyRequestsError) -> bool:
+def _eviction_answer(exc: errors.KubeError) -> bool:
+    """An eviction's failure that asking again would not change: a PodDisruptionBudget's 429, or the server's
+    500 for a pod more than one budget selects."""
+    if exc.status == 500:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        return "more than one poddisruptionbudget" in str(body.get("message", "")).lower()
+    return _disruption_budget(exc)
+
+
+def _disruption_budget(exc: errors.KubeError) -> bool:
     """A 429 from the Eviction API because of a PodDisruptionBudget, not the server's throttling.
 
     The eviction's refusal is a Status with reason `TooManyRequests` and a cause `DisruptionBudget`
     (plain-text 429s and Statuses with `retryAfterSeconds` alone come from priority and fairness)."""
+    if exc.status != 429:
+        return False
     body = exc.body if isinstance(exc.body, dict) else {}
     causes = ((body.get("details") or {}).get("causes") or []) if isinstance(body.get("details"), dict) else []
     if any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes):

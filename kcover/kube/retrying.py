@@ -124,8 +124,12 @@ def _loop_time() -> float:
 async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, timeout: float, what: str,
                deadline_seconds: float | None = None, fence: Fence | None = None,
                stats: Stats | None = None, rng: random.Random | None = None,
-               monotonic: Callable[[], float] = _loop_time) -> T:
+               monotonic: Callable[[], float] = _loop_time,
+               answer: Callable[[errors.KubeError], bool] | None = None) -> T:
     """Run `attempt(timeout_seconds)` until it succeeds, fails for good, or the deadline passes.
+
+    `answer`, when given, picks out failures of a retryable status that are the request's own answer and
+    raised at once (an eviction's 429 from a PodDisruptionBudget, beside priority and fairness's 429).
 
     `timeout` bounds one attempt; `deadline_seconds` (default `policy.deadline_seconds`) all of them and
     the waits between them: the first attempt is always made, with the whole `timeout`. A caller that bounds the call from outside
@@ -151,7 +155,7 @@ async def call(attempt: Callable[[float], Awaitable[T]], *, policy: Policy, time
                 # a timeout around this call fired while the attempt timed out on its own, and the HTTP
                 # library turned that cancellation into the error: honour the cancellation, do not retry
                 raise asyncio.CancelledError from exc
-            if not retryable(exc) or total <= 0:
+            if not retryable(exc) or total <= 0 or (answer is not None and answer(exc)):
                 raise
             if back is None:
                 jitter = jitter or random.Random()  # seeded from the OS: too dear to build for every request

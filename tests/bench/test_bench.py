@@ -178,8 +178,11 @@ def test_restart_bench_on_the_simulated_cluster_times_kcover_and_the_floor(capsy
 def test_a_fleet_report_cut_short_after_its_sync_has_the_sync_figures_and_names_no_others() -> None:
     from kcover.bench import fleet
     sync = {"pods": 4000, "nodes": 2000, "sync_seconds": 15.0, "rss_bytes": 100 * 2**20,
-            "peak_rss_bytes": 120 * 2**20, "bytes_per_pod": 1500}
+            "peak_rss_bytes": 120 * 2**20, "bytes_per_pod": 1500, "cpu_seconds": 6.5,
+            "lists": {"pods": 12.5, "nodes": 1.0}}
     got = {f["figure"]: f for f in fleet.figures({"environment": {}, "sync": sync, "relist": {}})}
+    assert got["kcover's CPU over the sync"]["measured"] == 6.5
+    assert got["the pod list's own time within the sync"]["measured"] == 12.5
     assert got["sync of 4000 pods, 2000 nodes"]["ratio"] == reporting.ratio(15.0, fleet.SYNC_TARGET_SECONDS)
     assert got["peak / synced RSS during the sync"]["measured"] == 1.2
     assert got["peak RSS within the chart's memory limit (MiB)"]["measured"] == 120.0

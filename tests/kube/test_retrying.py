@@ -47,6 +47,21 @@ async def test_which_statuses_are_retried(status: int, retried: bool) -> None:
     assert len(script.timeouts) == (2 if retried else 1)
 
 
+async def test_a_failure_the_caller_reads_as_an_answer_is_raised_at_once() -> None:
+    budget = errors.TooManyRequestsError("budget", status=429, reason="TooManyRequests", retry_after=10.0)
+    stats = retrying.Stats()
+    with pytest.raises(errors.TooManyRequestsError, match="budget"):
+        await retrying.call(Script(budget), policy=FAST, timeout=1.0, what="CREATE pods/eviction", stats=stats,
+                            answer=lambda exc: str(exc) == "budget")
+    assert not stats.retries
+    throttled = errors.TooManyRequestsError("slow down", status=429, retry_after=0.01)
+    script = Script(throttled)
+    assert await retrying.call(script, policy=FAST, timeout=1.0, what="CREATE pods/eviction", stats=stats,
+                               answer=lambda exc: str(exc) == "budget") == "ok"
+    assert stats.retries["throttled"] == 1
+    assert len(script.timeouts) == 2
+
+
 def test_retry_after_is_honoured_capped_and_jittered() -> None:
     policy = retrying.Policy(max_retry_after_seconds=3.0)
     back = retrying.backoff.Backoff(initial=0.1, maximum=1.0)
