@@ -248,7 +248,13 @@ class RecoveryEngine:
         now = self._clock.now()
         plans: list[tuple[model.CollectorEvent, list[st.Step]]] = []
         for event in batch:
-            planned = planning.plan(event, self._snapshot, self._history(), rs, now, rules_=self._rules)
+            try:
+                planned = planning.plan(event, self._snapshot, self._history(), rs, now, rules_=self._rules)
+            except Exception as exc:  # one event a defect cannot plan must not end recovery for the batch's others
+                self.counts["errors"] += 1
+                log.exception("recovery_event_crashed", cause=event.id, stage="plan")
+                self._keep(event, repr(exc))
+                continue
             self._reserve(planned)
             plans.append((event, planned))
         try:
@@ -304,7 +310,7 @@ class RecoveryEngine:
             await self._unavailable(exc)
         except Exception as exc:  # task boundary: one bad event must not end recovery
             self.counts["errors"] += 1
-            log.exception("recovery_event_crashed", cause=event.id)
+            log.exception("recovery_event_crashed", cause=event.id, stage="carry_out")
             self._keep(event, repr(exc))
         finally:
             self._release(planned, outcomes)

@@ -17,7 +17,7 @@ from harness import objects as o
 
 from kcover import kinds, model
 from kcover.kube import projections as proj
-from kcover.recovery import controls, ledgerentries
+from kcover.recovery import controls, ledgerentries, planning
 from kcover.recovery import steps as st
 
 pytestmark = pytest.mark.looptime
@@ -190,6 +190,31 @@ async def test_an_outage_on_the_ledger_write_delays_the_restart_and_loses_nothin
         assert r.pod_uids() == set()
         assert len(r.events("KcoverRestartedWorkload")) == 1
         assert r.requests.get("DELETE pods") == 4
+
+
+async def test_an_event_a_defect_cannot_plan_is_kept_and_the_batchs_others_are_handled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A defect in planning raised for one event (here: made to, for job a's fault): job b's fault in the same
+    batch is still acted on, the engine keeps running, and job a's fault is handled again on a later pass,
+    once planning can plan it."""
+    real = planning.plan
+
+    def plan(event: model.CollectorEvent, *args: Any, **kwargs: Any) -> list[st.Step]:
+        if event.target.uid == "a-0":
+            raise RuntimeError("a defect")
+        return real(event, *args, **kwargs)
+
+    monkeypatch.setattr(planning, "plan", plan)
+    async with engines.rig([*nodes(2), *pytorchjob("a"), *pytorchjob("b", node="n2")]) as r:
+        await r.handle(pod_fault("a-0"), pod_fault("b-0"))
+        assert r.pod_uids() == {f"a-{i}" for i in range(4)}, "b is restarted, a is not (yet)"
+        assert r.leader.inner.counts["errors"] == 1
+        assert pod_fault("a-0").key in r.leader.inner.kept
+        monkeypatch.setattr(planning, "plan", real)
+        await asyncio.sleep(2.0)
+        await r.tick()
+        assert r.pod_uids() == set()
+        assert sorted(e["involvedObject"]["name"] for e in r.events("KcoverRestartedWorkload")) == ["a", "b"]
 
 
 async def test_a_fault_that_cannot_be_recorded_within_retry_seconds_ends_in_recovery_failed() -> None:
