@@ -57,9 +57,10 @@ class TimedClient(client_.KubeClient):
 
     async def request(self, method: str, path: str, *, query: client_.Query | None = None, body: Any = None,
                       content_type: str | None = None, timeout: float | None = None, deadline: float | None = None,
-                      fence: retrying.Fence | None = None, retry: bool = True) -> Any:
+                      fence: retrying.Fence | None = None, retry: bool = True,
+                      answer: Callable[[errors.KubeError], bool] | None = None) -> Any:
         result = await super().request(method, path, query=query, body=body, content_type=content_type,
-                                       timeout=timeout, deadline=deadline, fence=fence, retry=retry)
+                                       timeout=timeout, deadline=deadline, fence=fence, retry=retry, answer=answer)
         if method != "GET":
             selector = str(dict(query or {}).get("labelSelector", "")) if isinstance(query, Mapping) else ""
             self.writes.append((time.perf_counter(), method, path, selector))

@@ -124,7 +124,8 @@ class ClusterCache(indexing.ClusterIndex):
             inactivity_timeout_seconds=s.inactivity_timeout_seconds,
             backoff_initial_seconds=s.backoff_initial_seconds, backoff_max_seconds=s.backoff_max_seconds,
             missing_retry_seconds=s.missing_kind_retry_seconds,
-            request_timeout_seconds=max(s.request_timeout_seconds, 60.0), stall_seconds=s.stall_seconds)
+            request_timeout_seconds=max(s.request_timeout_seconds, 60.0), stall_seconds=s.stall_seconds,
+            pause_gc=s.gc_pause_during_lists)
         return cls(kube, workload_kinds=workload_kinds(s.workload_kinds), watch_events=s.watch_events,
                    options=options, freeze_gc=s.gc_freeze_after_sync,
                    gpu_rule=gpus.GpuRule.of(s.gpu_resources, s.gpu_dra_drivers), controls=controls)

@@ -22,6 +22,11 @@ first list and again each time the collection was missing: None (the server serv
 reads) means nothing is listed or watched; the reflector counts as listed and synced, empty, logs
 `watch_kind_unserved` once and asks again after `missing_retry_seconds`.
 
+While any reflector lists (`ReflectorOptions.pause_gc`), Python's cyclic GC is held off (`GcPause`): each
+page decodes into some 100,000 short-lived containers, and the collections they trigger rescan the store the
+list is filling; at 60,000 pods on a real kube-apiserver they were half of the controller's CPU over its
+first sync (8.0 to 9.2 s of 12 to 14 s; 4.2 to 4.5 s of 8.3 to 8.8 s with it held off).
+
 `listed` is set once the first list finished; `synced` while the store is in step: it is set by every
 list and cleared once the reflector has kept failing (no list finished and no watch opened) for
 `stall_seconds`, until it lists or watches again. It does not index or fan out (see `indexing.py`, which
@@ -33,7 +38,9 @@ not installed) is logged once and retried slowly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import contextlib
+import gc
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -77,6 +84,37 @@ class ReflectorOptions:
     """Seconds one list page may take."""
     stall_seconds: float = 60.0
     """Failing for this long without a list finished or a watch opened clears `synced`."""
+    pause_gc: bool = True
+    """Hold off the cyclic GC while this reflector lists (`GcPause`)."""
+
+
+class GcPause:
+    """Python's cyclic GC held off while one or more lists run, as it was before the first once the last ends.
+
+    Process-wide, as the collector is: a list's pages are garbage freed by reference counting (JSON holds
+    no cycles), and the few cycles other tasks leave meanwhile wait for the collector until the last list
+    ends. Nested and concurrent lists count; an error or a cancellation ends a list's share as its end does."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._was_enabled = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        if self.depth == 0:
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and self._was_enabled:
+                gc.enable()
+
+
+LISTING = GcPause()
+"""The pause every reflector's list shares."""
 
 
 class _Expired(Exception):
@@ -237,6 +275,10 @@ class Reflector(Generic[T]):
     # ----------------------------------------------------------------------------------------- list
 
     async def _list(self) -> None:
+        with LISTING.held() if self.options.pause_gc else contextlib.nullcontext():
+            await self._list_pages()
+
+    async def _list_pages(self) -> None:
         started = asyncio.get_running_loop().time()
         items: dict[str, T] = {}
         query: dict[str, str | int] = {**self._query, "limit": self.options.page_size}

@@ -9,6 +9,8 @@ where every wait is exact (`[inprocess]`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -259,3 +261,55 @@ async def test_a_collection_served_later_is_listed_at_the_path_located(
         assert locate.calls == calls == 2  # found: not asked again while it is served
     finally:
         await finish(stop, task)
+
+
+@pytest.mark.parametrize("pause", [True, False])
+async def test_the_cyclic_gc_is_held_off_while_a_list_runs_and_only_then(served: tuple[Any, client.KubeClient],
+                                                                        pause: bool) -> None:
+    """The list's changes are delivered inside its pause, a watched change after it: the collector runs again
+    once the list ended (and never stops where `pause_gc` is off)."""
+    srv, kube = served
+    for i in range(5):
+        srv.store.create("pods", raw_pod(f"p{i}"))
+    seen: list[tuple[str, bool]] = []
+    rec = Recorder()
+
+    def sink(old: proj.Pod | None, new: proj.Pod | None) -> None:
+        rec(old, new)
+        seen.append((rec.changes[-1][1], gc.isenabled()))
+
+    assert gc.isenabled()
+    reflector = watching.Reflector(kube, "/api/v1/pods", projecting.pod, sink=sink, name="pods",
+                                   options=dataclasses.replace(FAST, pause_gc=pause))
+    stop = asyncio.Event()
+    task = asyncio.create_task(reflector.run(stop), name="reflector")
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 10)
+        assert gc.isenabled()
+        srv.store.create("pods", raw_pod("new"))
+        await until(lambda: len(seen) == 6)
+        assert seen == [*((f"p{i}", not pause) for i in range(5)), ("new", True)]
+        assert watching.LISTING.depth == 0
+    finally:
+        await finish(stop, task)
+
+
+def test_a_gc_pause_counts_nested_lists_and_restores_the_state_it_found() -> None:
+    pause = watching.GcPause()
+    assert gc.isenabled()
+    with pause.held():
+        with pause.held():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "the outer list still runs"
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), pause.held():
+        raise RuntimeError("a failed page")
+    assert gc.isenabled()
+    assert pause.depth == 0
+    gc.disable()  # someone else's choice: kept
+    try:
+        with pause.held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
