@@ -184,7 +184,7 @@ class WorkloadKind:
     group_label: str = ""
     """The pod label naming the restart unit inside the workload (a LeaderWorkerSet group), or ""."""
     removal_concurrency: int | None = None
-    """Removals of one restart in flight at once; None: `recovery.delete_concurrency`."""
+    """Removals of one restart in flight at once; None: `recovery.evict_concurrency` or `delete_concurrency`."""
 
     @property
     def key(self) -> str:

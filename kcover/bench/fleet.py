@@ -95,7 +95,8 @@ class Options:
     pod_labels: dict[str, str] = field(default_factory=dict)
     """Labels on the pods the operators create (the tests' kwok completes a Job's pods without one)."""
     concurrencies: tuple[int | None, ...] = (None,)
-    """`recovery.delete_concurrency` for the restarts, each measured in turn (None: the product's default)."""
+    """`recovery.delete_concurrency` and `evict_concurrency` for the restarts, each measured in turn (None: the
+    product's defaults)."""
     failover: bool = True
     failover_units: int = 10_000
     """Restart units in the failover's ledger (a new leader lists them all before it acts)."""

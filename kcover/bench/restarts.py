@@ -40,6 +40,7 @@ from kcover.controller import recovering
 from kcover.kube import caching, indexing, watching
 from kcover.kube import client as client_
 from kcover.kube import projections as proj
+from kcover.recovery import restarting
 from kcover.recovery import steps as st
 
 log = structlog.get_logger()
@@ -158,7 +159,8 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
         cfg = settings.Settings.model_validate({"lease": {"enabled": False}, "kube": {"watch_events": False},
                                                 "recovery": {"ledger_namespace": ns, "save_logs": {"enabled": False},
                                                              "verify": {"enabled": False},
-                                                             **({"delete_concurrency": concurrency}
+                                                             **({"delete_concurrency": concurrency,
+                                                                 "evict_concurrency": concurrency}
                                                                 if concurrency else {})}})
         cache = caching.ClusterCache(kube, watch_events=False, options=watching.ReflectorOptions(page_size=500),
                                      controls=(ns, "kcover-controls"))
@@ -199,7 +201,8 @@ async def measure_one(kube: client_.KubeClient, *, kind: str, pods: int, run_id:
             table = kinds.by_key(restartsetup.KIND_KEYS[kind])
             row = Row(kind, pods, seconds, watch.removed, requests,
                       throttled=kube.retry_stats.retries["throttled"] - throttled,
-                      concurrency=table.removal_concurrency or cfg.recovery.delete_concurrency, cpu_seconds=cpu,
+                      concurrency=table.removal_concurrency or restarting.in_flight(cfg.recovery, table.removal),
+                      cpu_seconds=cpu,
                       settled_seconds=started - created)
             if operator:
                 await _until_or_stalled(lambda: len(replacements.running) >= pods,
@@ -223,12 +226,13 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
                   kinds_: tuple[str, ...] = KINDS, concurrencies: Sequence[int | None] = (None,),
                   operator: bool = False, pod_labels: dict[str, str] | None = None,
                   floors: dict[int, float] | None = None) -> list[Row]:
-    """One restart per kind, size and concurrency (`recovery.delete_concurrency`; None: the product's default),
+    """One restart per kind, size and concurrency (`recovery.delete_concurrency` and `evict_concurrency`; None: the
+    product's default for the kind's removal),
     in that order; with `floors` (a dict to fill) and not `operator`, the server's DeleteCollection floor per
     size too, and after each restart the same removals from a bare client (`measure_bare`), left as long after
     its pods' creation as the restart's scenario was."""
     rows = []
-    default = settings.RecoverySettings().delete_concurrency
+    defaults = settings.RecoverySettings()
     bare = floors is not None and not operator
     if bare:
         assert floors is not None
@@ -242,7 +246,8 @@ async def measure(kube: client_.KubeClient, sizes: list[int], *, run_id: str,
                                         operator=operator, pod_labels=pod_labels)
                 if bare:
                     row.bare_seconds = await restartsetup.measure_bare(kube, kind=kind, pods=pods, run_id=run_id,
-                                                          concurrency=concurrency or default,
+                                                          concurrency=concurrency or restarting.in_flight(
+                                                              defaults, kinds.by_key(restartsetup.KIND_KEYS[kind]).removal),
                                                           settle=row.settled_seconds)
                 log.info("bench_restart", kind=kind, pods=pods, concurrency=row.concurrency,
                          seconds=round(row.seconds, 3), bare=_secs(row.bare_seconds),

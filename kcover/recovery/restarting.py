@@ -3,8 +3,9 @@
 Owns the `Restart` and `Resume` steps' execution. A restart is: `admission.restart` again inside the
 ledger write of the unit's entry (its resourceVersion the fence; the intent recorded in the same write)
 -> the pods' logs (`save_logs`, optional) -> every member taken away, evicted or deleted as the kind says
-(`kinds.Removal`), each with its uid as precondition, at most `recovery.delete_concurrency` at once (so a
-2,048-pod job is about 2,048 / 16 round trips deep, not 2,048) -> the intent completed (no write: the
+(`kinds.Removal`), each with its uid as precondition, at most `recovery.delete_concurrency` deletes or
+`recovery.evict_concurrency` evictions at once (so a 2,048-pod job is about 2,048 / 16 or 2,048 / 32 round
+trips deep, not 2,048) -> the intent completed (no write: the
 unit's next write drops it). A restart therefore costs one ledger write plus one request per pod, and
 lists nothing.
 
@@ -47,6 +48,11 @@ from kcover.recovery import steps as st
 from kcover.recovery.steps import Code
 
 log = structlog.get_logger()
+
+
+def in_flight(rs: settings.RecoverySettings, removal: kinds.Removal) -> int:
+    """Removals of one restart in flight at once, as the settings say for `removal`."""
+    return rs.evict_concurrency if removal is kinds.Removal.EVICT else rs.delete_concurrency
 
 RESUMED_DETECTOR = "kcover-ledger"
 """`CollectorEvent.detector` of a cause read back from the ledger: a restart a successor finishes, a suspect's
@@ -239,9 +245,10 @@ class Restarter:
 
     async def _remove(self, members: Sequence[st.PodRef], removal: kinds.Removal,
                       workload: st.WorkloadRef) -> tuple[int, int]:
-        """Take every member away, at most the kind's (or `recovery.delete_concurrency`) at once; (removed, held)."""
+        """Take every member away, at most the kind's (or `recovery.evict_concurrency` or `delete_concurrency`, as
+        the removal is) at once; (removed, held)."""
         table = kinds.of(workload.api_version.rpartition("/")[0], workload.kind)
-        limit = (table.removal_concurrency if table is not None else None) or self._recovery().delete_concurrency
+        limit = (table.removal_concurrency if table is not None else None) or in_flight(self._recovery(), removal)
         remove = self._gw.evict_pod if removal is kinds.Removal.EVICT else self._gw.delete_pod
         counts = {gateway.Removal.REMOVED: 0, gateway.Removal.GONE: 0, gateway.Removal.HELD: 0}
         todo = iter(members)
