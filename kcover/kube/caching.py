@@ -162,6 +162,9 @@ class ClusterCache(indexing.ClusterIndex):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every reflector until `stop` is set."""
+        if self.freeze_gc and any(r.options.pause_gc for r in self.reflectors):
+            # the first lists' objects go straight from the paused collector to the frozen generation
+            watching.LISTING.then(_collect_and_freeze)
         async with asyncio.TaskGroup() as tg:
             for reflector in self.reflectors:
                 tg.create_task(reflector.run(stop), name=f"reflector:{reflector.name}")
@@ -170,8 +173,7 @@ class ClusterCache(indexing.ClusterIndex):
                 log.info("cache_synced", pods=len(self.pods), nodes=len(self.nodes), workloads=len(self.workloads),
                          seconds=round(asyncio.get_running_loop().time() - started, 3))
                 if self.freeze_gc:
-                    gc.collect()
-                    gc.freeze()
+                    _collect_and_freeze()  # what the lists' end left (all of it where the collector was not paused)
 
     @property
     def synced(self) -> bool:
@@ -204,3 +206,8 @@ class ClusterCache(indexing.ClusterIndex):
             if not reflector.listed.is_set():
                 return False
         return True
+
+
+def _collect_and_freeze() -> None:
+    gc.collect()
+    gc.freeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -134,6 +135,46 @@ async def test_missing_workload_kind_is_not_fatal(cluster: tuple[Any, client.Kub
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_freezing_cache_freezes_what_its_first_lists_made_as_their_pause_ends(
+        cluster: tuple[Any, client.KubeClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`freeze_gc` with the lists' GC pause: the first sync's objects are collected and frozen when the last
+    list ends, before the collector runs again (it would otherwise traverse them all in its youngest
+    generation first), and the collector runs again after it."""
+    srv, kube = cluster
+    for i in range(20):
+        pod(srv, f"p{i}")
+    seen: list[tuple[bool, int]] = []
+    real = caching._collect_and_freeze
+
+    def noted() -> None:
+        real()
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
+
+    monkeypatch.setattr(caching, "_collect_and_freeze", noted)
+    cache = caching.ClusterCache(kube, watch_events=False, options=OPTIONS, freeze_gc=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(cache.run(stop), name="cache")
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 10)
+        await until_called(seen, 2)
+        assert seen[0][0] is False, "the first freeze ran while the collector was still held off"
+        assert seen[0][1] > 0
+        assert gc.isenabled()
+        assert watching.LISTING.depth == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        gc.unfreeze()
+
+
+async def until_called(seen: list[Any], times: int) -> None:
+    for _ in range(500):
+        if len(seen) >= times:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"called {len(seen)} times, not {times}")
 
 
 def test_workload_kinds_from_settings() -> None:

@@ -313,3 +313,26 @@ def test_a_gc_pause_counts_nested_lists_and_restores_the_state_it_found() -> Non
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_gc_pause_runs_its_one_shot_work_when_the_outermost_list_ends_before_the_collector_runs() -> None:
+    pause = watching.GcPause()
+    ran: list[bool] = []
+    pause.then(lambda: ran.append(gc.isenabled()))
+    with pause.held():
+        with pause.held():
+            pass
+        assert ran == [], "an inner list's end is not the outermost's"
+    assert ran == [False], "run while the collector was still held off"
+    assert gc.isenabled()
+    with pause.held():
+        pass
+    assert ran == [False], "once"
+
+    def failing() -> None:
+        raise RuntimeError("work failed")
+
+    pause.then(failing)
+    with pytest.raises(RuntimeError, match="work failed"), pause.held():
+        pass
+    assert gc.isenabled(), "the collector runs again whatever the work did"
