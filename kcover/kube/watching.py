@@ -23,9 +23,9 @@ reads) means nothing is listed or watched; the reflector counts as listed and sy
 `watch_kind_unserved` once and asks again after `missing_retry_seconds`.
 
 While any reflector lists (`ReflectorOptions.pause_gc`), Python's cyclic GC is held off (`GcPause`): each
-page decodes into some 100,000 short-lived containers, and the collections they trigger rescan the store the
-list is filling; at 60,000 pods on a real kube-apiserver they were half of the controller's CPU over its
-first sync (8.0 to 9.2 s of 12 to 14 s; 4.2 to 4.5 s of 8.3 to 8.8 s with it held off). A cache that freezes
+page decodes into 60,000 to 80,000 short-lived dicts and lists, and the collections they trigger rescan the
+store the list is filling; at 60,000 pods on a real kube-apiserver they were half of the controller's CPU
+over its first sync (7.95 to 9.35 s of 12.2 to 13.8 s; 4.2 to 4.9 s of 8.3 to 9.6 s with it held off). A cache that freezes
 after its first sync (`caching.ClusterCache.freeze_gc`) has `GcPause.then` collect and freeze as the last
 list ends, before the collector runs again: the lists' objects, all still in its youngest generation, are
 then traversed once, as before the pause, not twice.

@@ -70,7 +70,8 @@ follows the Node's within milliseconds unless it failed)."""
 class EngineMetrics:
     def __init__(self, m: metrics.Metrics) -> None:
         self.given_up = Counter("kcover_faults_given_up", "Faults kcover could not act on before "
-                                "recovery.retry_seconds passed (their first write kept failing), each with a "
+                                "recovery.retry_seconds passed (their first write, or their planning, kept failing), "
+                                "each with a "
                                 "KcoverRecoveryFailed Event.", registry=m.registry)
         self.ledger_available = Gauge("kcover_ledger_available", "1 while the recovery ledger (LedgerEntry objects) "
                                       "can be read; 0 while its kind is not served: kcover then acts on nothing.",
@@ -253,7 +254,7 @@ class RecoveryEngine:
             except Exception as exc:  # one event a defect cannot plan must not end recovery for the batch's others
                 self.counts["errors"] += 1
                 log.exception("recovery_event_crashed", cause=event.id, stage="plan")
-                self._keep(event, repr(exc))
+                self._keep(event, f"planning it raised {exc!r}, a defect in kcover")
                 continue
             self._reserve(planned)
             plans.append((event, planned))
@@ -311,7 +312,7 @@ class RecoveryEngine:
         except Exception as exc:  # task boundary: one bad event must not end recovery
             self.counts["errors"] += 1
             log.exception("recovery_event_crashed", cause=event.id, stage="carry_out")
-            self._keep(event, repr(exc))
+            self._keep(event, f"carrying it out raised {exc!r}, a defect in kcover")
         finally:
             self._release(planned, outcomes)
         self._late.watch(outcomes, self._clock.monotonic())
@@ -319,7 +320,7 @@ class RecoveryEngine:
             self.counts[f"{st.name_of(outcome.step)}:{st.result_of(outcome)}"] += 1
             if isinstance(outcome, st.Failed) and not outcome.recorded \
                     and isinstance(outcome.step, st.Restart | st.Cordon | st.TaintDevice | st.Hold):
-                self._keep(event, outcome.error)
+                self._keep(event, f"its first write failed: {outcome.error}")
         if event.key in self.kept and outcomes and not any(isinstance(o, st.Failed) and not o.recorded for o in outcomes):
             self.kept.settled(event.key)
 
@@ -482,8 +483,8 @@ class RecoveryEngine:
             if about is not None:
                 await self.say(st.Emit(about, "KcoverRecoveryFailed", "Recover",
                                         f"kcover could not act on {retry.event.reason} from {retry.event.detector} "
-                                        f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s: its "
-                                        f"first write kept failing ({retry.error})"))
+                                        f"on {retry.event.target.describe()} within {rs.retry_seconds:g}s, "
+                                        f"nothing recorded ({retry.error})"))
 
 
 def _suspicion_cause(node: str, entry: ledgerentries.Node) -> model.CollectorEvent:

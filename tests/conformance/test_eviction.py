@@ -134,3 +134,18 @@ async def test_eviction_refusals(conformance_api: Api, ns: str) -> None:
                                                body=_eviction("p", preconditions={"uid": "not-its-uid"}))
     assert code == 409 and body["reason"] == "Conflict", (code, body)
     assert not (await conformance_api.ok("GET", f"{pods}/p"))["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pod_two_budgets_select_is_refused_with_500_and_left_running(conformance_api: Api, ns: str) -> None:
+    """What kcover's eviction reads as an answer, not a failure to retry (`gateway._eviction_answer`)."""
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    await conformance_api.ok("POST", pods, body=_pod("p", app="train"))
+    await _running(conformance_api, ns, "p")
+    for name in ("one", "two"):
+        await conformance_api.ok("POST", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", body={
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 0, "selector": {"matchLabels": {"app": "train"}}}})
+    code, body = await conformance_api.request("POST", f"{pods}/p/eviction", body=_eviction("p"))
+    assert code == 500 and body["kind"] == "Status", (code, body)
+    assert "more than one PodDisruptionBudget" in body["message"], body
+    assert not (await conformance_api.ok("GET", f"{pods}/p"))["metadata"].get("deletionTimestamp")

@@ -538,16 +538,18 @@ def test_the_codec_table_names_every_annotation_and_refusal() -> None:
     assert sorted(r for r in reasons if f"`{r}`" not in table) == []
 
 
-JUDGEMENT_DEFAULT = re.compile(r"`(?:recovery\.)?(?:judgement\.)?([a-z_]+)` \(([0-9][0-9,.]*)( s)?\)")
+JUDGEMENT_DEFAULT = re.compile(r"`(recovery\.)?(judgement\.)?([a-z_]+)` \(([0-9][0-9,.]*)( s)?\)")
 
 
 def judgement_defaults_said(text: str) -> list[tuple[str, str, float]]:
     """(field, as written, the default) for every "`field` (N)" or "`field` (N s)" naming a
-    `recovery.judgement` setting whose default is not N."""
-    fields = settings.JudgementSettings.model_fields
+    `recovery.judgement` setting (bare, or with its prefix), or a `recovery.` one by its full name, whose
+    default is not N."""
     wrong = []
     for found in JUDGEMENT_DEFAULT.finditer(text):
-        name, said = found[1], found[2]
+        recovery_only = bool(found[1]) and not found[2]
+        fields = (settings.RecoverySettings if recovery_only else settings.JudgementSettings).model_fields
+        name, said = found[3], found[4]
         if name not in fields:
             continue
         default = fields[name].default
@@ -562,10 +564,20 @@ def test_the_runbook_says_the_judgements_defaults() -> None:
     assert judgement_defaults_said(text) == []
 
 
+def test_the_docs_say_the_recovery_settings_defaults_they_name() -> None:
+    """`recovery.evict_concurrency` (32) and the like, wherever the docs give a default in brackets."""
+    said = {name: judgement_defaults_said((ROOT / "docs" / name).read_text())
+            for name in ("architecture.md", "security.md", "runbook.md", "install.md")}
+    assert {name: wrong for name, wrong in said.items() if wrong} == {}
+    assert "`recovery.evict_concurrency` (32)" in (ROOT / "docs" / "security.md").read_text()
+
+
 def test_the_defaults_scan_catches_a_wrong_default() -> None:
     assert judgement_defaults_said("within `recovery.judgement.link_seconds` (600 s) after it") == [
         ("link_seconds", "600", 900.0)]
     assert judgement_defaults_said("`device_restarts` (2) times, `node_workloads` (3)") == []
+    assert judgement_defaults_said("`recovery.evict_concurrency` (16) evictions, `recovery.delete_concurrency` (16)") == [
+        ("evict_concurrency", "16", 32.0)]
 
 
 NO_SUBRESOURCE = ("the CRD has no status subresource", "the chart's has none")

@@ -235,7 +235,27 @@ async def test_a_fault_that_cannot_be_recorded_within_retry_seconds_ends_in_reco
         assert r.pod_uids() == {f"train-{i}" for i in range(4)}, "nothing restarted without its ledger write"
         (failed,) = r.events("KcoverRecoveryFailed")
         assert "could not act on ContainerError" in failed["message"]
+        assert "nothing recorded (the recovery ledger cannot be read)" in failed["message"]
         assert r.leader.inner.engine_metrics.given_up._value.get() == 1
+
+
+async def test_an_event_planning_always_fails_on_is_given_up_with_an_event_that_names_the_defect(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def plan(*args: Any, **kwargs: Any) -> list[st.Step]:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(planning, "plan", plan)
+    async with engines.rig([*nodes(1), *pytorchjob()], overrides={"recovery": {"retry_seconds": 20.0}}) as r:
+        await r.handle(pod_fault("train-0"))
+        for _ in range(40):
+            await asyncio.sleep(1.0)
+            await r.tick()
+        assert r.pod_uids() == {f"train-{i}" for i in range(4)}
+        (failed,) = r.events("KcoverRecoveryFailed")
+        assert "planning it raised RuntimeError('a defect'), a defect in kcover" in failed["message"]
+        assert "first write" not in failed["message"]
+        assert r.leader.inner.engine_metrics.given_up._value.get() == 1
+        assert pod_fault("train-0").key not in r.leader.inner.kept
 
 
 async def test_without_its_ledger_crd_kcover_acts_on_nothing_and_recovers_when_it_returns() -> None:
